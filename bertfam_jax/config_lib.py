@@ -1,0 +1,227 @@
+"""Shared configuration pieces: every `configs/<paper>.py` composes these and states only its deltas.
+
+A config is an `ml_collections.ConfigDict` with the sections
+  seed, objective, data, tokenizer, model, optimizer, train, mesh
+and `validate(config)` checks the invariants that would otherwise fail deep inside a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+  """A configuration that cannot run; the message names the fix."""
+
+
+# Transformer encoder sizes. BERT: Devlin et al. 2019, Table/§3.1 (base L12 H768 A12, large L24 H1024
+# A16); FFN = 4H. `mini` is the CPU-sized model used by `:runlocal` and by tests.
+ENCODER_SIZES = {
+    "mini": dict(hidden=128, layers=2, heads=2, mlp=512),
+    "small": dict(hidden=256, layers=4, heads=4, mlp=1024),
+    "base": dict(hidden=768, layers=12, heads=12, mlp=3072),
+    "large": dict(hidden=1024, layers=24, heads=16, mlp=4096),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+  """Parsed `--config=file.py:ARG` argument, e.g. `size=large,runlocal`."""
+  size: str = "base"
+  runlocal: bool = False
+
+
+def parse_arg(arg: str | None, **defaults) -> Arg:
+  """Parses `key=value,flag` pairs of a config argument into an `Arg`.
+
+  `runlocal` alone means `runlocal=True`; a bare size name (`large`) means `size=large`.
+  """
+  values = dict(Arg().__dict__)
+  values.update(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, sep, value = item.partition("=")
+    if not sep:
+      if key in ENCODER_SIZES:
+        key, value = "size", key
+      else:
+        value = "true"
+    if key not in values:
+      raise ConfigError(f"Unknown config argument {key!r} in {arg!r}; known: {sorted(values)}.")
+    field_type = type(values[key])
+    values[key] = value.lower() in ("1", "true", "yes") if field_type is bool else field_type(value)
+  if values["size"] not in ENCODER_SIZES:
+    raise ConfigError(f"Unknown size {values['size']!r}; choose one of {sorted(ENCODER_SIZES)}.")
+  return Arg(**values)
+
+
+def default_cache_dir() -> str:
+  return os.environ.get("BERTFAM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "bertfam_jax"))
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Fields shared by every paper; each paper file overrides what differs."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.objective = mlm_objective()
+  c.data = ml_collections.ConfigDict(dict(
+      # 'embedded_wiki': Wikipedia articles shipped inside the gensim wheel (offline).
+      # 'tfds': any TFDS text dataset (`tfds_name`, `tfds_data_dir`); 'text': local files.
+      source="embedded_wiki",
+      tfds_name="c4/en:3.1.0",
+      tfds_data_dir="",
+      tfds_text_key="text",
+      train_split="train",
+      eval_split="validation",
+      text_files="",          # glob(s), comma separated: .txt (blank-line separated docs) or .jsonl
+      text_format="auto",     # auto | blank_lines | lines | jsonl
+      eval_fraction=0.05,     # documents held out by hash when the source has no eval split
+      seq_len=128,
+      packing="sentence_pairs",   # sentence_pairs (BERT) | full_sentences (RoBERTa)
+      short_seq_prob=0.1,
+      docs_per_chunk=2000,
+      prefetch=2,
+      cache_dir="",           # '' = $BERTFAM_CACHE or ~/.cache/bertfam_jax
+  ))
+  c.tokenizer = ml_collections.ConfigDict(dict(
+      kind="sentencepiece",
+      model_path="",          # '' = train one from the training corpus and cache it
+      model_type="unigram",   # sentencepiece model type when training: unigram | bpe
+      train_max_sentences=2_000_000,
+  ))
+  c.model = encoder("base")
+  c.optimizer = bert_adamw(peak_lr=1e-4, warmup_steps=10_000)
+  c.train = ml_collections.ConfigDict(dict(
+      batch_size=256,
+      total_steps=1_000_000,
+      grad_accum_steps=1,
+      log_every=100,
+      eval_every=10_000,
+      eval_batches=20,
+      checkpoint_every=10_000,
+      keep_checkpoints=3,
+      init_from="",           # a checkpoint directory to start from when the workdir has none
+  ))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  return c
+
+
+def encoder(size: str, **overrides) -> ml_collections.ConfigDict:
+  """BERT-style post-LN encoder of the given size (defaults from BERT's modeling.py BertConfig)."""
+  m = ml_collections.ConfigDict(dict(
+      vocab_size=30522,
+      max_positions=512,
+      type_vocab_size=2,
+      dropout=0.1,
+      attention_dropout=0.1,   # > 0 uses the explicit softmax path; 0 allows fused/flash kernels
+      layer_norm_eps=1e-12,
+      activation="gelu_tanh",  # TF BERT uses the tanh approximation; fairseq/HF use exact 'gelu'
+      initializer_range=0.02,
+      dtype="float32",         # compute dtype; parameters stay float32
+      attention_impl="",       # '' = let JAX choose; 'xla' | 'cudnn' (GPU flash attention)
+      remat_policy="none",     # none | full | dots | dots_no_batch
+      scan_layers=False,
+      **ENCODER_SIZES[size],
+  ))
+  m.update(overrides)
+  return m
+
+
+def mlm_objective(**overrides) -> ml_collections.ConfigDict:
+  """BERT's masked LM + NSP (create_pretraining_data.py defaults at 128 tokens)."""
+  o = ml_collections.ConfigDict(dict(
+      name="mlm",
+      mask_rate=0.15,
+      max_predictions=20,     # max_predictions_per_seq: 20 at 128, ~80 at 512 (BERT README)
+      mask_style="bert",      # bert: never [CLS]/[SEP], round(); fairseq: all tokens, prob. rounding
+      masking="static",       # static: dupe_factor fixed masks per instance; dynamic: new every epoch
+      dupe_factor=10,
+      sentence_task="nsp",    # 'nsp' or '' (RoBERTa has none)
+  ))
+  o.update(overrides)
+  return o
+
+
+def bert_adamw(**overrides) -> ml_collections.ConfigDict:
+  """BERT's AdamWeightDecayOptimizer (bert/optimization.py): no bias correction, decay excludes
+  LayerNorm and bias, clip 1.0, warmup then `lr * (1 - step / total)`."""
+  o = ml_collections.ConfigDict(dict(
+      name="adamw", peak_lr=1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
+      bias_correction=False, decay_norm_and_bias=False, clip_norm=1.0,
+      schedule="linear_from_zero", warmup_steps=10_000, end_lr=0.0))
+  o.update(overrides)
+  return o
+
+
+def fairseq_adam(**overrides) -> ml_collections.ConfigDict:
+  """fairseq's Adam (fairseq/optim/adam.py) with polynomial_decay: bias-corrected, decoupled decay
+  on every parameter, warmup then linear to `end_lr` over the remaining steps."""
+  o = ml_collections.ConfigDict(dict(
+      name="adamw", peak_lr=5e-4, b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.01,
+      bias_correction=True, decay_norm_and_bias=True, clip_norm=0.0,
+      schedule="linear_after_warmup", warmup_steps=10_000, end_lr=0.0))
+  o.update(overrides)
+  return o
+
+
+def shrink_for_local(c: ml_collections.ConfigDict) -> None:
+  """`:runlocal`: the embedded corpus and a model that trains on a 2-core CPU in ~10 minutes."""
+  c.data.source = "embedded_wiki"
+  c.data.seq_len = 128
+  c.model.update(ENCODER_SIZES["mini"])
+  c.model.vocab_size = 8000
+  c.model.max_positions = 128
+  c.objective.max_predictions = 20
+  c.optimizer.peak_lr = 1e-3
+  c.optimizer.warmup_steps = 200
+  c.train.batch_size = 32
+  c.train.total_steps = 2000
+  c.train.log_every = 50
+  c.train.eval_every = 500
+  c.train.eval_batches = 10
+  c.train.checkpoint_every = 500
+  c.mesh.update(data=-1, fsdp=1, tensor=1)
+
+
+def mask_budget(seq_len: int, mask_rate: float) -> int:
+  """The number of predictions 15% masking asks for in a full sequence of `seq_len` tokens."""
+  return max(1, round(seq_len * mask_rate))
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the fix for configurations that cannot run."""
+  d, m, t = c.data, c.model, c.train
+  if d.seq_len > m.max_positions:
+    raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions={m.max_positions}; "
+                      f"lower --config.data.seq_len or raise --config.model.max_positions.")
+  if d.seq_len < 8:
+    raise ConfigError(f"data.seq_len={d.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8.")
+  if m.hidden % m.heads:
+    raise ConfigError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}.")
+  if d.source not in ("embedded_wiki", "tfds", "text"):
+    raise ConfigError(f"data.source={d.source!r}; choose embedded_wiki, tfds or text.")
+  if d.source == "text" and not d.text_files:
+    raise ConfigError("data.source='text' needs --config.data.text_files=PATH[,PATH...] (globs allowed).")
+  if d.packing not in ("sentence_pairs", "full_sentences"):
+    raise ConfigError(f"data.packing={d.packing!r}; choose sentence_pairs or full_sentences.")
+  if t.batch_size % t.grad_accum_steps:
+    raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by "
+                      f"train.grad_accum_steps={t.grad_accum_steps}.")
+  if c.optimizer.warmup_steps >= t.total_steps and c.optimizer.schedule == "linear_after_warmup":
+    raise ConfigError(f"optimizer.warmup_steps={c.optimizer.warmup_steps} must be below "
+                      f"train.total_steps={t.total_steps}.")
+  sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ConfigError(f"mesh {dict(c.mesh)}: sizes must be positive with at most one -1.")
+  if "max_predictions" in c.objective and c.objective.max_predictions <= 0:
+    raise ConfigError("objective.max_predictions must be positive.")
+
+
+def effective_mask_rate(c: ml_collections.ConfigDict) -> float:
+  """The fraction of a full-length sequence that is predicted given max_predictions (ALBERT's
+  shipped 512/20 setting predicts ~3.9%, which is legal and logged, not refused)."""
+  budget = mask_budget(c.data.seq_len, c.objective.mask_rate)
+  return min(budget, c.objective.max_predictions) / c.data.seq_len
+

@@ -1,0 +1,61 @@
+"""The one entry point: `python -m bertfam_jax.main --config=configs/roberta.py:runlocal --workdir=DIR`.
+
+Multi-host: on Cloud TPU and under SLURM `jax.distributed.initialize()` finds its settings in the
+environment; elsewhere pass --coordinator_address, --num_processes and --process_id.
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from bertfam_jax.config_lib import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, e.g. configs/roberta.py:runlocal. Fields can be overridden with "
+    "--config.<section>.<key>=value.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and config.json go; "
+                               "re-running with the same workdir resumes.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (hosts).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                                 "auto: initialise jax.distributed when flags or a TPU/SLURM "
+                                 "environment ask for it.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _maybe_initialize_distributed():
+  import os  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  explicit = _COORDINATOR.value is not None
+  from_env = any(k in os.environ for k in ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES",
+                                           "MEGASCALE_COORDINATOR_ADDRESS"))
+  if _DISTRIBUTED.value == "off" or (_DISTRIBUTED.value == "auto" and not (explicit or from_env)):
+    return
+  jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                             num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  logging.info("jax.distributed: process %d of %d", jax.process_index(), jax.process_count())
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _CONFIG.value.data.source == "tfds":
+    # TensorFlow (used only by the optional tf.data reader) must never take the GPUs from JAX.
+    try:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf.config.set_visible_devices([], "GPU")
+    except ImportError:
+      pass
+  _maybe_initialize_distributed()
+  from bertfam_jax.train import train  # pylint: disable=g-import-not-at-top
+  try:
+    train.run(_CONFIG.value, _WORKDIR.value)
+  except (ConfigError, train.NonFiniteLossError) as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)

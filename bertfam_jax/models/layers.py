@@ -1,0 +1,148 @@
+"""Transformer building blocks with logical axis names on every parameter and block activation.
+
+Parameters use the logical names `vocab, embed, mlp, heads, kv, positions, types, layers`;
+activations use `batch, length, act_embed, act_mlp, act_heads, act_kv`. The mapping to mesh axes
+lives in `bertfam_jax.train.sharding.LOGICAL_AXIS_RULES`; no module here names a mesh axis.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Dtype = Any
+
+
+def truncated_normal(stddev: float):
+  """BERT's create_initializer: normal with σ=stddev truncated at 2σ (TF's truncated_normal)."""
+  return nn.initializers.truncated_normal(stddev=stddev)
+
+
+def param_init(stddev: float, axes: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(truncated_normal(stddev), axes)
+
+
+def zeros_init(axes: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def activation_fn(name: str):
+  """'gelu_tanh' = TF BERT/ALBERT/XLNet's tanh approximation; 'gelu' = exact erf (fairseq, HF)."""
+  return {
+      "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+      "gelu": functools.partial(jax.nn.gelu, approximate=False),
+      "relu": jax.nn.relu,
+  }[name]
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis, statistics in float32, scale/bias named on the `embed` axis."""
+  epsilon: float
+  dtype: Dtype = jnp.float32
+  axis_name: str = "embed"
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.LayerNorm(
+        epsilon=self.epsilon, dtype=self.dtype, param_dtype=jnp.float32,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (self.axis_name,)),
+        bias_init=zeros_init((self.axis_name,)), name="norm")(x)
+
+
+def attention_mask_from_input_mask(input_mask):
+  """[batch, length] 0/1 → [batch, 1, 1, length] bool: every query may attend to real keys."""
+  return input_mask[:, None, None, :].astype(jnp.bool_)
+
+
+class HeadProjection(nn.Module):
+  """An einsum with a kernel and bias whose dimensions keep their own logical names (e.g. the
+  Q/K/V kernels are [embed, heads, head_dim], so tensor parallelism can split heads)."""
+  equation: str
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  bias_shape: tuple[int, ...]
+  bias_axes: tuple[str, ...]
+  initializer_range: float
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param("kernel", param_init(self.initializer_range, self.kernel_axes),
+                        self.kernel_shape, jnp.float32)
+    bias = self.param("bias", zeros_init(self.bias_axes), self.bias_shape, jnp.float32)
+    y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    return y + bias.astype(self.dtype).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention with biases on Q/K/V/O (BERT's modeling.py attention_layer).
+
+  Attention dropout: the papers apply dropout 0.1 to the attention probabilities, which
+  `jax.nn.dot_product_attention` cannot do (it has no dropout argument). So `attention_dropout > 0`
+  (the faithful default) computes softmax explicitly; `attention_dropout == 0` routes through
+  `jax.nn.dot_product_attention(implementation=attention_impl)`, which is where cuDNN flash
+  attention is one switch (`attention_impl='cudnn'`, bf16). That is a documented deviation a
+  GPU fast-path config opts into, never a silent one.
+  """
+  heads: int
+  head_dim: int
+  attention_dropout: float
+  initializer_range: float
+  attention_impl: str = ""
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BLD, mask_B11L, *, deterministic: bool):
+    """x: [batch, length, embed]; mask: [batch, 1, 1, length] bool → [batch, length, embed]."""
+    embed = x_BLD.shape[-1]
+    qkv_shape, qkv_axes = (embed, self.heads, self.head_dim), ("embed", "heads", "kv")
+    project = lambda name: HeadProjection(  # noqa: E731
+        "bld,dnh->blnh", qkv_shape, qkv_axes, (self.heads, self.head_dim), ("heads", "kv"),
+        self.initializer_range, self.dtype, name=name)(x_BLD)
+    q_BLNH, k_BLNH, v_BLNH = project("query"), project("key"), project("value")
+    axes = ("batch", "length", "act_heads", "act_kv")
+    q_BLNH, k_BLNH, v_BLNH = (nn.with_logical_constraint(t, axes) for t in (q_BLNH, k_BLNH, v_BLNH))
+    if self.attention_dropout > 0 and not deterministic:
+      out_BLNH = self._explicit_attention(q_BLNH, k_BLNH, v_BLNH, mask_B11L)
+    else:
+      out_BLNH = jax.nn.dot_product_attention(
+          q_BLNH, k_BLNH, v_BLNH, mask=mask_B11L, implementation=self.attention_impl or None)
+    out_BLNH = nn.with_logical_constraint(out_BLNH, axes)
+    return HeadProjection("blnh,nhd->bld", (self.heads, self.head_dim, embed),
+                          ("heads", "kv", "embed"), (embed,), ("embed",), self.initializer_range,
+                          self.dtype, name="output")(out_BLNH)
+
+  def _explicit_attention(self, q_BLNH, k_BLNH, v_BLNH, mask_B11L):
+    scores_BNLL = jnp.einsum("bqnh,bknh->bnqk", q_BLNH, k_BLNH) / jnp.sqrt(self.head_dim).astype(
+        q_BLNH.dtype)
+    # Softmax in float32; masked keys get the dtype's lowest value (BERT adds -10000, which is the
+    # same after softmax for any realistic score range).
+    scores_BNLL = jnp.where(mask_B11L, scores_BNLL.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+    probs_BNLL = jax.nn.softmax(scores_BNLL, axis=-1).astype(self.dtype)
+    probs_BNLL = nn.Dropout(self.attention_dropout)(probs_BNLL, deterministic=False)
+    return jnp.einsum("bnqk,bknh->bqnh", probs_BNLL, v_BLNH)
+
+
+class MLP(nn.Module):
+  """Position-wise feed-forward: dense(embed→mlp) + activation + dense(mlp→embed)."""
+  mlp_dim: int
+  activation: str
+  initializer_range: float
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BLD):
+    h_BLF = nn.Dense(
+        self.mlp_dim, dtype=self.dtype, param_dtype=jnp.float32,
+        kernel_init=param_init(self.initializer_range, ("embed", "mlp")),
+        bias_init=zeros_init(("mlp",)), name="intermediate")(x_BLD)
+    h_BLF = nn.with_logical_constraint(activation_fn(self.activation)(h_BLF),
+                                       ("batch", "length", "act_mlp"))
+    return nn.Dense(
+        x_BLD.shape[-1], dtype=self.dtype, param_dtype=jnp.float32,
+        kernel_init=param_init(self.initializer_range, ("mlp", "embed")),
+        bias_init=zeros_init(("embed",)), name="output")(h_BLF)

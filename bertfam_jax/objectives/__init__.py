@@ -1,0 +1,42 @@
+"""Pre-training objectives: the one seam between the data pipeline, the models and the train loop.
+
+Each objective module exposes three module-level functions, and the train loop calls nothing else:
+
+  build_model(config) -> flax.linen.Module
+      The network and heads this objective trains.
+  make_features(config, tokenizer) -> Callable[[dict[str, np.ndarray], np.random.Generator], dict]
+      Host-side numpy noising (masking, corruption, permutations) applied to packed examples
+      (see `bertfam_jax.data.packing`). Deterministic given the generator.
+  loss_fn(model, params, batch, rng, config, *, deterministic=False)
+      -> tuple[jax.Array, dict[str, tuple[jax.Array, jax.Array]]]
+      The scalar loss to differentiate and metrics as (sum, count) pairs; the loop sums both
+      across micro-batches and logs sum / count.
+
+Batch keys (all numpy on the host, `jax.Array` on device; `n` = examples, `L` = sequence length,
+`P` = max predictions per sequence):
+  input_ids       [n, L] int32   token ids after noising; `pad_id` beyond the example.
+  segment_ids     [n, L] int32   token type: 0 for [CLS] A [SEP], 1 for B [SEP]; 0 when unused.
+  input_mask      [n, L] int32   1 for real tokens, 0 for padding.
+  mlm_positions   [n, P] int32   positions of the predicted tokens, ascending, 0-padded.
+  mlm_targets     [n, P] int32   original token ids at those positions, 0-padded.
+  mlm_weights     [n, P] float32 1.0 for a real prediction, 0.0 for padding.
+  sentence_label  [n]    int32   NSP: 0 = IsNext, 1 = random next (BERT's convention).
+Later objectives add their own keys here (`decoder_input_ids`, `perm_mask`, `target_mapping`...).
+
+Adding an objective touches its module, one line in OBJECTIVES, its config and its tests; never
+`train/`.
+"""
+
+from bertfam_jax.objectives import mlm
+
+OBJECTIVES = {
+    "mlm": mlm,
+}
+
+
+def get(name: str):
+  """Returns the objective module registered as `name`."""
+  if name not in OBJECTIVES:
+    raise ValueError(f"Unknown objective {name!r}; choose one of {sorted(OBJECTIVES)} "
+                     "(config.objective.name).")
+  return OBJECTIVES[name]

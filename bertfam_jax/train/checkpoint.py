@@ -1,0 +1,101 @@
+"""Orbax checkpoints under WORKDIR/checkpoints, the run's config.json, and the checks that refuse a
+workdir whose checkpoints belong to a different model."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from bertfam_jax.config_lib import ConfigError
+
+# Sections whose change makes an existing checkpoint meaningless (a different network, vocabulary
+# or objective). Optimizer, schedule, batch and step counts may change between resumptions.
+_IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
+
+
+def _identity(config_dict: dict) -> dict:
+  return {k: config_dict.get(k) for k in _IDENTITY_SECTIONS}
+
+
+def check_or_write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes WORKDIR/config.json on the first start; afterwards refuses a config whose model,
+  objective or tokenizer differs from the one the workdir was started with."""
+  path = os.path.join(workdir, "config.json")
+  current = json.loads(config.to_json())
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    diffs = _diff(_identity(saved), _identity(current))
+    if diffs:
+      raise ConfigError(
+          f"{workdir} holds a run with a different model/objective/tokenizer ({'; '.join(diffs[:5])})"
+          f". Use a new --workdir, or pass the original settings to resume it.")
+    return
+  if jax.process_index() == 0:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      f.write(config.to_json(indent=2))
+    os.replace(tmp, path)
+
+
+def _diff(saved, current, prefix="") -> list[str]:
+  if isinstance(saved, dict) and isinstance(current, dict):
+    out = []
+    for key in sorted(set(saved) | set(current)):
+      out += _diff(saved.get(key), current.get(key), f"{prefix}{key}.")
+    return out
+  return [] if saved == current else [f"{prefix[:-1]}: {saved!r} → {current!r}"]
+
+
+class Checkpointer:
+  """Async orbax CheckpointManager holding the train state and every process's data position."""
+
+  def __init__(self, directory: str, keep: int):
+    self.directory = os.path.abspath(directory)
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
+                                             create=True),
+        item_names=("state", "data"))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state, data_state: dict[str, int]) -> None:
+    """Saves asynchronously; `data_state` is this process's pipeline position (ints only)."""
+    keys = sorted(data_state)
+    local = np.asarray([data_state[k] for k in keys], np.int64)
+    per_process = np.asarray(multihost_utils.process_allgather(local)).reshape(
+        jax.process_count(), len(keys))
+    data = {"keys": keys, "processes": per_process.tolist()}
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    data=ocp.args.JsonSave(data)), force=True)
+
+  def restore(self, step: int, abstract_state):
+    """Restores onto the shardings in `abstract_state` (any mesh). Returns (state, data_state or
+    None when the checkpoint was written by a different number of processes)."""
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
+      raise ConfigError(
+          f"Checkpoint {self.directory}/{step} cannot be restored onto this model ({type(e).__name__}:"
+          f" {str(e)[:300]}). It is left untouched; use a new --workdir or move the checkpoint "
+          f"aside.") from e
+    data = restored["data"]
+    if len(data["processes"]) != jax.process_count():
+      return restored["state"], None
+    return restored["state"], dict(zip(data["keys"], data["processes"][jax.process_index()]))
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()

@@ -1,0 +1,45 @@
+"""Model FLOPs for MFU (../shared/PERF.md §3, MaxText's convention): matmul FLOPs of one forward +
+backward pass (×3 of the forward), bidirectional attention counted in full, the MLM head counted only
+at the positions it computes, remat recompute and padding of the batch not discounted."""
+
+from __future__ import annotations
+
+import jax
+
+# Dense bf16 peak per device (datasheets / Cloud TPU docs; PERF.md §1). Never the sparse figure.
+PEAK_BF16_FLOPS = {
+    "H100": 989e12,   # SXM5; H100 PCIe is 756e12 but reports the same device_kind prefix
+    "H200": 989e12,
+    "A100": 312e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+}
+
+
+def encoder_train_flops_per_token(model, seq_len: int, predictions_per_seq: int,
+                                  sentence_head: bool) -> float:
+  """6·L·(4d² + 2df) + 12·L·S·d + 6·p·(d² + dV) [+ pooler and classifier per sequence / S].
+
+  `model` is `config.model`; p = predictions_per_seq / seq_len (the sparse MLM head)."""
+  d, f, layers, vocab = model.hidden, model.mlp, model.layers, model.vocab_size
+  dense = 6 * layers * (4 * d * d + 2 * d * f)
+  attention = 12 * layers * seq_len * d
+  p = predictions_per_seq / seq_len
+  head = 6 * p * (d * d + d * vocab)
+  pooler = 6 * (d * d + 2 * d) / seq_len if sentence_head else 0.0
+  return float(dense + attention + head + pooler)
+
+
+def peak_flops_per_device(device=None) -> float | None:
+  """Dense bf16 peak of `device` (default: the first local device); None when unknown (CPU)."""
+  device = device or jax.local_devices()[0]
+  kind = getattr(device, "device_kind", "")
+  for prefix in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+    if kind.startswith(prefix) or prefix in kind:
+      return PEAK_BF16_FLOPS[prefix]
+  return None

@@ -1,0 +1,79 @@
+"""Metrics sinks: WORKDIR/metrics.jsonl (one object per logged step), TensorBoard events, and the
+progress line on stdout. Only process 0 writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import jax
+
+
+class MetricsWriter:
+
+  def __init__(self, workdir: str, *, resume_step: int | None):
+    self.enabled = jax.process_index() == 0
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb = None
+    if not self.enabled:
+      return
+    if resume_step is not None:
+      _truncate_after(self.path, resume_step)
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, scalars: dict[str, float], prefix: str = "") -> None:
+    if not self.enabled:
+      return
+    # Non-finite values (e.g. throughput of a window holding only the compile step) become null.
+    record = {"step": step, **{prefix + k: (v if math.isfinite(v) else None)
+                               for k, v in scalars.items()}}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    for k, v in scalars.items():
+      if math.isfinite(v):
+        self._tb.add_scalar(prefix + k, v, step)
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _truncate_after(path: str, step: int) -> None:
+  """On resume, drops lines logged after the restored checkpoint: those steps run again and are
+  logged again, so the file stays one record per step."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(kept)
+  os.replace(tmp, path)
+
+
+def format_duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def progress_line(step: int, total: int, scalars: dict[str, float], eta_seconds: float) -> str:
+  parts = [f"step {step}/{total}", f"loss {scalars['loss']:.4f}"]
+  for key in ("mlm_accuracy", "nsp_accuracy"):
+    if key in scalars:
+      parts.append(f"{key.replace('_accuracy', '_acc')} {scalars[key]:.3f}")
+  parts += [f"lr {scalars['learning_rate']:.2e}", f"{scalars['tokens_per_sec'] / 1e3:.1f}k tok/s",
+            f"ETA {format_duration(eta_seconds)}"]
+  return " | ".join(parts)
+
+
+def print_progress(line: str) -> None:
+  if jax.process_index() == 0:
+    print(line, flush=True, file=sys.stdout)

@@ -1,0 +1,107 @@
+"""The papers' optimizers and learning-rate schedules, built from optax pieces.
+
+BERT (bert/optimization.py AdamWeightDecayOptimizer): clip global norm 1.0 → Adam moments *without*
+bias correction → `u += wd·θ` for every parameter except LayerNorm and biases → `θ -= lr·u`.
+fairseq (fairseq/optim/adam.py, RoBERTa): bias-corrected Adam, decoupled decay `θ -= lr·wd·θ` on
+*every* parameter, no clipping in the RoBERTa recipe.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertfam_jax.config_lib import ConfigError
+
+
+class ScaleByAdamState(NamedTuple):
+  count: jax.Array
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool
+                  ) -> optax.GradientTransformation:
+  """Adam's m / (sqrt(v) + eps), with bias correction optional (BERT/ELECTRA have none)."""
+
+  def init_fn(params):
+    zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)  # noqa: E731
+    return ScaleByAdamState(jnp.zeros([], jnp.int32), jax.tree.map(zeros, params),
+                            jax.tree.map(zeros, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+    count = state.count + 1
+    if bias_correction:
+      t = count.astype(jnp.float32)
+      mu_hat = jax.tree.map(lambda m: m / (1 - b1**t), mu)
+      nu_hat = jax.tree.map(lambda v: v / (1 - b2**t), nu)
+    else:
+      mu_hat, nu_hat = mu, nu
+    new_updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu_hat, nu_hat)
+    return new_updates, ScaleByAdamState(count, mu, nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
+  """`o` is `config.optimizer`; the step is the 0-based index of the update being computed.
+
+  linear_from_zero (BERT/ALBERT): step < W: lr·step/W; else lr·(1 − step/T) (the decay counts
+    from step 0, so the rate drops slightly at W, as polynomial_decay + warmup in optimization.py).
+  linear_after_warmup (fairseq polynomial_decay): lr·max(step, 1)/W during warmup (fairseq starts
+    at lr/W), then linear from lr at W to end_lr at T.
+  """
+  lr, warmup, end_lr = o.peak_lr, o.warmup_steps, o.end_lr
+  total = float(total_steps)
+
+  def linear_from_zero(step):
+    step = jnp.asarray(step, jnp.float32)
+    decayed = (lr - end_lr) * (1.0 - jnp.minimum(step, total) / total) + end_lr
+    warm = lr * step / max(warmup, 1)
+    return jnp.where(step < warmup, warm, decayed)
+
+  def linear_after_warmup(step):
+    step = jnp.asarray(step, jnp.float32)
+    warm = lr * jnp.maximum(step, 1.0) / max(warmup, 1)
+    remaining = 1.0 - (jnp.minimum(step, total) - warmup) / max(total - warmup, 1.0)
+    return jnp.where(step < warmup, warm, (lr - end_lr) * remaining + end_lr)
+
+  schedules = {"linear_from_zero": linear_from_zero, "linear_after_warmup": linear_after_warmup}
+  if o.schedule not in schedules:
+    raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {sorted(schedules)}.")
+  return schedules[o.schedule]
+
+
+def decay_mask(params):
+  """True where weight decay applies: everything except biases and LayerNorm parameters (BERT's
+  exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"])."""
+
+  def decays(path, _):
+    names = [getattr(k, "key", str(k)) for k in path]
+    return not ("bias" in names[-1] or "norm" in names)
+
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Returns (transformation, schedule) for `config.optimizer` over `config.train.total_steps`."""
+  o = config.optimizer
+  if o.name != "adamw":
+    raise ConfigError(f"optimizer.name={o.name!r} is not available; use 'adamw' (with "
+                      "bias_correction / decay_norm_and_bias selecting BERT's or fairseq's variant).")
+  schedule = learning_rate_schedule(o, config.train.total_steps)
+  parts = []
+  if o.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(o.clip_norm))
+  parts.append(scale_by_adam(o.b1, o.b2, o.eps, o.bias_correction))
+  if o.weight_decay > 0:
+    parts.append(optax.add_decayed_weights(o.weight_decay,
+                                           mask=None if o.decay_norm_and_bias else decay_mask))
+  parts.append(optax.scale_by_learning_rate(schedule))
+  return optax.chain(*parts), schedule

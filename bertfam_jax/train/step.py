@@ -1,0 +1,141 @@
+"""Pure train and eval steps for any objective, and the sharded initial state."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from bertfam_jax.train import sharding as sharding_lib
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array      # int32 scalar: the number of updates applied
+  params: Any
+  opt_state: Any
+
+
+def init_batch(config, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """Abstract inputs used only to trace `model.init` (shapes follow objectives/__init__.py)."""
+  length, preds = config.data.seq_len, config.objective.max_predictions
+  i32 = jnp.int32
+  return dict(input_ids=jnp.zeros((batch_size, length), i32),
+              input_mask=jnp.ones((batch_size, length), i32),
+              segment_ids=jnp.zeros((batch_size, length), i32),
+              mlm_positions=jnp.zeros((batch_size, preds), i32))
+
+
+def abstract_state(model, tx, config, mesh):
+  """Shapes and NamedShardings of the train state, computed without allocating anything."""
+  rng = jax.random.key(0)
+  boxed = jax.eval_shape(lambda: model.init(
+      {"params": rng, "dropout": rng}, **init_batch(config, 1), deterministic=True))
+  param_sh = sharding_lib.logical_to_shardings(boxed, mesh)
+  params = jax.tree.map(lambda x: x.unbox(apply_constraint=False), boxed,
+                        is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  opt_state = jax.eval_shape(tx.init, params)
+  replicated = NamedSharding(mesh, P())
+  shardings = TrainState(step=replicated, params=param_sh,
+                         opt_state=sharding_lib.opt_state_shardings(opt_state, param_sh, mesh))
+  shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt_state)
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                      shapes, shardings), shardings
+
+
+def init_state(model, tx, config, shardings, seed: int) -> TrainState:
+  """Initialises parameters directly into their shardings (never materialised on one device)."""
+
+  def init():
+    rng = jax.random.key(seed)
+    params = nn.meta.unbox(model.init({"params": rng, "dropout": rng},
+                                      **init_batch(config, 1), deterministic=True))
+    return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
+
+  return jax.jit(init, out_shardings=shardings)()
+
+
+def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardings, mesh):
+  """Returns jitted `step(state, batch) -> (state, metrics)`; metrics are {name: (sum, count)}
+  plus scalars learning_rate, grad_norm, param_norm (as (value, 1)).
+
+  With `grad_accum_steps = k` the global batch is split into k micro-batches scanned in sequence;
+  the update uses the mean of their gradients (each micro-batch loss is already a mean).
+  """
+  accum = config.train.grad_accum_steps
+  base_rng = jax.random.key(config.seed + 1)
+
+  def micro_grads(params, batch, rng):
+    (loss, metrics), grads = jax.value_and_grad(
+        lambda p: loss_fn(model, p, batch, rng, config), has_aux=True)(params)
+    return grads, dict(metrics, loss=(loss, jnp.ones([], jnp.float32)))
+
+  def step(state, batch):
+    rng = jax.random.fold_in(base_rng, state.step)
+    if accum == 1:
+      grads, metrics = micro_grads(state.params, batch, rng)
+    else:
+      micro = jax.tree.map(lambda x: x.reshape((accum, x.shape[0] // accum) + x.shape[1:]), batch)
+
+      def body(carry, inputs):
+        index, mb = inputs
+        grads, metrics = micro_grads(state.params, mb, jax.random.fold_in(rng, index))
+        return jax.tree.map(jnp.add, carry, (grads, metrics)), None
+
+      zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_grads, state.params,
+                                                          jax.tree.map(lambda x: x[0], micro), rng))
+      (grads, metrics), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro))
+      grads = jax.tree.map(lambda g: g / accum, grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    one = jnp.ones([], jnp.float32)
+    metrics = dict(metrics,
+                   learning_rate=(schedule(state.step), one),
+                   grad_norm=(optax.tree.norm(grads), one),
+                   param_norm=(optax.tree.norm(params), one))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  batch_sh = sharding_lib.batch_sharding(mesh)
+  replicated = NamedSharding(mesh, P())
+  return with_mesh_context(jax.jit(step, in_shardings=(state_shardings, batch_sh),
+                                   out_shardings=(state_shardings, replicated),
+                                   donate_argnums=(0,)), mesh)
+
+
+def make_eval_step(model, loss_fn: Callable, config, state_shardings, mesh):
+  """Returns jitted `eval_step(params, batch) -> metrics` (deterministic: no dropout)."""
+
+  def eval_step(params, batch):
+    loss, metrics = loss_fn(model, params, batch, jax.random.key(0), config, deterministic=True)
+    return dict(metrics, loss=(loss, jnp.ones([], jnp.float32)))
+
+  return with_mesh_context(jax.jit(eval_step, in_shardings=(state_shardings.params,
+                                                            sharding_lib.batch_sharding(mesh)),
+                                   out_shardings=NamedSharding(mesh, P())), mesh)
+
+
+def with_mesh_context(fn, mesh):
+  """Calls `fn` with the mesh and logical-axis rules active, so that the models'
+  `nn.with_logical_constraint` annotations resolve when `fn` is traced."""
+
+  def call(*args):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding_lib.LOGICAL_AXIS_RULES):
+      return fn(*args)
+
+  return call
+
+
+def accumulate_metrics(total, metrics):
+  """Adds two {name: (sum, count)} trees (host or device)."""
+  return jax.tree.map(lambda a, b: a + b, total, metrics)
+
+
+def finalize_metrics(metrics) -> dict[str, float]:
+  """{name: (sum, count)} (host numpy) → {name: sum / count}."""
+  return {k: float(s) / max(float(c), 1e-12) for k, (s, c) in metrics.items()}
+
