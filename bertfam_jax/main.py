@@ -41,6 +41,9 @@ def _maybe_initialize_distributed():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    # orbax and absl log every checkpoint phase at INFO; the progress lines are printed anyway.
+    logging.set_verbosity(logging.WARNING)
   if _CONFIG.value.data.source == "tfds":
     # TensorFlow (used only by the optional tf.data reader) must never take the GPUs from JAX.
     try:

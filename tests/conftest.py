@@ -1,10 +1,13 @@
-"""Test setup: 8 emulated CPU devices (set before jax initialises its backends) and strict numerics."""
+"""Test setup: 8 emulated CPU devices (set before jax initialises its backends), strict numerics,
+and a private cache (corpus, tokenizers) shared by the session and the subprocesses it starts."""
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("BERTFAM_CACHE", tempfile.mkdtemp(prefix="bertfam_test_cache_"))
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS above)
 

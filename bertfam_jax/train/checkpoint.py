@@ -76,6 +76,11 @@ class Checkpointer:
     data = {"keys": keys, "processes": per_process.tolist()}
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                     data=ocp.args.JsonSave(data)), force=True)
+    if jax.default_backend() == "cpu":
+      # On CPU the host copy orbax takes before returning can alias the device buffers, which the
+      # next (donating) train step overwrites: finish writing first. On GPU/TPU the copy is real
+      # and the save stays asynchronous.
+      self.manager.wait_until_finished()
 
   def restore(self, step: int, abstract_state):
     """Restores onto the shardings in `abstract_state` (any mesh). Returns (state, data_state or

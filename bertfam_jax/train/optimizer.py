@@ -25,7 +25,7 @@ class ScaleByAdamState(NamedTuple):
 
 def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool
                   ) -> optax.GradientTransformation:
-  """Adam's m / (sqrt(v) + eps), with bias correction optional (BERT/ELECTRA have none)."""
+  """Adam's m / (sqrt(v) + eps), with fairseq's bias correction optional (BERT/ELECTRA have none)."""
 
   def init_fn(params):
     zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)  # noqa: E731
@@ -38,12 +38,13 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool
     nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
     count = state.count + 1
     if bias_correction:
+      # fairseq/optim/adam.py: step_size = lr·sqrt(1 − β2^t)/(1 − β1^t) and denom = sqrt(v) + eps on
+      # the uncorrected v (eps is not rescaled as in optax/PyTorch's m̂ / (sqrt(v̂) + eps)).
       t = count.astype(jnp.float32)
-      mu_hat = jax.tree.map(lambda m: m / (1 - b1**t), mu)
-      nu_hat = jax.tree.map(lambda v: v / (1 - b2**t), nu)
+      scale = jnp.sqrt(1 - b2**t) / (1 - b1**t)
     else:
-      mu_hat, nu_hat = mu, nu
-    new_updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu_hat, nu_hat)
+      scale = 1.0
+    new_updates = jax.tree.map(lambda m, v: scale * m / (jnp.sqrt(v) + eps), mu, nu)
     return new_updates, ScaleByAdamState(count, mu, nu)
 
   return optax.GradientTransformation(init_fn, update_fn)

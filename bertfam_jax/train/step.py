@@ -80,7 +80,10 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
     if accum == 1:
       grads, metrics = micro_grads(state.params, batch, rng)
     else:
-      micro = jax.tree.map(lambda x: x.reshape((accum, x.shape[0] // accum) + x.shape[1:]), batch)
+      # Strided micro-batches (rows i, i+k, i+2k, ...) keep every device's rows on that device;
+      # contiguous slices of a batch-sharded array would reshuffle data between devices.
+      micro = jax.tree.map(
+          lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
 
       def body(carry, inputs):
         index, mb = inputs

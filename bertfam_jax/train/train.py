@@ -112,9 +112,11 @@ def run(config, workdir: str) -> dict[str, float]:
   eval_docs = sources.get_documents(config.data, "eval")
   tokenizer = tokenizers.load_or_train(config, train_docs)
   checkpoint_lib.check_or_write_config(workdir, config)
-  logging.info("Effective mask rate: %.2f%% of %d tokens (mask_rate %.2f, max_predictions %d).",
-               100 * config_lib.effective_mask_rate(config), config.data.seq_len,
-               config.objective.mask_rate, config.objective.max_predictions)
+  metrics_lib.print_progress(
+      f"Effective mask rate: {100 * config_lib.effective_mask_rate(config):.2f}% of "
+      f"{config.data.seq_len} tokens (mask_rate {config.objective.mask_rate}, max_predictions "
+      f"{config.objective.max_predictions}); {len(train_docs)} train / {len(eval_docs)} eval "
+      f"documents; mesh {dict(mesh.shape)}.")
 
   model = objective.build_model(config)
   tx, schedule = optimizer_lib.make_optimizer(config)
@@ -131,9 +133,12 @@ def run(config, workdir: str) -> dict[str, float]:
   train_pipe = pipeline_lib.Pipeline(config, tokenizer, train_docs, features_fn, **pipe_args)
   if data_state is not None:
     train_pipe.restore(data_state)
-  eval_pipe = pipeline_lib.Pipeline(config, tokenizer, eval_docs, features_fn, **pipe_args)
-  eval_batches = [pipeline_lib.make_global_batch(b, mesh, sharding_lib.BATCH_SPEC)
-                  for b in eval_pipe.eval_batches(config.train.eval_batches)]
+  eval_batches = []
+  if len(eval_docs) and config.train.eval_batches:
+    eval_pipe = pipeline_lib.Pipeline(config, tokenizer, eval_docs, features_fn, **pipe_args)
+    eval_batches = [pipeline_lib.make_global_batch(b, mesh, sharding_lib.BATCH_SPEC)
+                    for b in eval_pipe.eval_batches(config.train.eval_batches)]
+    eval_pipe.close()
 
   train_step = step_lib.make_train_step(model, tx, schedule, objective.loss_fn, config, shardings,
                                         mesh)
@@ -208,10 +213,11 @@ class _Loop:
 
   def _log_train(self, step, last_logged, host, seconds_per_step):
     if not all(math.isfinite(float(s)) for s, _ in host.values()):
+      latest = self.checkpointer.latest_step()
+      kept = f"the last checkpoint (step {latest}) is kept" if latest else "no checkpoint was written"
       raise NonFiniteLossError(
-          f"Non-finite loss or gradients between steps {last_logged + 1} and {step}; the last "
-          f"checkpoint (step {self.checkpointer.latest_step()}) is kept. Lower "
-          f"--config.optimizer.peak_lr or check the data.")
+          f"Non-finite loss, gradients or parameters between steps {last_logged + 1} and {step}; "
+          f"{kept}. Lower --config.optimizer.peak_lr or check the data.")
     scalars = step_lib.finalize_metrics(host)
     scalars["tokens_per_sec"] = self.tokens_per_step / seconds_per_step
     if self.mfu_denominator:

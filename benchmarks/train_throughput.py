@@ -1,0 +1,227 @@
+r"""Throughput and MFU of the jitted train step on the present devices, per batch size.
+
+For each --batch_sizes entry the real model, optimizer, sharded state and train step of --config are
+built on the config's mesh, and one synthetic batch of the objective's shapes (random ids, every
+position real, sorted random prediction positions) is made on device, so no data pipeline runs:
+this measures the step alone. The first step (compile + one step) is timed on its own, --warmup more
+steps follow untimed, then --steps steps are dispatched back to back and timed to
+`block_until_ready`; step time is their mean.
+
+Model FLOPs per token are `flops.encoder_train_flops_per_token` (../shared/PERF.md §3, MaxText's
+convention: matmul FLOPs of forward + backward = 3x forward; remat recompute not counted):
+  6·L·(4d² + 2df)          weights: 6N per token for the attention and MLP matrices
+  + 12·L·S·d               bidirectional attention (QKᵀ and AV, counted in full)
+  + 6·(P/S)·(d² + dV)      MLM head (transform + tied decoder) at the P = max_predictions positions
+                           it computes, not at every position
+  + 6·(d² + 2d)/S          pooler and NSP/SOP classifier, once per sequence (with a sentence task)
+Model TFLOP/s = FLOPs/token x tokens/s over all devices; MFU divides by the device count times the
+dense bf16 peak of `flops.peak_flops_per_device()` (also for float32 runs; none is known for CPU).
+Peak memory is `peak_bytes_in_use` of `device.memory_stats()` (max over local devices; the peak
+since the process started, so run batch sizes in increasing order), where the backend reports it.
+
+  python benchmarks/train_throughput.py --config=configs/bert.py:size=base \
+      --config.data.seq_len=128 --batch_sizes=32,64 --steps=20
+  python benchmarks/train_throughput.py --config=configs/roberta.py:size=large \
+      --config.data.seq_len=512 --config.model.dtype=bfloat16 --batch_sizes=16,32 \
+      --output=throughput.jsonl
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+from ml_collections import config_flags
+
+from bertfam_jax import config_lib, objectives
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.train import flops as flops_lib
+from bertfam_jax.train import optimizer as optimizer_lib
+from bertfam_jax.train import sharding as sharding_lib
+from bertfam_jax.train import step as step_lib
+from bertfam_jax.train import train as train_lib
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, e.g. configs/bert.py:size=base; override fields with "
+    "--config.<section>.<key>=value (e.g. --config.model.dtype=bfloat16).", lock_config=True)
+_BATCH_SIZES = flags.DEFINE_list("batch_sizes", [], "Global batch sizes to measure, in this "
+                                 "order; default: the config's train.batch_size.")
+_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per batch size.")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after the first (compiling) step.")
+_OUTPUT = flags.DEFINE_string("output", None, "Optional JSONL file; one object per batch size is "
+                              "appended.")
+flags.mark_flag_as_required("config")
+
+COLUMNS = ("device", "config", "batch", "seq", "dtype", "first step s", "step ms", "tokens/s",
+           "model TFLOP/s", "MFU", "peak mem GiB", "MFLOP/token")
+
+
+@dataclasses.dataclass
+class Result:
+  """One measured batch size; None where the backend does not say (memory) or it ran out of it."""
+  device: str
+  config: str
+  batch_size: int
+  seq_len: int
+  dtype: str
+  flops_per_token: float
+  first_step_s: float | None = None
+  step_s: float | None = None
+  tokens_per_s: float | None = None
+  model_tflops_per_s: float | None = None
+  mfu: float | None = None
+  peak_memory_bytes: int | None = None
+  error: str | None = None
+
+  def markdown_row(self) -> str:
+    def fmt(value, spec, scale=1.0):
+      return "–" if value is None else format(value * scale, spec)
+
+    if self.error:
+      mfu = self.error
+    elif self.mfu is None:
+      mfu = f"n/a (no peak for {jax.devices()[0].platform})"
+    else:
+      mfu = f"{100 * self.mfu:.1f}%"
+    cells = (self.device, f"`{self.config}`", self.batch_size, self.seq_len, self.dtype,
+             fmt(self.first_step_s, ".1f"), fmt(self.step_s, ".1f", 1e3),
+             fmt(self.tokens_per_s, ",.0f"), fmt(self.model_tflops_per_s, ".3f"), mfu,
+             fmt(self.peak_memory_bytes, ".2f", 2.0**-30), fmt(self.flops_per_token, ".1f", 1e-6))
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def config_arg() -> str:
+  """The --config argument and its overrides as given on the command line."""
+  flag = flags.FLAGS["config"]
+  overrides = config_flags.get_override_values(flag)
+  return " ".join([f"--config={config_flags.get_config_filename(flag)}"] +
+                  [f"--config.{k}={v}" for k, v in overrides.items()])
+
+
+def synthetic_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
+  """A batch with the keys and shapes of objectives/__init__.py, created sharded on device.
+
+  Every position is a real token (input_mask all 1, the padded-FLOP convention of flops.py); the
+  second half of each row is segment 1; `max_predictions` sorted random positions, all weighted.
+  """
+  length, preds = config.data.seq_len, config.objective.max_predictions
+  vocab = config.model.vocab_size
+  sentence_task = bool(config.objective.get("sentence_task"))
+
+  def make(rng):
+    ids_rng, pos_rng, target_rng, label_rng = jax.random.split(rng, 4)
+    batch = dict(
+        input_ids=jax.random.randint(ids_rng, (batch_size, length), 5, vocab, jnp.int32),
+        input_mask=jnp.ones((batch_size, length), jnp.int32),
+        segment_ids=jnp.broadcast_to((jnp.arange(length) >= length // 2).astype(jnp.int32),
+                                     (batch_size, length)),
+        mlm_positions=jnp.sort(jax.random.randint(pos_rng, (batch_size, preds), 1, length,
+                                                  jnp.int32), axis=1),
+        mlm_targets=jax.random.randint(target_rng, (batch_size, preds), 5, vocab, jnp.int32),
+        mlm_weights=jnp.ones((batch_size, preds), jnp.float32))
+    if sentence_task:
+      batch["sentence_label"] = jax.random.randint(label_rng, (batch_size,), 0, 2, jnp.int32)
+    return batch
+
+  return jax.jit(make, out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
+
+
+def peak_memory_bytes() -> int | None:
+  stats = [d.memory_stats() for d in jax.local_devices()]
+  peaks = [s["peak_bytes_in_use"] for s in stats if s and "peak_bytes_in_use" in s]
+  return max(peaks) if peaks else None
+
+
+def with_batch_size(config, batch_size: int, mesh):
+  """A copy of `config` with `train.batch_size`; ConfigError if the mesh cannot split it."""
+  config = config.copy_and_resolve_references()
+  config.train.batch_size = batch_size
+  train_lib.check_batch(config, mesh)
+  return config
+
+
+def measure(config, mesh, result: Result) -> None:
+  """Builds the state and step for `config.train.batch_size` and fills the timings of `result`."""
+  batch_size = config.train.batch_size
+  objective = objectives.get(config.objective.name)
+  model = objective.build_model(config)
+  tx, schedule = optimizer_lib.make_optimizer(config)
+  with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
+  _, shardings = with_ctx(step_lib.abstract_state)(model, tx, config, mesh)
+  state = with_ctx(step_lib.init_state)(model, tx, config, shardings, config.seed)
+  train_step = step_lib.make_train_step(model, tx, schedule, objective.loss_fn, config, shardings,
+                                        mesh)
+  batch = jax.block_until_ready(synthetic_batch(config, batch_size, mesh))
+  jax.block_until_ready(state)
+
+  start = time.perf_counter()
+  state, metrics = jax.block_until_ready(train_step(state, batch))
+  result.first_step_s = time.perf_counter() - start
+  for _ in range(_WARMUP.value):
+    state, metrics = train_step(state, batch)
+  jax.block_until_ready((state, metrics))
+
+  start = time.perf_counter()
+  for _ in range(_STEPS.value):
+    state, metrics = train_step(state, batch)
+  jax.block_until_ready((state, metrics))
+  result.step_s = (time.perf_counter() - start) / _STEPS.value
+
+  result.tokens_per_s = batch_size * config.data.seq_len / result.step_s
+  flops_per_s = result.flops_per_token * result.tokens_per_s
+  result.model_tflops_per_s = flops_per_s / 1e12
+  peak = flops_lib.peak_flops_per_device()
+  result.mfu = flops_per_s / (peak * jax.device_count()) if peak else None
+  result.peak_memory_bytes = peak_memory_bytes()
+
+
+def run(config) -> None:
+  """Prints the header and one markdown row (and --output line) per batch size."""
+  config_lib.validate(config)
+  mesh = sharding_lib.make_mesh(config.mesh)
+  devices = jax.devices()
+  device = f"{devices[0].device_kind} x{len(devices)}"
+  arg = config_arg()
+  flops_per_token = flops_lib.encoder_train_flops_per_token(
+      config.model, config.data.seq_len, config.objective.max_predictions,
+      bool(config.objective.get("sentence_task")))
+  batch_sizes = [int(b) for b in _BATCH_SIZES.value] or [config.train.batch_size]
+  configs = [with_batch_size(config, b, mesh) for b in batch_sizes]  # all checked before any runs
+
+  print(f"{arg}\njax {jax.__version__}; {device}; mesh {dict(mesh.shape)}; "
+        f"{_STEPS.value} timed steps after 1 + {_WARMUP.value} warm-up; "
+        f"{flops_per_token / 1e6:.1f} MFLOP/token\n", flush=True)
+  print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
+  for batch_config in configs:
+    result = Result(device=device, config=arg, batch_size=batch_config.train.batch_size,
+                    seq_len=config.data.seq_len, dtype=config.model.dtype,
+                    flops_per_token=flops_per_token)
+    try:
+      measure(batch_config, mesh, result)
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      result.error = "out of memory"
+    print(result.markdown_row(), flush=True)
+    if _OUTPUT.value and jax.process_index() == 0:
+      with open(_OUTPUT.value, "a") as f:
+        f.write(json.dumps(dataclasses.asdict(result)) + "\n")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  try:
+    run(_CONFIG.value)
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,399 @@
+"""Documents as raw strings: the embedded Wikipedia sample, local text files and TFDS datasets.
+
+A document is one `str`; paragraphs (or input lines) inside it are separated by '\n', which
+`split_sentences` treats as hard sentence boundaries. Every source is exposed through
+`get_documents(data_config, split)` as a `Sequence[str]` (len + random access), so the pipeline
+can permute, shard and chunk documents without knowing where they came from.
+"""
+
+from __future__ import annotations
+
+import bz2
+import collections.abc
+import glob
+import hashlib
+import json
+import os
+import re
+import tempfile
+from typing import Sequence
+
+from absl import logging
+import ml_collections
+import numpy as np
+
+from bertfam_jax import config_lib
+
+# ---------------------------------------------------------------------------------------------
+# Embedded Wikipedia sample (ships inside the gensim wheel, so `pip install` is all it needs).
+# ---------------------------------------------------------------------------------------------
+
+_WIKI_DUMP = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+
+# Sections that hold lists of links and citations rather than running text.
+_NON_PROSE_SECTIONS = frozenset([
+    "references", "external links", "see also", "further reading", "notes", "bibliography",
+    "footnotes", "sources", "citations", "works cited", "notes and references", "gallery",
+    "primary sources", "secondary sources", "other sources", "explanatory notes",
+])
+_HEADING = re.compile(r"^\s*(=+)\s*(.*?)\s*\1\s*$")
+# List items, table rows, galleries, image captions and leftover template/markup lines.
+_NON_PROSE_LINE = re.compile(
+    r"^\s*(?:[*#:;|!{}]|File:|Image:|thumb\||thumbnail\||\d+px\||upright|left\||right\||\w+=)",
+    re.IGNORECASE)
+_MIN_PARAGRAPH_WORDS = 8   # shorter lines are captions, stubs and list debris
+_MIN_DOCUMENT_WORDS = 150  # drops disambiguation pages and stubs (10 of the 106 articles)
+
+
+def _clean_paragraph(line: str) -> str:
+  """Strips the wiki markup `filter_wiki` leaves inside running text."""
+  line = re.sub(r"'{2,}", "", line)                       # ''italic'' and '''bold'''
+  line = re.sub(r"\b(?:thumb|thumbnail|upright|\d+px)\|", "", line, flags=re.IGNORECASE)
+  line = re.sub(r"<[^>]{0,80}>", "", line)                # stray html tags
+  # Removed templates ({{lang|...}}, {{convert|...}}) leave "()" or "(; )" and " ," behind.
+  for _ in range(2):  # nested: "( () )"
+    line = re.sub(r"\(\s*[,;:]?\s*\)", "", line)
+  line = re.sub(r"\s+([,.;:!?)])", r"\1", line)
+  line = re.sub(r"([(])\s+", r"\1", line)
+  line = re.sub(r"\s{2,}", " ", line)
+  return line.strip()
+
+
+def clean_wiki_text(text: str) -> str:
+  """Turns `filter_wiki` output into prose paragraphs joined by '\n'.
+
+  As in MediaWiki, a blank line ends a paragraph and a single newline does not (some articles
+  hard-wrap their source). Headings end a paragraph and are dropped; sections such as References
+  or External links are dropped whole, as are list items, tables, galleries and very short lines.
+  """
+  paragraphs, current = [], []
+
+  def flush():
+    paragraph = _clean_paragraph(" ".join(current))
+    if len(paragraph.split()) >= _MIN_PARAGRAPH_WORDS:
+      paragraphs.append(paragraph)
+    current.clear()
+
+  skipping = False
+  for line in text.splitlines():
+    heading = _HEADING.match(line)
+    if heading or not line.strip() or _NON_PROSE_LINE.match(line):
+      flush()
+      if heading:
+        skipping = heading.group(2).strip().lower() in _NON_PROSE_SECTIONS
+    elif not skipping:
+      current.append(line.strip())
+  flush()
+  return "\n".join(paragraphs)
+
+
+def _extract_wiki_documents() -> list[dict[str, str]]:
+  """Reads the gensim dump and returns the cleaned articles, in dump order."""
+  import gensim  # pylint: disable=g-import-not-at-top  (heavy; only needed to build the cache)
+  from gensim.corpora import wikicorpus  # pylint: disable=g-import-not-at-top
+
+  path = os.path.join(os.path.dirname(gensim.__file__), _WIKI_DUMP)
+  documents = []
+  with bz2.BZ2File(path) as f:
+    # Namespace 0 = articles (no Talk:, Wikipedia:, Template: pages).
+    for title, raw, _ in wikicorpus.extract_pages(f, filter_namespaces=("0",)):
+      if raw.lstrip().lower().startswith("#redirect"):
+        continue
+      text = clean_wiki_text(wikicorpus.filter_wiki(raw))
+      if len(text.split()) >= _MIN_DOCUMENT_WORDS:
+        documents.append(dict(title=title, text=text))
+  return documents
+
+
+def write_atomically(path: str, data: bytes) -> None:
+  """Writes `data` to a temp file in the target directory, then renames it into place, so a
+  crash never leaves a half-written file and concurrent writers (several hosts) are harmless."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.chmod(tmp, 0o644)   # mkstemp creates 0600; caches may be shared between users
+    os.replace(tmp, path)
+  except BaseException:
+    os.unlink(tmp)
+    raise
+
+
+def embedded_wiki(cache_dir: str) -> list[str]:
+  """The embedded English corpus: Wikipedia articles from the sample dump in the gensim wheel.
+
+  Redirects and stubs are dropped and markup is stripped (`clean_wiki_text`); paragraphs are
+  joined by '\n'. Measured: 96 documents, 408,734 words (whitespace-split), 2.59 M characters,
+  5,031 paragraphs, 18,500 sentences (`split_sentences`); building the cache takes ~5 s on one
+  core, reading it back ~10 ms.
+
+  Args:
+    cache_dir: root cache directory; the documents are cached as JSONL under
+      `cache_dir/corpora/embedded_wiki.jsonl` (one `{"title", "text"}` per line) the first time.
+
+  Returns:
+    The document texts, in dump order (deterministic).
+  """
+  path = os.path.join(cache_dir, "corpora", "embedded_wiki.jsonl")
+  if not os.path.exists(path):
+    lines = (json.dumps(doc, ensure_ascii=False) + "\n" for doc in _extract_wiki_documents())
+    write_atomically(path, "".join(lines).encode("utf-8"))
+    logging.info("Wrote the embedded Wikipedia corpus to %s.", path)
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line)["text"] for line in f]
+
+
+# ---------------------------------------------------------------------------------------------
+# Local text files.
+# ---------------------------------------------------------------------------------------------
+
+
+def _expand_globs(patterns: str) -> list[str]:
+  paths = []
+  for pattern in filter(None, (p.strip() for p in patterns.split(","))):
+    matches = sorted(glob.glob(os.path.expanduser(pattern)))
+    if not matches:
+      raise config_lib.ConfigError(
+          f"data.text_files pattern {pattern!r} matches no file; fix --config.data.text_files.")
+    paths.extend(matches)
+  return paths
+
+
+def _file_format(path: str, text_format: str) -> str:
+  if text_format != "auto":
+    return text_format
+  return "jsonl" if path.endswith((".jsonl", ".json")) else "blank_lines"
+
+
+def _read_text_file(path: str, text_format: str) -> list[str]:
+  """Reads one file as documents (paragraphs/lines inside a document joined by '\n').
+
+  blank_lines: documents separated by blank lines, one sentence or paragraph per line (BERT's
+    create_pretraining_data input format). lines: every line is a document. jsonl: one JSON
+    object per line with a `text` field.
+  """
+  with open(path, encoding="utf-8") as f:
+    content = f.read()
+  if text_format == "jsonl":
+    docs = [json.loads(line)["text"] for line in content.splitlines() if line.strip()]
+  elif text_format == "lines":
+    docs = content.splitlines()
+  elif text_format == "blank_lines":
+    docs = re.split(r"\n\s*\n", content)
+  else:
+    raise config_lib.ConfigError(
+        f"data.text_format={text_format!r}; choose auto, blank_lines, lines or jsonl.")
+  docs = ("\n".join(line.strip() for line in doc.splitlines() if line.strip()) for doc in docs)
+  return [doc for doc in docs if doc]
+
+
+def read_text_files(patterns: str, text_format: str = "auto") -> list[str]:
+  """Documents from comma-separated globs of .txt / .jsonl files, in sorted path order."""
+  return [doc for path in _expand_globs(patterns)
+          for doc in _read_text_file(path, _file_format(path, text_format))]
+
+
+# ---------------------------------------------------------------------------------------------
+# TFDS (no TensorFlow needed for array_record datasets).
+# ---------------------------------------------------------------------------------------------
+
+
+class _TextColumn(collections.abc.Sequence):
+  """A random-access view of one text feature of a TFDS data source, decoded to `str`."""
+
+  def __init__(self, source: Sequence[dict], key: str):
+    self._source = source
+    self._key = key
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return [self[i] for i in range(*index.indices(len(self)))]
+    if not -len(self) <= index < len(self):   # array_record raises ValueError; Sequence needs
+      raise IndexError(index)                  # IndexError to end iteration
+    value = self._source[index % len(self)][self._key]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _not_prepared_message(data_config: ml_collections.ConfigDict) -> str:
+  name = data_config.tfds_name
+  data_dir = data_config.tfds_data_dir or "~/tensorflow_datasets (the TFDS default)"
+  return (f"TFDS dataset {name!r} is not prepared under {data_dir}, and bertfam_jax never "
+          f"downloads. Prepare it once on a machine with network access: "
+          f"`tfds build {name} --data_dir=DIR --file_format=array_record` (array_record gives "
+          f"random access without TensorFlow), then pass --config.data.tfds_data_dir=DIR. "
+          f"To run offline instead, use the embedded corpus: "
+          f"`--config=configs/<paper>.py:runlocal` or --config.data.source=embedded_wiki.")
+
+
+def _tfds_documents(data_config: ml_collections.ConfigDict, split_name: str) -> Sequence[str]:
+  """The `tfds_text_key` feature of a prepared TFDS split, never downloading."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional extra)
+
+  try:
+    builder = tfds.builder(data_config.tfds_name, data_dir=data_config.tfds_data_dir or None)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise config_lib.ConfigError(_not_prepared_message(data_config)) from None
+  if not builder.is_prepared():
+    raise config_lib.ConfigError(_not_prepared_message(data_config))
+  if split_name not in builder.info.splits:
+    raise config_lib.ConfigError(
+        f"TFDS dataset {data_config.tfds_name!r} has splits {sorted(builder.info.splits)}, not "
+        f"{split_name!r}; set --config.data.train_split / --config.data.eval_split.")
+  random_access = tfds.core.file_adapters.FileFormat.with_random_access()
+  if builder.info.available_file_formats() & set(random_access):
+    return _TextColumn(builder.as_data_source(split=split_name), data_config.tfds_text_key)
+  return _tfds_records_via_tensorflow(builder, split_name, data_config.tfds_text_key)
+
+
+def _tfds_records_via_tensorflow(builder, split_name: str, key: str) -> list[str]:
+  """Reads a tfrecord-format split into memory with `tfds.as_numpy` (needs TensorFlow)."""
+  try:
+    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401
+  except ImportError:
+    raise config_lib.ConfigError(
+        f"TFDS dataset {builder.name!r} at {builder.data_dir} is stored as tfrecord, which needs "
+        f"TensorFlow to read: `pip install bertfam_jax[tfds]`, or re-prepare it with "
+        f"`tfds build {builder.name} --file_format=array_record` for random access without "
+        f"TensorFlow.") from None
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  logging.warning("Reading TFDS %s[%s] (tfrecord) into memory; prepare it as array_record for "
+                  "random access to large datasets.", builder.name, split_name)
+  dataset = builder.as_dataset(split=split_name, shuffle_files=False)
+  return [record[key].decode("utf-8") for record in tfds.as_numpy(dataset)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The uniform interface.
+# ---------------------------------------------------------------------------------------------
+
+
+def cache_root(data_config: ml_collections.ConfigDict) -> str:
+  """`data.cache_dir`, else $BERTFAM_CACHE, else ~/.cache/bertfam_jax."""
+  return data_config.cache_dir or config_lib.default_cache_dir()
+
+
+def is_eval_document(text: str, eval_fraction: float) -> bool:
+  """Holds a document out by a stable hash of its text (never by position), so the split does
+  not move when documents are added, removed or reordered."""
+  digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+  return int.from_bytes(digest, "little") / 2.0**64 < eval_fraction
+
+
+def _hash_split(documents: list[str], split: str, eval_fraction: float) -> list[str]:
+  held_out = split == "eval"
+  return [doc for doc in documents if is_eval_document(doc, eval_fraction) == held_out]
+
+
+def get_documents(data_config: ml_collections.ConfigDict, split: str) -> Sequence[str]:
+  """The documents of one split of the configured source.
+
+  Args:
+    data_config: `config.data`.
+    split: 'train' or 'eval'. Embedded and text sources hold out `eval_fraction` of their
+      documents by hash; TFDS uses its own `train_split` / `eval_split`.
+
+  Returns:
+    A `Sequence[str]` with len and random access (a list, or a lazy TFDS view).
+  """
+  if split not in ("train", "eval"):
+    raise ValueError(f"split={split!r}; expected 'train' or 'eval'.")
+  source = data_config.source
+  if source == "tfds":
+    return _tfds_documents(data_config,
+                           data_config.train_split if split == "train" else data_config.eval_split)
+  if source == "embedded_wiki":
+    documents = embedded_wiki(cache_root(data_config))
+  elif source == "text":
+    documents = read_text_files(data_config.text_files, data_config.text_format)
+  else:
+    raise config_lib.ConfigError(
+        f"data.source={source!r}; choose embedded_wiki, tfds or text.")
+  return _hash_split(documents, split, data_config.eval_fraction)
+
+
+def source_identity(data_config: ml_collections.ConfigDict) -> str:
+  """A string that changes whenever the training documents may change (keys tokenizer caches).
+
+  Files are identified by path, size and modification time rather than content, which would
+  mean reading every file.
+  """
+  if data_config.source == "tfds":
+    parts = ["tfds", data_config.tfds_name, data_config.tfds_data_dir, data_config.train_split,
+             data_config.tfds_text_key]
+  elif data_config.source == "text":
+    parts = ["text", data_config.text_format, str(data_config.eval_fraction)]
+    for path in _expand_globs(data_config.text_files):
+      stat = os.stat(path)
+      parts.append(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}")
+  else:
+    parts = [data_config.source, _WIKI_DUMP, str(data_config.eval_fraction)]
+  return "|".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sentences and sharding.
+# ---------------------------------------------------------------------------------------------
+
+# Words that end in '.' without ending a sentence (compared lower-cased, without the dot).
+_ABBREVIATIONS = frozenset("""
+mr mrs ms dr prof sr jr st mt ft vs v no nos fig figs vol vols ch pp p ed eds rev gen col lt
+capt sgt maj cmdr adm gov pres sen rep hon mssrs messrs inc ltd co corp bros dept univ
+approx ca cf al jan feb mar apr jun jul aug sep sept oct nov dec est op ibid viz
+""".split())
+# A sentence ends at . ! or ? (plus closing quotes/brackets), then whitespace, then something that
+# can start a sentence: an upper-case letter, a digit, or an opening quote/bracket.
+_BOUNDARY = re.compile(r"([.!?]+)([\"'”’)\]]*)\s+(?=[\"'“‘(\[]*[A-Z0-9])")
+_LAST_WORD = re.compile(r"(\S+)$")
+_INITIALISM = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")   # e.g, i.e, U.S, Ph.D
+
+
+def _ends_with_abbreviation(prefix: str) -> bool:
+  """Whether the word right before a '.' is an abbreviation or an initial, not a sentence end."""
+  match = _LAST_WORD.search(prefix)
+  if not match:
+    return False
+  word = match.group(1).lstrip("\"'“‘([")
+  return (word.lower() in _ABBREVIATIONS or
+          (len(word) == 1 and word.isalpha()) or   # initials: "J. R. R. Tolkien"
+          bool(_INITIALISM.match(word)))
+
+
+def _split_line(line: str) -> list[str]:
+  sentences, start = [], 0
+  for match in _BOUNDARY.finditer(line):
+    if match.group(1) == "." and _ends_with_abbreviation(line[start:match.start()]):
+      continue
+    sentences.append(line[start:match.end(2)])
+    start = match.end()
+  sentences.append(line[start:])
+  return [s.strip() for s in sentences if s.strip()]
+
+
+def split_sentences(text: str) -> list[str]:
+  """Splits a document into sentences; newlines (paragraphs, input lines) are hard boundaries.
+
+  A regex splitter in the spirit of Punkt without its trained statistics: breaks after . ! ?
+  followed by whitespace and an upper-case letter, digit or opening quote, except after common
+  abbreviations ("Mr.", "e.g.", "Fig."), initials ("J. R. R.") and dotted initialisms ("U.S.").
+  Decimals ("3.14") never match because no whitespace follows the dot.
+  """
+  return [sentence for line in text.split("\n") for sentence in _split_line(line)]
+
+
+def process_shard(num_docs: int, process_index: int, process_count: int) -> np.ndarray:
+  """The document indices this process reads: contiguous, disjoint, together covering all.
+
+  Contiguous ranges (as `tfds.even_splits`) keep each host's reads local in record files.
+
+  Returns:
+    [num_docs // process_count (+1)] int64 indices.
+  """
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index={process_index} outside [0, {process_count}).")
+  start = process_index * num_docs // process_count
+  stop = (process_index + 1) * num_docs // process_count
+  return np.arange(start, stop, dtype=np.int64)

@@ -1,0 +1,190 @@
+"""Tokenizers: a SentencePiece model with BERT's special tokens, loaded or trained and cached.
+
+Id layout of the models trained here (ALBERT's released SentencePiece layout):
+  0 <pad>, 1 <unk>, 2 [CLS], 3 [SEP], 4 [MASK]; no BOS/EOS pieces.
+RoBERTa's `<s>` / `</s>` map onto [CLS] / [SEP] (see `packing.full_sentences`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import string
+import time
+from typing import Sequence
+
+from absl import logging
+import ml_collections
+import numpy as np
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as sp_model_pb2
+
+from bertfam_jax import config_lib
+from bertfam_jax.data import sources
+
+CLS, SEP, MASK = "[CLS]", "[SEP]", "[MASK]"
+_NUM_THREADS = min(os.cpu_count() or 1, 16)
+_PRINTABLE_ASCII = "".join(chr(c) for c in range(33, 127))
+# Bump when the training recipe below changes, so cached models are not reused across recipes.
+_RECIPE_VERSION = 1
+
+
+class Tokenizer:
+  """A SentencePiece model plus the ids and word-start table the objectives need.
+
+  Attributes:
+    vocab_size: number of pieces.
+    pad_id, unk_id, cls_id, sep_id, mask_id: special ids.
+    special_ids: [num_special] int32, the control and user-defined pieces (pad, [CLS], [SEP],
+      [MASK]); `<unk>` is an ordinary, maskable token as BERT's [UNK] is.
+    word_start: [vocab_size] bool, True where a piece begins a word: it starts with '▁', or is a
+      special piece, or is punctuation (ALBERT's `_is_start_piece`, used by whole-word and n-gram
+      masking).
+  """
+
+  def __init__(self, model_proto: bytes):
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.model_proto = model_proto
+    self.vocab_size = self._sp.get_piece_size()
+    self.pad_id = self._sp.pad_id()
+    self.unk_id = self._sp.unk_id()
+    self.cls_id, self.sep_id, self.mask_id = (self._special_id(p) for p in (CLS, SEP, MASK))
+    if self.pad_id < 0:
+      raise config_lib.ConfigError("The SentencePiece model has no pad piece (pad_id=-1); "
+                                   "train it with --pad_id=0.")
+    piece_types = [p.type for p in sp_model_pb2.ModelProto.FromString(model_proto).pieces]
+    special_types = (sp_model_pb2.ModelProto.SentencePiece.CONTROL,
+                     sp_model_pb2.ModelProto.SentencePiece.USER_DEFINED)
+    self.special_ids = np.asarray(
+        [i for i, t in enumerate(piece_types) if t in special_types], np.int32)
+    self.word_start = self._word_start_table()
+
+  @classmethod
+  def from_file(cls, path: str) -> "Tokenizer":
+    with open(path, "rb") as f:
+      return cls(f.read())
+
+  def _special_id(self, piece: str) -> int:
+    piece_id = self._sp.piece_to_id(piece)
+    if piece_id == self._sp.unk_id():
+      raise config_lib.ConfigError(
+          f"The SentencePiece model has no {piece} piece; train it with "
+          f"--user_defined_symbols={CLS},{SEP},{MASK} (or leave tokenizer.model_path empty).")
+    return piece_id
+
+  def _word_start_table(self) -> np.ndarray:
+    punctuation = set(string.punctuation)
+    starts = np.zeros(self.vocab_size, bool)
+    for i in range(self.vocab_size):
+      piece = self._sp.id_to_piece(i)
+      starts[i] = (piece.startswith("▁") or self._sp.is_unknown(i) or
+                   all(ch in punctuation for ch in piece))
+    starts[self.special_ids] = True
+    return starts
+
+  def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """Tokenizes a batch of strings (multi-threaded inside SentencePiece).
+
+    Returns:
+      One [len_i] int32 array of piece ids per text; no special tokens are added.
+    """
+    ids = self._sp.encode(list(texts), out_type=int, num_threads=_NUM_THREADS)
+    return [np.asarray(x, np.int32) for x in ids]
+
+  def decode(self, ids) -> str:
+    """Detokenizes [len] ids; pad is dropped, [CLS]/[SEP]/[MASK] appear as text."""
+    return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+
+
+def training_sentences(documents: Sequence[str], max_sentences: int) -> list[str]:
+  """The first `max_sentences` sentences of the documents, in document order (deterministic)."""
+  sentences = []
+  for i in range(len(documents)):
+    sentences.extend(sources.split_sentences(documents[i]))
+    if len(sentences) >= max_sentences:
+      break
+  return sentences[:max_sentences]
+
+
+def train_sentencepiece(sentences: Sequence[str], vocab_size: int, model_type: str) -> bytes:
+  """Trains a SentencePiece model with the layout above and returns its serialized proto.
+
+  Deterministic: the sentences are given explicitly (no sampling: input_sentence_size covers
+  all of them, no shuffling) and SentencePiece's own generator is seeded.
+  """
+  spm.set_random_generator_seed(0)
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model,
+        vocab_size=vocab_size, model_type=model_type,
+        pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+        user_defined_symbols=[CLS, SEP, MASK],
+        # Printable ASCII always gets a piece, so rare punctuation ('?', '~') never becomes <unk>
+        # in small corpora (character_coverage alone drops the rarest characters).
+        required_chars=_PRINTABLE_ASCII,
+        input_sentence_size=len(sentences), shuffle_input_sentence=False,
+        max_sentence_length=1 << 14, num_threads=_NUM_THREADS, minloglevel=2)
+  except RuntimeError as e:
+    # SentencePiece refuses a vocab the corpus cannot fill: "Vocabulary size is too high ...".
+    raise config_lib.ConfigError(
+        f"SentencePiece training failed for vocab_size={vocab_size} on {len(sentences)} "
+        f"sentences: {e}. Lower --config.model.vocab_size or use a larger corpus.") from None
+  return model.getvalue()
+
+
+def cache_path(config: ml_collections.ConfigDict) -> str:
+  """Where a trained tokenizer for this (source, vocab, type, sample size) is cached."""
+  key = "|".join([sources.source_identity(config.data), config.tokenizer.kind,
+                  str(config.model.vocab_size), config.tokenizer.model_type,
+                  str(config.tokenizer.train_max_sentences), str(_RECIPE_VERSION)])
+  digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+  return os.path.join(sources.cache_root(config.data), "tokenizers", f"{digest}.model")
+
+
+def _check_vocab(tokenizer: Tokenizer, config: ml_collections.ConfigDict, origin: str) -> None:
+  if tokenizer.vocab_size != config.model.vocab_size:
+    raise config_lib.ConfigError(
+        f"The tokenizer at {origin} has {tokenizer.vocab_size} pieces but "
+        f"model.vocab_size={config.model.vocab_size}; set "
+        f"--config.model.vocab_size={tokenizer.vocab_size} or use another tokenizer.")
+
+
+def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str]) -> Tokenizer:
+  """The configured tokenizer: `tokenizer.model_path` if set, else one trained and cached.
+
+  Args:
+    config: the full config (reads `tokenizer.*`, `model.vocab_size`, `data.*`).
+    documents: the training documents, used only when a tokenizer has to be trained (from at
+      most `tokenizer.train_max_sentences` of their sentences).
+
+  Returns:
+    A Tokenizer whose vocab size equals `model.vocab_size`.
+  """
+  kind = config.tokenizer.kind
+  if kind == "wordpiece":
+    raise config_lib.ConfigError(
+        "tokenizer.kind='wordpiece' arrives with checkpoint import (BERT's vocab.txt); use "
+        "tokenizer.kind='sentencepiece' for now.")
+  if kind != "sentencepiece":
+    raise config_lib.ConfigError(f"tokenizer.kind={kind!r}; choose sentencepiece.")
+
+  path = config.tokenizer.model_path or cache_path(config)
+  if config.tokenizer.model_path and not os.path.exists(path):
+    raise config_lib.ConfigError(
+        f"tokenizer.model_path={path!r} does not exist; fix the path or leave "
+        f"--config.tokenizer.model_path empty to train one on the corpus.")
+  if os.path.exists(path):
+    tokenizer = Tokenizer.from_file(path)
+  else:
+    start = time.time()
+    sentences = training_sentences(documents, config.tokenizer.train_max_sentences)
+    proto = train_sentencepiece(sentences, config.model.vocab_size, config.tokenizer.model_type)
+    sources.write_atomically(path, proto)
+    logging.info("Trained a %d-piece %s SentencePiece model on %d sentences in %.1f s: %s",
+                 config.model.vocab_size, config.tokenizer.model_type, len(sentences),
+                 time.time() - start, path)
+    tokenizer = Tokenizer(proto)
+  _check_vocab(tokenizer, config, path)
+  return tokenizer

@@ -1,0 +1,110 @@
+"""Tests for bertfam_jax.data.tokenizers: layout, round trip, training cache, errors."""
+
+import os
+
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib
+from bertfam_jax.data import sources
+from bertfam_jax.data import tokenizers
+
+VOCAB = 1000
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+  c = config_lib.base_config()
+  # The embedded corpus cache is shared by every test module of the session (same basetemp).
+  c.data.cache_dir = str(tmp_path_factory.getbasetemp() / "bertfam_cache")
+  c.model.vocab_size = VOCAB
+  c.tokenizer.model_type = "bpe"           # 0.1 s to train here; unigram is tested below
+  c.tokenizer.train_max_sentences = 4000
+  return c
+
+
+@pytest.fixture(scope="module")
+def documents(config):
+  return sources.get_documents(config.data, "train")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(config, documents):
+  return tokenizers.load_or_train(config, documents)
+
+
+def test_special_id_layout(tokenizer):
+  assert tokenizer.vocab_size == VOCAB
+  assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id,
+          tokenizer.mask_id) == (0, 1, 2, 3, 4)
+  np.testing.assert_array_equal(tokenizer.special_ids, [0, 2, 3, 4])
+  assert tokenizer.decode([2, 4, 3]) == "[CLS][MASK][SEP]"
+  assert tokenizer.decode([0, 0]) == ""
+
+
+def test_word_start(tokenizer):
+  ids = tokenizer.encode(["The international organisations, however, disagreed."])[0]
+  pieces = [tokenizer._sp.id_to_piece(int(i)) for i in ids]
+  expected = [p.startswith("▁") or p in (",", ".") for p in pieces]
+  np.testing.assert_array_equal(tokenizer.word_start[ids], expected)
+  assert not all(expected)   # some words are split into several pieces at this vocab size
+  assert tokenizer.word_start[tokenizer.special_ids].all()
+  assert tokenizer.word_start.shape == (VOCAB,) and tokenizer.word_start.dtype == bool
+
+
+def test_encode_decode_round_trip(tokenizer, documents):
+  sentences = sources.split_sentences(documents[0])[:50]
+  encoded = tokenizer.encode(sentences)
+  assert len(encoded) == len(sentences)
+  assert all(ids.dtype == np.int32 and ids.ndim == 1 and len(ids) for ids in encoded)
+  assert all(((ids > 4) | (ids == tokenizer.unk_id)).all() for ids in encoded)
+  ascii_sentences = [s for s in sentences if s.isascii()]
+  assert len(ascii_sentences) > 20
+  for sentence, ids in zip(sentences, encoded):
+    if sentence.isascii():
+      assert tokenizer.decode(ids) == sentence
+
+
+def test_cached_model_is_reused_not_retrained(config, documents, tokenizer, monkeypatch):
+  path = tokenizers.cache_path(config)
+  assert os.path.exists(path)
+  assert os.path.dirname(path).endswith("tokenizers")
+  monkeypatch.setattr(tokenizers, "train_sentencepiece", lambda *a: pytest.fail("retrained"))
+  again = tokenizers.load_or_train(config, documents)
+  assert again.model_proto == tokenizer.model_proto
+  # A different vocab is a different cache entry.
+  other = config.copy_and_resolve_references()
+  other.model.vocab_size = VOCAB + 1
+  assert tokenizers.cache_path(other) != path
+
+
+def test_training_is_deterministic(documents):
+  sentences = tokenizers.training_sentences(documents, 1500)
+  assert len(sentences) == 1500
+  first = tokenizers.train_sentencepiece(sentences, 600, "unigram")
+  assert tokenizers.train_sentencepiece(sentences, 600, "unigram") == first
+  assert tokenizers.Tokenizer(first).vocab_size == 600
+
+
+def test_model_path_vocab_mismatch(config, documents, tokenizer):
+  c = config.copy_and_resolve_references()
+  c.tokenizer.model_path = tokenizers.cache_path(config)
+  assert tokenizers.load_or_train(c, documents).vocab_size == VOCAB
+  c.model.vocab_size = 30522
+  with pytest.raises(config_lib.ConfigError, match="--config.model.vocab_size=1000"):
+    tokenizers.load_or_train(c, documents)
+
+
+def test_missing_model_path_and_wordpiece(config, documents):
+  c = config.copy_and_resolve_references()
+  c.tokenizer.model_path = "/nonexistent/sp.model"
+  with pytest.raises(config_lib.ConfigError, match="does not exist"):
+    tokenizers.load_or_train(c, documents)
+  c.tokenizer.kind = "wordpiece"
+  with pytest.raises(config_lib.ConfigError, match="checkpoint import"):
+    tokenizers.load_or_train(c, documents)
+
+
+def test_vocab_too_large_for_corpus(config):
+  with pytest.raises(config_lib.ConfigError, match="Lower --config.model.vocab_size"):
+    tokenizers.train_sentencepiece(["A tiny corpus.", "Two sentences only."], 5000, "unigram")

@@ -1,0 +1,282 @@
+"""`make_optimizer` against float64 numpy re-implementations of the reference optimizers.
+
+References (specs/objectives.md §0, "Optimizer family"):
+  BERT     google-research/bert optimization.py: AdamWeightDecayOptimizer.apply_gradients after
+           tf.clip_by_global_norm(grads, 1.0); the learning rate of create_optimizer
+           (polynomial_decay from step 0, replaced by lr·step/W while step < W).
+  fairseq  fairseq/optim/adam.py Adam.step with polynomial_decay_schedule.py; the update with index
+           s (0-based) runs at the rate set by step_update(s), or at lr/W before the first update.
+Both references are written in their own code's structure, not in optax's, and are compared with
+the parameters after every one of 5 updates on a tree holding a kernel, a bias, a LayerNorm
+`norm/{scale,bias}` and an `output_bias` (our naming, see models/layers.py and models/heads.py).
+"""
+
+import importlib.util
+import math
+import pathlib
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib as cl
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.objectives import mlm
+from bertfam_jax.train import optimizer, step as step_lib
+
+WARMUP, TOTAL, STEPS = 2, 8, 5
+# Large rate and decay so that a decay applied to the wrong leaves moves a parameter by ~1e-2,
+# a thousand times the tolerance of the comparisons.
+PEAK_LR, WEIGHT_DECAY = 0.1, 0.1
+# Global gradient norms of the 5 updates: clipping at 1.0 is active at some steps and not others.
+GRAD_NORMS = (3.0, 0.4, 2.0, 0.7, 1.5)
+SHAPES = {"dense/kernel": (4, 3), "dense/bias": (3,), "block/norm/scale": (3,),
+          "block/norm/bias": (3,), "head/output_bias": (5,)}
+# BERT's exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"]: only the kernel decays.
+BERT_DECAYED = {"dense/kernel"}
+
+
+def nest(flat):
+  """{'a/b': x} → {'params': {'a': {'b': x}}} (the layout of flax variables)."""
+  tree = {}
+  for name, value in flat.items():
+    *modules, leaf = name.split("/")
+    node = tree
+    for module in modules:
+      node = node.setdefault(module, {})
+    node[leaf] = value
+  return {"params": tree}
+
+
+def flatten(tree):
+  return {"/".join(k.key for k in path[1:]): np.asarray(leaf, np.float64)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def tiny_problem(seed=0):
+  """Float64 initial parameters and STEPS gradients with the global norms GRAD_NORMS.
+
+  Gradient entries have magnitudes in [0.5, 1.5) before scaling, so no entry is near zero."""
+  rng = np.random.default_rng(seed)
+  params = {k: rng.normal(1.0, 0.5, s) for k, s in SHAPES.items()}
+  grads = []
+  for norm in GRAD_NORMS:
+    g = {k: rng.choice([-1.0, 1.0], s) * rng.uniform(0.5, 1.5, s) for k, s in SHAPES.items()}
+    total = math.sqrt(sum(np.sum(x**2) for x in g.values()))
+    grads.append({k: x * norm / total for k, x in g.items()})
+  return params, grads
+
+
+def run_ours(config, params, grads):
+  """Parameters (flat, float64) after each update of `make_optimizer(config)`."""
+  tx, _ = optimizer.make_optimizer(config)
+  theta = jax.tree.map(lambda x: x.astype(np.float32), nest(params))
+  state = tx.init(theta)
+  update = jax.jit(tx.update)
+  history = []
+  for g in grads:
+    updates, state = update(jax.tree.map(lambda x: x.astype(np.float32), nest(g)), state, theta)
+    theta = jax.tree.map(lambda p, u: p + u, theta, updates)
+    history.append(flatten(theta))
+  return history
+
+
+def bert_lr(step, peak, warmup, total, end=0.0):
+  """optimization.py create_optimizer: polynomial_decay(power=1, cycle=False) of the global step
+  (0-based: read before the increment), replaced by peak·step/warmup while step < warmup."""
+  decayed = (peak - end) * (1.0 - min(step, total) / total) + end
+  if step < warmup:
+    return peak * step / warmup
+  return decayed
+
+
+def fairseq_lr(step, peak, warmup, total, end=0.0):
+  """polynomial_decay_schedule.py (power 1): __init__ sets peak/warmup; after update k the trainer
+  calls step_update(k), whose rate the next update (index k) uses."""
+  if step == 0:
+    return peak / warmup
+  if step <= warmup:
+    return peak * step / warmup
+  if step >= total:
+    return end
+  return (peak - end) * (1.0 - (step - warmup) / (total - warmup)) + end
+
+
+def bert_reference(params, grads, o, total):
+  """AdamWeightDecayOptimizer.apply_gradients after clip_by_global_norm, in float64."""
+  theta = dict(params)
+  m = {k: np.zeros_like(x) for k, x in params.items()}
+  v = {k: np.zeros_like(x) for k, x in params.items()}
+  history = []
+  for step, g in enumerate(grads):
+    lr = bert_lr(step, o.peak_lr, o.warmup_steps, total, o.end_lr)
+    global_norm = math.sqrt(sum(np.sum(x**2) for x in g.values()))
+    g = {k: x * o.clip_norm / max(global_norm, o.clip_norm) for k, x in g.items()}  # TF's formula
+    for k in theta:
+      m[k] = o.b1 * m[k] + (1.0 - o.b1) * g[k]
+      v[k] = o.b2 * v[k] + (1.0 - o.b2) * g[k]**2
+      update = m[k] / (np.sqrt(v[k]) + o.eps)
+      if k in BERT_DECAYED:
+        update = update + o.weight_decay * theta[k]
+      theta[k] = theta[k] - lr * update
+    history.append(dict(theta))
+  return history
+
+
+def fairseq_reference(params, grads, o, total):
+  """fairseq Adam.step (no amsgrad): eps is added to sqrt of the *uncorrected* second moment and
+  the bias corrections fold into step_size; decay `p -= wd·lr·p` on every parameter first."""
+  theta = dict(params)
+  m = {k: np.zeros_like(x) for k, x in params.items()}
+  v = {k: np.zeros_like(x) for k, x in params.items()}
+  history = []
+  for step, g in enumerate(grads):
+    lr = fairseq_lr(step, o.peak_lr, o.warmup_steps, total, o.end_lr)
+    t = step + 1  # state["step"] after its increment
+    step_size = lr * math.sqrt(1.0 - o.b2**t) / (1.0 - o.b1**t)
+    for k in theta:
+      m[k] = o.b1 * m[k] + (1.0 - o.b1) * g[k]
+      v[k] = o.b2 * v[k] + (1.0 - o.b2) * g[k]**2
+      denom = np.sqrt(v[k]) + o.eps
+      theta[k] = theta[k] - o.weight_decay * lr * theta[k]
+      theta[k] = theta[k] - step_size * m[k] / denom
+    history.append(dict(theta))
+  return history
+
+
+def make_config(optimizer_config):
+  c = cl.base_config()
+  c.optimizer = optimizer_config
+  c.train.total_steps = TOTAL
+  return c
+
+
+def assert_histories_close(ours, reference):
+  """Float32 against float64: rounding differs by ~6e-7 relative on this problem."""
+  for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
+    for k in SHAPES:
+      np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=f"{k} after {step + 1}")
+
+
+def test_tiny_problem_exercises_clipping_on_and_off():
+  _, grads = tiny_problem()
+  norms = [math.sqrt(sum(np.sum(x**2) for x in g.values())) for g in grads]
+  np.testing.assert_allclose(norms, GRAD_NORMS)
+  assert min(norms) < 1.0 < max(norms)
+
+
+def test_bert_adam_weight_decay_matches_reference():
+  o = cl.bert_adamw(peak_lr=PEAK_LR, warmup_steps=WARMUP, weight_decay=WEIGHT_DECAY)
+  params, grads = tiny_problem()
+  ours = run_ours(make_config(o), params, grads)
+  assert_histories_close(ours, bert_reference(params, grads, o, TOTAL))
+  # Step 0 runs at rate 0 (BERT's warmup starts from zero): nothing moves.
+  for k in SHAPES:
+    np.testing.assert_allclose(ours[0][k], params[k], rtol=1e-6)
+
+
+# RoBERTa's adam_eps, and a large eps under which fairseq's placement (eps added to sqrt(v) of the
+# uncorrected moment) visibly differs from optax/PyTorch's (eps added to sqrt(v̂)).
+@pytest.mark.parametrize("eps", [1e-6, 1e-2])
+def test_fairseq_adam_matches_reference(eps):
+  o = cl.fairseq_adam(peak_lr=PEAK_LR, b2=0.98, eps=eps, warmup_steps=WARMUP,
+                      weight_decay=WEIGHT_DECAY)
+  params, grads = tiny_problem(seed=1)
+  assert_histories_close(run_ours(make_config(o), params, grads),
+                         fairseq_reference(params, grads, o, TOTAL))
+
+
+def test_linear_from_zero_values():
+  # BERT's recipe (lr 1e-4, W 10k, T 1M): zero at 0, linear warmup, then 1e-4·(1 - s/T), so the
+  # rate drops from 1e-4·0.9999 at s = W-1 to 1e-4·0.99 at s = W.
+  steps = (0, 5_000, 9_999, 10_000, 500_000, 1_000_000, 1_200_000)
+  expected = (0.0, 5e-5, 9.999e-5, 9.9e-5, 5e-5, 0.0, 0.0)
+  o = cl.bert_adamw(peak_lr=1e-4, warmup_steps=10_000)
+  schedule = optimizer.learning_rate_schedule(o, 1_000_000)
+  ours = [float(schedule(s)) for s in steps]
+  np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-12)
+  np.testing.assert_allclose(ours, [bert_lr(s, 1e-4, 10_000, 1_000_000) for s in steps],
+                             rtol=1e-6, atol=1e-12)
+  drop = float(schedule(9_999)) - float(schedule(10_000))
+  np.testing.assert_allclose(drop, 1e-4 * (0.9999 - 0.99), rtol=1e-4)
+
+
+def test_linear_after_warmup_values():
+  # RoBERTa's recipe (lr 5e-4, W 10k, T 125k): lr/W at 0, peak at W, linear to 0 at T.
+  o = cl.fairseq_adam(peak_lr=5e-4, warmup_steps=10_000)
+  schedule = optimizer.learning_rate_schedule(o, 125_000)
+  steps = (0, 1, 5_000, 10_000, 67_500, 125_000, 130_000)
+  expected = (5e-8, 5e-8, 2.5e-4, 5e-4, 2.5e-4, 0.0, 0.0)
+  ours = [float(schedule(s)) for s in steps]
+  np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-12)
+  np.testing.assert_allclose(ours, [fairseq_lr(s, 5e-4, 10_000, 125_000) for s in steps],
+                             rtol=1e-6, atol=1e-12)
+
+
+def test_schedules_honour_end_lr():
+  o = cl.fairseq_adam(peak_lr=1e-3, warmup_steps=10, end_lr=1e-5)
+  schedule = optimizer.learning_rate_schedule(o, 110)
+  np.testing.assert_allclose([float(schedule(s)) for s in (60, 110, 200)],
+                             [fairseq_lr(s, 1e-3, 10, 110, 1e-5) for s in (60, 110, 200)],
+                             rtol=1e-6)
+  o = cl.bert_adamw(peak_lr=1e-3, warmup_steps=10, end_lr=1e-5)
+  schedule = optimizer.learning_rate_schedule(o, 110)
+  np.testing.assert_allclose([float(schedule(s)) for s in (60, 110, 200)],
+                             [bert_lr(s, 1e-3, 10, 110, 1e-5) for s in (60, 110, 200)], rtol=1e-6)
+
+
+def load_config(name, arg):
+  """`configs/<name>.py:<arg>`, loaded from its file as config_flags does."""
+  path = pathlib.Path(__file__).resolve().parents[2] / "configs" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def real_params(config_name, **model_overrides):
+  """Abstract parameters of the MaskedLM of `configs/<config_name>.py:runlocal`."""
+  config = load_config(config_name, "runlocal")
+  config.model.update(model_overrides)
+  model = mlm.build_model(config)
+  rng = jax.random.key(0)
+  return jax.eval_shape(lambda: nn.meta.unbox(model.init(
+      {"params": rng, "dropout": rng}, **step_lib.init_batch(config, 1), deterministic=True)))
+
+
+@pytest.mark.parametrize("config_name, scan_layers, num_decayed", [
+    # Per layer q, k, v, o, intermediate, output kernels (x2 layers unless scanned); word, position
+    # and type embeddings; the MLM transform kernel; with NSP the pooler and classifier kernels.
+    ("bert", False, 6 * 2 + 3 + 1 + 2),
+    ("bert", True, 6 + 3 + 1 + 2),
+    ("roberta", False, 6 * 2 + 3 + 1),
+])
+def test_decay_mask_on_masked_lm(config_name, scan_layers, num_decayed):
+  mask = optimizer.decay_mask(real_params(config_name, scan_layers=scan_layers))
+  decayed, excluded = [], []
+  for path, value in jax.tree_util.tree_flatten_with_path(mask)[0]:
+    names = [k.key for k in path]
+    (decayed if value else excluded).append("/".join(names))
+    is_norm = any(n.endswith("_ln") for n in names[:-2]) and names[-2] == "norm"
+    if is_norm or names[-1] in ("bias", "output_bias"):
+      assert not value, names
+    elif names[-1] in ("kernel", "embedding", "position_embeddings", "type_embeddings"):
+      assert value, names
+    else:
+      raise AssertionError(f"unclassified parameter {names}: decide whether it decays")
+  assert len(decayed) == num_decayed, decayed
+  assert "params/encoder/position_embeddings" in decayed
+  assert "params/encoder/type_embeddings" in decayed
+  assert "params/encoder/word_embeddings/embedding" in decayed
+  assert "params/mlm_head/output_bias" in excluded
+  assert "params/mlm_head/transform_ln/norm/scale" in excluded
+  assert "params/encoder/embeddings_ln/norm/bias" in excluded
+
+
+@pytest.mark.parametrize("field, value", [("name", "lamb"), ("schedule", "cosine")])
+def test_unknown_names_raise_config_error(field, value):
+  config = make_config(cl.bert_adamw())
+  config.optimizer[field] = value
+  with pytest.raises(ConfigError, match=value):
+    optimizer.make_optimizer(config)

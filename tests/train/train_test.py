@@ -1,0 +1,154 @@
+"""The train loop on the embedded corpus: resume, resharding, refusals, NaN handling."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib as cl
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.train import checkpoint, train
+
+
+def tiny_config(**train_overrides):
+  """A model that compiles in a few seconds; real text, a 512-piece tokenizer, 32-token rows."""
+  c = cl.base_config()
+  c.data.update(source="embedded_wiki", seq_len=32, docs_per_chunk=16)
+  c.model.update(hidden=32, layers=2, heads=2, mlp=64, vocab_size=512, max_positions=32)
+  c.objective.max_predictions = 5
+  c.optimizer.update(peak_lr=5e-3, warmup_steps=2)
+  c.train.update(batch_size=8, total_steps=8, log_every=1, eval_every=4, eval_batches=2,
+                 checkpoint_every=4, keep_checkpoints=5)
+  c.train.update(train_overrides)
+  return c
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  return {r["step"]: r for r in records if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("uninterrupted"))
+  train.run(tiny_config(), workdir)
+  return workdir
+
+
+def test_writes_metrics_checkpoints_and_config(uninterrupted):
+  metrics = read_metrics(uninterrupted)
+  assert sorted(metrics) == list(range(1, 9))
+  for key in ("loss", "mlm_accuracy", "learning_rate", "tokens_per_sec", "nsp_accuracy"):
+    assert key in metrics[8], key
+  assert sorted(os.listdir(os.path.join(uninterrupted, "checkpoints"))) == ["4", "8"]
+  with open(os.path.join(uninterrupted, "config.json")) as f:
+    assert json.load(f)["model"]["hidden"] == 32
+  assert any(f.startswith("events.out.tfevents") for f in
+             os.listdir(os.path.join(uninterrupted, "tensorboard")))
+
+
+def _copy_until(src, dst, step):
+  """A copy of a workdir as it was right after the checkpoint at `step`."""
+  shutil.copytree(src, dst)
+  for name in os.listdir(os.path.join(dst, "checkpoints")):
+    if name.isdigit() and int(name) > step:
+      shutil.rmtree(os.path.join(dst, "checkpoints", name))
+
+
+@pytest.mark.parametrize("mesh", [dict(data=8), dict(data=2, fsdp=2, tensor=2)])
+def test_resume_from_checkpoint_reproduces_the_run(uninterrupted, tmp_path, mesh):
+  """Steps 5..8 after restoring step 4 equal the uninterrupted run's: exactly on the same mesh,
+  to float tolerance when the checkpoint is restored onto another mesh (reduction order)."""
+  workdir = str(tmp_path / "resumed")
+  _copy_until(uninterrupted, workdir, 4)
+  config = tiny_config()
+  config.mesh.update({**dict(data=-1, fsdp=1, tensor=1), **mesh})
+  train.run(config, workdir)
+  resumed, reference = read_metrics(workdir), read_metrics(uninterrupted)
+  assert sorted(resumed) == list(range(1, 9))  # lines after step 4 were replaced, not duplicated
+  losses = [resumed[s]["loss"] for s in range(5, 9)]
+  expected = [reference[s]["loss"] for s in range(5, 9)]
+  if mesh == dict(data=8):
+    assert losses == expected
+  else:
+    np.testing.assert_allclose(losses, expected, rtol=2e-5)
+
+
+def test_checkpoint_restores_onto_a_smaller_mesh(uninterrupted):
+  """A checkpoint written on 8 devices restores bit-exactly onto 4 devices with other shardings."""
+  config = tiny_config()
+  config.mesh.update(data=2, fsdp=1, tensor=2)
+  from bertfam_jax.objectives import mlm  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.train import optimizer, sharding, step  # pylint: disable=g-import-not-at-top
+  results = []
+  for devices in (jax.devices(), jax.devices()[:4]):
+    mesh_config = dict(data=-1, fsdp=1, tensor=1) if len(devices) == 8 else config.mesh
+    mesh = sharding.make_mesh(mesh_config, devices)
+    model, (tx, _) = mlm.build_model(config), optimizer.make_optimizer(config)
+    abstract, _ = step.with_mesh_context(step.abstract_state, mesh)(model, tx, config, mesh)
+    ckpt = checkpoint.Checkpointer(os.path.join(uninterrupted, "checkpoints"), keep=5)
+    state, data_state = ckpt.restore(4, abstract)
+    ckpt.close()
+    kernel = state.params["params"]["encoder"]["layer_0"]["mlp"]["intermediate"]["kernel"]
+    assert len(kernel.sharding.device_set) == len(devices)
+    results.append((jax.device_get(state.params), data_state))
+  jax.tree.map(np.testing.assert_array_equal, results[0][0], results[1][0])
+  assert results[0][1] == results[1][1]
+
+
+def test_refuses_a_workdir_of_another_model(uninterrupted, tmp_path):
+  workdir = str(tmp_path / "other")
+  shutil.copytree(uninterrupted, workdir)
+  before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  config = tiny_config()
+  config.model.hidden = 64
+  with pytest.raises(ConfigError, match=r"model.hidden: 32 → 64.*new --workdir"):
+    train.run(config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+
+
+def test_non_finite_loss_stops_without_checkpointing_it(tmp_path):
+  config = tiny_config(checkpoint_every=2)
+  config.optimizer.peak_lr = float("inf")
+  workdir = str(tmp_path / "nan")
+  # The first update already uses lr = inf·0 = NaN, so the parameters after step 1 are NaN.
+  with pytest.raises(train.NonFiniteLossError, match="between steps 1 and 1; no checkpoint"):
+    train.run(config, workdir)
+  assert checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), keep=1).latest_step() is None
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(train=dict(batch_size=6)), "not divisible by the data-parallel size 8"),
+    (dict(mesh=dict(data=3)), "has 3 devices but 8 are present"),
+    (dict(data=dict(seq_len=64)), "exceeds model.max_positions=32"),
+    (dict(data=dict(source="text", text_files="/nonexistent/*.txt")), "/nonexistent"),
+])
+def test_bad_configs_name_the_fix(tmp_path, overrides, message):
+  config = tiny_config()
+  for section, values in overrides.items():
+    config[section].update(values)
+  with pytest.raises(ConfigError, match=message):
+    train.run(config, str(tmp_path / "bad"))
+
+
+def test_corpus_too_small_for_the_batch(tmp_path):
+  corpus = tmp_path / "tiny.txt"
+  # 150 sentences are enough to train a tokenizer but pack into fewer rows than one batch.
+  corpus.write_text("".join(f"Sentence number {i} is short.\n" for i in range(150)))
+  config = tiny_config()
+  config.data.update(source="text", text_files=str(corpus), eval_fraction=0.0)
+  config.model.vocab_size = 100
+  config.train.batch_size = 512
+  with pytest.raises(ConfigError, match="examples"):
+    train.run(config, str(tmp_path / "small"))
+
+
+def test_unwritable_workdir(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("x")
+  with pytest.raises(ConfigError, match="not writable"):
+    train.run(tiny_config(), str(blocker / "workdir"))
