@@ -14,6 +14,7 @@ import time
 
 import jax
 from absl import logging
+from jax.experimental import multihost_utils
 
 from bertfam_jax import config_lib, objectives
 from bertfam_jax.config_lib import ConfigError
@@ -78,6 +79,19 @@ class _SigtermFlag:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+def _load_tokenizer(config, train_docs):
+  """Process 0 trains (or loads) the tokenizer first; the others then find it in a shared cache,
+  or train the identical model themselves where hosts have separate disks."""
+  if jax.process_count() == 1:
+    return tokenizers.load_or_train(config, train_docs)
+  if jax.process_index() == 0:
+    tokenizer = tokenizers.load_or_train(config, train_docs)
+  multihost_utils.sync_global_devices("bertfam_jax:tokenizer")
+  if jax.process_index() != 0:
+    tokenizer = tokenizers.load_or_train(config, train_docs)
+  return tokenizer
+
+
 def _initial_state(config, model, tx, abstract, shardings, checkpointer):
   """Returns (state, data_state, resumed_step) following the resume precedence."""
   latest = checkpointer.latest_step()
@@ -110,7 +124,7 @@ def run(config, workdir: str) -> dict[str, float]:
 
   train_docs = sources.get_documents(config.data, "train")
   eval_docs = sources.get_documents(config.data, "eval")
-  tokenizer = tokenizers.load_or_train(config, train_docs)
+  tokenizer = _load_tokenizer(config, train_docs)
   checkpoint_lib.check_or_write_config(workdir, config)
   metrics_lib.print_progress(
       f"Effective mask rate: {100 * config_lib.effective_mask_rate(config):.2f}% of "
