@@ -231,7 +231,12 @@ def _not_prepared_message(data_config: ml_collections.ConfigDict) -> str:
 
 def _tfds_documents(data_config: ml_collections.ConfigDict, split_name: str) -> Sequence[str]:
   """The `tfds_text_key` feature of a prepared TFDS split, never downloading."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional extra)
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional extra)
+  except ImportError:
+    raise config_lib.ConfigError(
+        "data.source='tfds' needs tensorflow-datasets: `pip install -e '.[tfds]'`. "
+        + _not_prepared_message(data_config)) from None
 
   try:
     builder = tfds.builder(data_config.tfds_name, data_dir=data_config.tfds_data_dir or None)
@@ -239,7 +244,8 @@ def _tfds_documents(data_config: ml_collections.ConfigDict, split_name: str) -> 
     raise config_lib.ConfigError(_not_prepared_message(data_config)) from None
   if not builder.is_prepared():
     raise config_lib.ConfigError(_not_prepared_message(data_config))
-  if split_name not in builder.info.splits:
+  # A sliced split ('train[:99%]') is checked by its base name; TFDS resolves the slice.
+  if split_name.split("[")[0] not in builder.info.splits:
     raise config_lib.ConfigError(
         f"TFDS dataset {data_config.tfds_name!r} has splits {sorted(builder.info.splits)}, not "
         f"{split_name!r}; set --config.data.train_split / --config.data.eval_split.")

@@ -179,3 +179,14 @@ def test_process_shard_is_a_disjoint_cover(num_docs, count):
   merged = np.concatenate(shards)
   assert np.array_equal(np.sort(merged), np.arange(num_docs))
   assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_tfds_sliced_splits(tiny_tfds_dir):
+  """BERT's config reads Wikipedia's only split as 'train[:99%]' / 'train[99%:]'."""
+  config = data_config(source="tfds", tfds_name="tiny_text_dataset",
+                       tfds_data_dir=str(tiny_tfds_dir), train_split="train[:75%]",
+                       eval_split="train[75%:]")
+  train = sources.get_documents(config, "train")
+  held_out = sources.get_documents(config, "eval")
+  assert (len(train), len(held_out)) == (18, 6)
+  assert not set(train[:]) & set(held_out[:])

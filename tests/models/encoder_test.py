@@ -1,0 +1,359 @@
+"""The encoder and the MLM/NSP heads against an independent float64 numpy reference of spec §0
+(BERT) and §2 (RoBERTa deltas), plus what the execution variants promise: scanned and
+rematerialised layers equal the unrolled model, the explicit-softmax attention path equals the fused
+one, padding never leaks into real positions, bfloat16 compute stays close to float32, and the
+parameter counts equal HF's (spec §11).
+"""
+
+import importlib.util
+import math
+import pathlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib
+from bertfam_jax.models import layers, pretraining
+
+BATCH, LENGTH, VOCAB = 2, 16, 101
+REAL_TOKENS = (LENGTH, 11)  # the second row ends in 5 padding positions
+# Masked positions [batch, predictions], all at real tokens ([CLS] included).
+MLM_POSITIONS = np.array([[0, 5, 15], [3, 7, 10]], np.int32)
+ROBERTA = dict(type_vocab_size=1, activation="gelu", layer_norm_eps=1e-5)  # spec §2
+# Float32 against float64 through two layers and a head: observed errors are ~1e-6.
+F32_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def tiny_config(**overrides):
+  """hidden 32, 2 layers, 4 heads of 8, FFN 64: the base block at a size that compiles quickly."""
+  return config_lib.encoder("base", hidden=32, layers=2, heads=4, mlp=64, vocab_size=VOCAB,
+                            max_positions=LENGTH, **overrides)
+
+
+def make_inputs(seed=0, *, type_vocab_size=2):
+  """[CLS]-first rows with right padding; segment B starts at position 6 when there are 2 types."""
+  rng = np.random.default_rng(seed)
+  input_mask = (np.arange(LENGTH)[None] < np.array(REAL_TOKENS)[:, None]).astype(np.int32)
+  input_ids = np.where(input_mask > 0, rng.integers(1, VOCAB, (BATCH, LENGTH)), 0)
+  segment_ids = input_mask * (np.arange(LENGTH)[None] >= 6) * (type_vocab_size > 1)
+  return dict(input_ids=input_ids.astype(np.int32), input_mask=input_mask,
+              segment_ids=segment_ids.astype(np.int32), mlm_positions=MLM_POSITIONS)
+
+
+def init_params(config, sentence_classes, seed=0):
+  """Our initialised parameters (unboxed) plus N(0, 0.2²) on every leaf.
+
+  BERT's init leaves biases and LayerNorm β at 0 and γ at 1, under which a bias or LayerNorm applied
+  to the wrong tensor would go unnoticed, and its σ=0.02 makes attention nearly uniform, under which
+  masking mistakes are small; the noise removes both blind spots.
+  """
+  model = pretraining.MaskedLM(config, sentence_classes)
+  variables = model.init(jax.random.key(seed), **make_inputs(), deterministic=True)
+  leaves, treedef = jax.tree.flatten(nn.meta.unbox(variables)["params"])
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  noisy = [x + 0.2 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return model, jax.tree.unflatten(treedef, noisy)
+
+
+def encode(model, params, inputs, **kwargs):
+  """The encoder's hidden states [batch, length, hidden] inside `model` (a MaskedLM)."""
+  encoder_inputs = {k: v for k, v in inputs.items() if k != "mlm_positions"}
+  return model.apply({"params": params}, **encoder_inputs, **kwargs,
+                     method=lambda m, *args, **kw: m.encoder(*args, **kw))
+
+
+# ------------------------------------------------------------------------------------------------
+# The float64 reference, written from spec §0 in BERT's own layout: Q/K/V/O are [H, H] matrices
+# whose columns are split into heads head-major (modeling.py transpose_for_scores), so our
+# [embed, heads, head_dim] kernels are read through a reshape to [H, H].
+
+
+def gelu(x, activation):
+  if activation == "gelu":  # exact: x·Φ(x)
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+  assert activation == "gelu_tanh"  # BERT modeling.py gelu
+  return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def layer_norm(x, p, eps):
+  mean = x.mean(-1, keepdims=True)
+  var = np.square(x - mean).mean(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + eps) * p["norm"]["scale"] + p["norm"]["bias"]
+
+
+def softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def reference_attention(x, p, input_mask, heads):
+  """x [B, L, H], input_mask [B, L] → [B, L, H]; padding keys get BERT's additive −10000."""
+  b, l, h = x.shape
+
+  def split_heads(name):  # [B, L, H] → [B, heads, L, head_dim]
+    y = x @ p[name]["kernel"].reshape(h, h) + p[name]["bias"].reshape(h)
+    return y.reshape(b, l, heads, h // heads).transpose(0, 2, 1, 3)
+
+  q, k, v = split_heads("query"), split_heads("key"), split_heads("value")
+  scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(h // heads)  # [B, heads, Lq, Lk]
+  scores = scores - 10000.0 * (1.0 - input_mask[:, None, None, :])
+  context = (softmax(scores) @ v).transpose(0, 2, 1, 3).reshape(b, l, h)
+  return context @ p["output"]["kernel"].reshape(h, h) + p["output"]["bias"]
+
+
+def reference_forward(params, c, inputs):
+  """Returns hidden states [B, L, H] and {'mlm_logits' [B, P, V], 'sentence_logits' [B, 2]}."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  e, eps = p["encoder"], c.layer_norm_eps
+  ids, mask = inputs["input_ids"], inputs["input_mask"].astype(np.float64)
+  x = e["word_embeddings"]["embedding"][ids] + e["position_embeddings"][None, :ids.shape[1]]
+  if c.type_vocab_size:
+    x = x + e["type_embeddings"][inputs["segment_ids"]]
+  x = layer_norm(x, e["embeddings_ln"], eps)
+  for i in range(c.layers):
+    lp = e[f"layer_{i}"]
+    x = layer_norm(x + reference_attention(x, lp["attention"], mask, c.heads), lp["attention_ln"],
+                   eps)
+    ffn = gelu(x @ lp["mlp"]["intermediate"]["kernel"] + lp["mlp"]["intermediate"]["bias"],
+               c.activation)
+    x = layer_norm(x + ffn @ lp["mlp"]["output"]["kernel"] + lp["mlp"]["output"]["bias"],
+                   lp["output_ln"], eps)
+  m = p["mlm_head"]
+  h = x[np.arange(ids.shape[0])[:, None], inputs["mlm_positions"]]
+  h = gelu(h @ m["transform"]["kernel"] + m["transform"]["bias"], c.activation)
+  h = layer_norm(h, m["transform_ln"], eps)
+  outputs = {"mlm_logits": h @ e["word_embeddings"]["embedding"].T + m["output_bias"]}
+  if "sentence_head" in p:
+    s = p["sentence_head"]
+    pooled = np.tanh(x[:, 0] @ s["pooler"]["kernel"] + s["pooler"]["bias"])
+    outputs["sentence_logits"] = pooled @ s["classifier"]["kernel"] + s["classifier"]["bias"]
+  return x, outputs
+
+
+@pytest.mark.parametrize("overrides, sentence_classes", [
+    (dict(), 2),                        # BERT: tanh GELU, ε 1e-12, two segments, NSP head
+    (dict(activation="gelu"), 2),       # BERT with HF's exact GELU
+    (ROBERTA, 0),                       # RoBERTa: one token type, exact GELU, ε 1e-5, no NSP
+])
+def test_forward_matches_float64_reference(overrides, sentence_classes):
+  config = tiny_config(**overrides)
+  model, params = init_params(config, sentence_classes)
+  inputs = make_inputs(type_vocab_size=config.type_vocab_size)
+  outputs = model.apply({"params": params}, **inputs, deterministic=True)
+  hidden = encode(model, params, inputs, deterministic=True)
+  ref_hidden, ref_outputs = reference_forward(params, config, inputs)
+  assert outputs.keys() == ref_outputs.keys()
+  real = inputs["input_mask"] > 0  # padded rows of the hidden states are never read
+  np.testing.assert_allclose(hidden[real], ref_hidden[real], **F32_TOL)
+  for name, ref in ref_outputs.items():
+    assert outputs[name].dtype == jnp.float32
+    np.testing.assert_allclose(outputs[name], ref, **F32_TOL, err_msg=name)
+
+
+# ------------------------------------------------------------------------------------------------
+# Scanned / rematerialised layers.
+
+
+def stack_layers(params, num_layers):
+  """The unrolled tree with its `layer_{i}` subtrees stacked along a new axis 0 under `layers`: the
+  tree that `scan_layers=True` initialises."""
+  encoder_params = dict(params["encoder"])
+  per_layer = [encoder_params.pop(f"layer_{i}") for i in range(num_layers)]
+  encoder_params["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+  return {**params, "encoder": encoder_params}
+
+
+def unstack_layers(params, num_layers):
+  encoder_params = dict(params["encoder"])
+  stacked = encoder_params.pop("layers")
+  for i in range(num_layers):
+    encoder_params[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return {**params, "encoder": encoder_params}
+
+
+def outputs_and_grads(model, params, inputs, *, deterministic):
+  """Model outputs and the gradient of Σ outputs·r (r fixed random) with respect to the params."""
+  rng = np.random.default_rng(1)
+  cotangents = {"mlm_logits": rng.normal(size=(BATCH, MLM_POSITIONS.shape[1], VOCAB)),
+                "sentence_logits": rng.normal(size=(BATCH, 2))}
+
+  def objective(p):
+    out = model.apply({"params": p}, **inputs, deterministic=deterministic,
+                      rngs={"dropout": jax.random.key(7)})
+    return sum(jnp.sum(out[k] * cotangents[k]) for k in out), out
+
+  (_, outputs), grads = jax.jit(jax.value_and_grad(objective, has_aux=True))(params)
+  return outputs, grads
+
+
+@pytest.fixture(scope="module")
+def unrolled():
+  """The unrolled, non-rematerialised BERT: (params, outputs, grads) with dropout off."""
+  model, params = init_params(tiny_config(), 2)
+  return (params,) + outputs_and_grads(model, params, make_inputs(), deterministic=True)
+
+
+def test_stacked_tree_is_the_scanned_models_tree(unrolled):
+  params = unrolled[0]
+  model = pretraining.MaskedLM(tiny_config(scan_layers=True), 2)
+  scanned = jax.eval_shape(lambda: nn.meta.unbox(
+      model.init(jax.random.key(0), **make_inputs(), deterministic=True))["params"])
+  stacked = stack_layers(params, 2)
+  assert jax.tree.structure(stacked) == jax.tree.structure(scanned)
+  assert jax.tree.map(jnp.shape, stacked) == jax.tree.map(lambda s: s.shape, scanned)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("remat_policy", ["none", "full", "dots", "dots_no_batch"])
+def test_scan_and_remat_match_unrolled(unrolled, scan_layers, remat_policy):
+  if not scan_layers and remat_policy == "none":
+    pytest.skip("the baseline itself")
+  params, ref_outputs, ref_grads = unrolled
+  model = pretraining.MaskedLM(tiny_config(scan_layers=scan_layers, remat_policy=remat_policy), 2)
+  if scan_layers:
+    params = stack_layers(params, 2)
+  outputs, grads = outputs_and_grads(model, params, make_inputs(), deterministic=True)
+  if scan_layers:
+    grads = unstack_layers(grads, 2)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), outputs,
+               ref_outputs)
+  assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), grads,
+               ref_grads)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_remat_keeps_dropout_masks(scan_layers):
+  """With dropout on, rematerialisation must redraw the same masks in the backward pass and take
+  the same random streams as the plain model (same rng → same outputs and gradients)."""
+  model, params = init_params(tiny_config(scan_layers=scan_layers), 2, seed=3)
+  inputs = make_inputs()
+  ref_outputs, ref_grads = outputs_and_grads(model, params, inputs, deterministic=False)
+  deterministic_outputs, _ = outputs_and_grads(model, params, inputs, deterministic=True)
+  # Dropout is really on, or the comparison below would prove nothing.
+  assert not np.allclose(ref_outputs["mlm_logits"], deterministic_outputs["mlm_logits"], atol=1e-2)
+  remat = pretraining.MaskedLM(tiny_config(scan_layers=scan_layers, remat_policy="dots"), 2)
+  outputs, grads = outputs_and_grads(remat, params, inputs, deterministic=False)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), outputs,
+               ref_outputs)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), grads,
+               ref_grads)
+
+
+# ------------------------------------------------------------------------------------------------
+# Attention paths and padding.
+
+# The explicit-softmax path runs only when attention dropout is on and not deterministic; a rate of
+# 1e-9 takes that path while dropping nothing (the keep probability rounds to 1 in float32).
+FUSED = dict(config=dict(), deterministic=True)
+EXPLICIT = dict(config=dict(dropout=0.0, attention_dropout=1e-9), deterministic=False)
+
+
+def test_explicit_softmax_path_equals_fused_attention():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(BATCH, LENGTH, 32)), jnp.float32)
+  mask = layers.attention_mask_from_input_mask(make_inputs()["input_mask"])
+  attention = lambda rate: layers.SelfAttention(  # noqa: E731
+      heads=4, head_dim=8, attention_dropout=rate, initializer_range=0.5)
+  variables = attention(0.0).init(jax.random.key(0), x, mask, deterministic=True)
+  fused = attention(0.0).apply(variables, x, mask, deterministic=True)
+  explicit = attention(1e-9).apply(variables, x, mask, deterministic=False,
+                                   rngs={"dropout": jax.random.key(1)})
+  np.testing.assert_allclose(explicit, fused, rtol=1e-5, atol=1e-6)
+  dropped = attention(0.5).apply(variables, x, mask, deterministic=False,
+                                 rngs={"dropout": jax.random.key(1)})
+  assert not np.allclose(dropped, fused, atol=1e-2)  # the explicit path does drop probabilities
+
+
+@pytest.mark.parametrize("path", [FUSED, EXPLICIT], ids=["fused", "explicit"])
+def test_padding_does_not_reach_real_positions(path):
+  model, params = init_params(tiny_config(**path["config"]), 2)
+  inputs = make_inputs()
+  padded = inputs["input_mask"] == 0
+  assert padded.any()
+  rng = np.random.default_rng(5)
+  changed = dict(inputs,
+                 input_ids=np.where(padded, rng.integers(1, VOCAB, padded.shape),
+                                    inputs["input_ids"]).astype(np.int32),
+                 segment_ids=np.where(padded, 1 - inputs["segment_ids"], inputs["segment_ids"]))
+  kwargs = dict(deterministic=path["deterministic"], rngs={"dropout": jax.random.key(2)})
+  real = ~padded
+  hidden, changed_hidden = (encode(model, params, x, **kwargs) for x in (inputs, changed))
+  np.testing.assert_allclose(changed_hidden[real], hidden[real], rtol=1e-6, atol=1e-6)
+  outputs, changed_outputs = (model.apply({"params": params}, **x, **kwargs)
+                              for x in (inputs, changed))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6),
+               changed_outputs, outputs)
+
+
+# ------------------------------------------------------------------------------------------------
+# bfloat16 compute.
+
+
+def test_bfloat16_compute_is_close_to_float32_with_float32_params():
+  config = tiny_config(dtype="bfloat16")
+  model = pretraining.MaskedLM(config, 2)
+  inputs = make_inputs()
+  bf16_init = nn.meta.unbox(model.init(jax.random.key(0), **inputs, deterministic=True))["params"]
+  assert {x.dtype for x in jax.tree.leaves(bf16_init)} == {jnp.dtype(jnp.float32)}
+  _, params = init_params(tiny_config(), 2)  # the same values under both compute dtypes
+  f32_model = pretraining.MaskedLM(tiny_config(), 2)
+  reference = f32_model.apply({"params": params}, **inputs, deterministic=True)
+  outputs = model.apply({"params": params}, **inputs, deterministic=True)
+  for name, ref in reference.items():
+    out = np.asarray(outputs[name].astype(jnp.float32))
+    assert outputs[name].dtype == jnp.bfloat16, name  # the heads return the compute dtype
+    assert np.isfinite(out).all(), name
+    # bfloat16 keeps 8 significant bits (relative rounding 2^-9); through two layers and a head
+    # the relative error norm is ~1e-2.
+    relative_error = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert relative_error < 3e-2, (name, relative_error)
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameter counts (spec §11), from abstract shapes: nothing is allocated.
+
+
+def load_config(name, arg=None):
+  """`configs/<name>.py:<arg>`, loaded from its file as config_flags does."""
+  path = pathlib.Path(__file__).resolve().parents[2] / "configs" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def count_params(tree):
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+def abstract_params(config, sentence_classes):
+  model = pretraining.MaskedLM(config.model, sentence_classes)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  return jax.eval_shape(lambda: nn.meta.unbox(model.init(
+      jax.random.key(0), ids, ids, ids, ids[:, :1], deterministic=True))["params"])
+
+
+def test_bert_base_parameter_count_equals_hf_bert_model():
+  # HF BertModel(BertConfig()) = embeddings + 12 layers + pooler: 109,482,240 (V 30,522, 512
+  # positions, 2 token types).
+  params = abstract_params(load_config("bert"), 2)
+  assert count_params(params["encoder"]) + count_params(
+      params["sentence_head"]["pooler"]) == 109_482_240
+
+
+def test_roberta_base_parameter_count_equals_hf_roberta_model():
+  # HF RobertaModel (roberta-base: V 50,265, 514 positions, 1 token type, add_pooling_layer=True by
+  # default) has 124,645,632 parameters: embeddings + 12 layers + pooler. Our RoBERTa has
+  # max_positions=512: HF's table has 2 rows more, because its positions start at padding_idx+1 = 2
+  # (rows 0 and 1 are never used for a real token). Our RoBERTa has no pooler (no sentence task),
+  # so HF's dense H→H + bias is added to ours.
+  config = load_config("roberta")
+  params = abstract_params(config, 0)
+  assert "sentence_head" not in params
+  hidden = config.model.hidden
+  hf_offset_rows, hf_pooler = 2 * hidden, hidden * hidden + hidden
+  assert count_params(params["encoder"]) + hf_offset_rows + hf_pooler == 124_645_632
