@@ -38,6 +38,20 @@ def _maybe_initialize_distributed():
   logging.info("jax.distributed: process %d of %d", jax.process_index(), jax.process_count())
 
 
+def _parse_flags(argv):
+  """absl's parser, with ml_collections' unknown-field errors turned into one line (they raise
+  AttributeError/KeyError rather than a flags error, which absl would print as a traceback)."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as e:
+    field = str(e).strip("\"'")
+    given = [a.split("=")[0] for a in argv if a.startswith("--config.") and field in a]
+    print(f"error: unknown config field {field!r} ({', '.join(given) or 'in the overrides'}); the "
+          f"config file lists the fields it has, and unknown keys are rejected so that typos never "
+          f"pass silently.", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -61,4 +75,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -60,15 +60,13 @@ class Encoder(nn.Module):
 
   def setup(self):
     c = self.config
-    init = lambda axes: layers.param_init(c.initializer_range, axes)  # noqa: E731
-    self.word_embeddings = nn.Embed(c.vocab_size, c.hidden, embedding_init=init(("vocab", "embed")),
-                                    dtype=jnp.dtype(c.dtype), param_dtype=jnp.float32,
-                                    name="word_embeddings")
-    self.position_embeddings = self.param("position_embeddings", init(("positions", "embed")),
-                                          (c.max_positions, c.hidden), jnp.float32)
+    self.word_embeddings = layers.Embedding(c.vocab_size, c.hidden, c.initializer_range,
+                                            jnp.dtype(c.dtype))
+    self.position_embeddings = layers.Embedding(c.max_positions, c.hidden, c.initializer_range,
+                                                rows_axis="positions")
     if c.type_vocab_size:
-      self.type_embeddings = self.param("type_embeddings", init(("types", "embed")),
-                                        (c.type_vocab_size, c.hidden), jnp.float32)
+      self.type_embeddings = layers.Embedding(c.type_vocab_size, c.hidden, c.initializer_range,
+                                              rows_axis="types")
     self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
     self.embeddings_dropout = nn.Dropout(c.dropout)
     self.layers = self._make_layers()
@@ -96,10 +94,10 @@ class Encoder(nn.Module):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     length = input_ids.shape[1]
-    x_BLD = self.word_embeddings(input_ids) + self.position_embeddings[None, :length]
+    x_BLD = self.word_embeddings(input_ids) + self.position_embeddings(jnp.arange(length))[None]
     if c.type_vocab_size:
       ids = jnp.zeros_like(input_ids) if segment_ids is None else segment_ids
-      x_BLD = x_BLD + jnp.take(self.type_embeddings, ids, axis=0)
+      x_BLD = x_BLD + self.type_embeddings(ids)
     x_BLD = self.embeddings_dropout(self.embeddings_ln(x_BLD), deterministic=deterministic)
     x_BLD = nn.with_logical_constraint(x_BLD.astype(dtype), ("batch", "length", "act_embed"))
     mask_B11L = layers.attention_mask_from_input_mask(input_mask)

@@ -53,6 +53,36 @@ class LayerNorm(nn.Module):
         bias_init=zeros_init((self.axis_name,)), name="norm")(x)
 
 
+class Embedding(nn.Module):
+  """A [vocab, embed] table: lookup of ids and, for tied output heads, `attend`.
+
+  Before use the table is constrained to ('vocab', 'act_embed'): under FSDP that all-gathers the
+  `embed`-sharded rows first (as FSDP does for every weight), so the gathered activations come
+  out batch-sharded instead of forcing the partitioner into a full rematerialisation.
+  """
+  num_embeddings: int
+  features: int
+  initializer_range: float
+  dtype: Dtype = jnp.float32
+  rows_axis: str = "vocab"  # logical name of the rows: vocab, positions or types
+
+  def setup(self):
+    self.embedding = self.param(
+        "embedding", param_init(self.initializer_range, (self.rows_axis, "embed")),
+        (self.num_embeddings, self.features), jnp.float32)
+
+  def _table(self):
+    return nn.with_logical_constraint(self.embedding, (self.rows_axis, "act_embed"))
+
+  def __call__(self, ids):
+    """ids [...] int → [..., embed] in float32."""
+    return jnp.take(self._table(), ids, axis=0)
+
+  def attend(self, h):
+    """h [..., embed] → [..., vocab] in the compute dtype."""
+    return jnp.einsum("...d,vd->...v", h.astype(self.dtype), self._table().astype(self.dtype))
+
+
 def attention_mask_from_input_mask(input_mask):
   """[batch, length] 0/1 → [batch, 1, 1, length] bool: every query may attend to real keys."""
   return input_mask[:, None, None, :].astype(jnp.bool_)

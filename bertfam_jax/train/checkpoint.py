@@ -88,11 +88,12 @@ class Checkpointer:
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-    except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
+    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise bare Exception)
+      detail = " ".join(str(e).split())[:300]
       raise ConfigError(
-          f"Checkpoint {self.directory}/{step} cannot be restored onto this model ({type(e).__name__}:"
-          f" {str(e)[:300]}). It is left untouched; use a new --workdir or move the checkpoint "
-          f"aside.") from e
+          f"Checkpoint {self.directory}/{step} cannot be restored: it is corrupt or does not match "
+          f"this model ({type(e).__name__}: {detail}). It is left untouched; move it aside to resume "
+          f"from an earlier step, or use a new --workdir.") from e
     data = restored["data"]
     if len(data["processes"]) != jax.process_count():
       return restored["state"], None

@@ -206,7 +206,8 @@ class _Loop:
           timer = time.perf_counter()
         else:
           timed_steps += 1
-        save = step % t.checkpoint_every == 0 or step == t.total_steps or sigterm.raised
+        stop = sigterm.raised  # read once per step: a signal arriving later is handled next step
+        save = step % t.checkpoint_every == 0 or step == t.total_steps or stop
         if step % t.log_every == 0 or save:
           # Metrics are fetched only here (not every step) so dispatch runs ahead of the host; a
           # checkpoint always follows a check that every step since the last one was finite.
@@ -218,7 +219,7 @@ class _Loop:
           last.update(self._evaluate(step, state.params))
         if save:
           self.checkpointer.save(step, state, data_state)
-        if sigterm.raised:
+        if stop:
           logging.warning("SIGTERM: saved step %d and stopped.", step)
           break
     finally:

@@ -19,9 +19,10 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 # A model that compiles in seconds on real text: 512-piece tokenizer, 32-token rows, batch 8.
 _TINY = ("--config.model.hidden=32", "--config.model.layers=2", "--config.model.heads=2",
-         "--config.model.mlp=64", "--config.model.vocab_size=512", "--config.model.max_positions=32",
-         "--config.data.seq_len=32", "--config.objective.max_predictions=5",
-         "--config.train.batch_size=8", "--config.optimizer.warmup_steps=5")
+         "--config.model.mlp=64", "--config.model.vocab_size=512",
+         "--config.model.max_positions=32", "--config.data.seq_len=32",
+         "--config.objective.max_predictions=5", "--config.train.batch_size=8",
+         "--config.optimizer.warmup_steps=5")
 _STEPS = 200
 _CHECKPOINT_EVERY = 25
 _LONG_RUN = (f"--config.train.total_steps={_STEPS}", "--config.train.log_every=1",
@@ -217,7 +218,8 @@ def test_corrupt_checkpoint(bert_workdir, tmp_path):
   checkpoint = os.path.join(workdir, "checkpoints", "4")
   damaged = 0
   for dirpath, _, filenames in os.walk(os.path.join(checkpoint, "state")):
-    if os.path.basename(dirpath) == "d":  # the array data files of the OCDBT store
+    # The array data files: state/ocdbt.process_<i>/d/<hash>.
+    if dirpath.endswith("/d") and "ocdbt.process_" in dirpath:
       for name in filenames:
         with open(os.path.join(dirpath, name), "r+b") as f:
           f.write(b"\xff" * 64)
@@ -225,7 +227,8 @@ def test_corrupt_checkpoint(bert_workdir, tmp_path):
         damaged += 1
   assert damaged
   before = _digest(workdir)
-  result = _run(_command(workdir, "--config.train.total_steps=8", config="configs/bert.py:runlocal"))
+  result = _run(_command(workdir, "--config.train.total_steps=8",
+                         config="configs/bert.py:runlocal"))
   _assert_config_error(result, checkpoint, "--workdir")
   assert _digest(workdir) == before
 
