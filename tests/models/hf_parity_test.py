@@ -185,8 +185,8 @@ def test_roberta_for_masked_lm_parity():
                               layer_norm_eps=1e-5, type_vocab_size=1)
   model = pretraining.MaskedLM(config)
   params = flax_params_from_hf(
-      sd, config, prefix="roberta", mlm_head=("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
-      position_offset=pad_id + 1)
+      sd, config, prefix="roberta",
+      mlm_head=("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"), position_offset=pad_id + 1)
   # HF's position rows 0 and 1 are never used by a real token.
   check_tree_and_count(params, model, hf_model, extra_hf_params=(pad_id + 1) * HIDDEN)
 
@@ -204,8 +204,8 @@ def test_roberta_for_masked_lm_parity():
 def abstract_param_count(config, sentence_classes):
   model = pretraining.MaskedLM(config, sentence_classes)
   ids = jnp.zeros((1, 8), jnp.int32)
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), ids, ids, ids, ids[:, :1], deterministic=True))
+  shapes = jax.eval_shape(lambda: nn.meta.unbox(
+      model.init(jax.random.key(0), ids, ids, ids, ids[:, :1], deterministic=True)))
   return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
 
 
@@ -224,5 +224,5 @@ def test_base_parameter_counts_equal_hf():
   hf_roberta = transformers.RobertaConfig(vocab_size=50265, max_position_embeddings=514,
                                           type_vocab_size=1, pad_token_id=1)
   # HF's 2 extra position rows: its positions start at padding_idx + 1.
-  assert abstract_param_count(roberta, 0) + 2 * 768 == hf_param_count(
+  assert abstract_param_count(roberta, 0) + 2 * roberta.hidden == hf_param_count(
       transformers.RobertaForMaskedLM, hf_roberta)
