@@ -109,6 +109,7 @@ def _initial_state(config, model, tx, abstract, shardings, checkpointer):
       raise ConfigError(f"train.init_from={config.train.init_from} holds no checkpoint; point it at "
                         f"a run's checkpoints directory.")
     restored, _ = source.restore(step, abstract)
+    source.close()
     state = state.replace(params=restored.params)
     logging.info("Initialised parameters from %s step %d.", config.train.init_from, step)
   return state, None, None
