@@ -46,16 +46,19 @@ from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
 from bertfam_jax.train import train as train_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/bert.py:size=base; override fields with "
-    "--config.<section>.<key>=value (e.g. --config.model.dtype=bfloat16).", lock_config=True)
-_BATCH_SIZES = flags.DEFINE_list("batch_sizes", [], "Global batch sizes to measure, in this "
-                                 "order; default: the config's train.batch_size.")
-_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per batch size.")
-_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after the first (compiling) step.")
-_OUTPUT = flags.DEFINE_string("output", None, "Optional JSONL file; one object per batch size is "
-                              "appended.")
-flags.mark_flag_as_required("config")
+if __name__ == "__main__":
+  # Flags only when run as a script: benchmarks/hf_compare.py imports the functions below and
+  # defines its own.
+  _CONFIG = config_flags.DEFINE_config_file(
+      "config", None, "Config file, e.g. configs/bert.py:size=base; override fields with "
+      "--config.<section>.<key>=value (e.g. --config.model.dtype=bfloat16).", lock_config=True)
+  _BATCH_SIZES = flags.DEFINE_list("batch_sizes", [], "Global batch sizes to measure, in this "
+                                   "order; default: the config's train.batch_size.")
+  _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per batch size.")
+  _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after the first (compiling) step.")
+  _OUTPUT = flags.DEFINE_string("output", None, "Optional JSONL file; one object per batch size is "
+                                "appended.")
+  flags.mark_flag_as_required("config")
 
 COLUMNS = ("device", "config", "batch", "seq", "dtype", "first step s", "step ms", "tokens/s",
            "model TFLOP/s", "MFU", "peak mem GiB", "MFLOP/token")
@@ -107,19 +110,21 @@ def synthetic_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
   """A batch with the keys and shapes of objectives/__init__.py, created sharded on device.
 
   Every position is a real token (input_mask all 1, the padded-FLOP convention of flops.py); the
-  second half of each row is segment 1; `max_predictions` sorted random positions, all weighted.
+  second half of each row is segment 1 (all 0 with fewer than 2 token types, e.g. RoBERTa's one);
+  `max_predictions` sorted random positions, all weighted.
   """
   length, preds = config.data.seq_len, config.objective.max_predictions
   vocab = config.model.vocab_size
   sentence_task = bool(config.objective.get("sentence_task"))
+  two_segments = config.model.type_vocab_size > 1  # an id past the table would look up NaNs
 
   def make(rng):
     ids_rng, pos_rng, target_rng, label_rng = jax.random.split(rng, 4)
+    segment_L = (jnp.arange(length) >= length // 2) if two_segments else jnp.zeros(length)
     batch = dict(
         input_ids=jax.random.randint(ids_rng, (batch_size, length), 5, vocab, jnp.int32),
         input_mask=jnp.ones((batch_size, length), jnp.int32),
-        segment_ids=jnp.broadcast_to((jnp.arange(length) >= length // 2).astype(jnp.int32),
-                                     (batch_size, length)),
+        segment_ids=jnp.broadcast_to(segment_L.astype(jnp.int32), (batch_size, length)),
         mlm_positions=jnp.sort(jax.random.randint(pos_rng, (batch_size, preds), 1, length,
                                                   jnp.int32), axis=1),
         mlm_targets=jax.random.randint(target_rng, (batch_size, preds), 5, vocab, jnp.int32),
@@ -145,8 +150,10 @@ def with_batch_size(config, batch_size: int, mesh):
   return config
 
 
-def measure(config, mesh, result: Result) -> None:
-  """Builds the state and step for `config.train.batch_size` and fills the timings of `result`."""
+def measure(config, mesh, result: Result, *, steps: int, warmup: int):
+  """Builds the state and step for `config.train.batch_size` and fills the timings of `result`:
+  the first (compiling) step alone, `warmup` untimed steps, then the mean of `steps` timed ones.
+  Returns the last step's metrics."""
   batch_size = config.train.batch_size
   objective = objectives.get(config.objective.name)
   model = objective.build_model(config)
@@ -162,15 +169,15 @@ def measure(config, mesh, result: Result) -> None:
   start = time.perf_counter()
   state, metrics = jax.block_until_ready(train_step(state, batch))
   result.first_step_s = time.perf_counter() - start
-  for _ in range(_WARMUP.value):
+  for _ in range(warmup):
     state, metrics = train_step(state, batch)
   jax.block_until_ready((state, metrics))
 
   start = time.perf_counter()
-  for _ in range(_STEPS.value):
+  for _ in range(steps):
     state, metrics = train_step(state, batch)
   jax.block_until_ready((state, metrics))
-  result.step_s = (time.perf_counter() - start) / _STEPS.value
+  result.step_s = (time.perf_counter() - start) / steps
 
   result.tokens_per_s = batch_size * config.data.seq_len / result.step_s
   flops_per_s = result.flops_per_token * result.tokens_per_s
@@ -178,6 +185,7 @@ def measure(config, mesh, result: Result) -> None:
   peak = flops_lib.peak_flops_per_device()
   result.mfu = flops_per_s / (peak * jax.device_count()) if peak else None
   result.peak_memory_bytes = peak_memory_bytes()
+  return metrics
 
 
 def run(config) -> None:
@@ -202,7 +210,7 @@ def run(config) -> None:
                     seq_len=config.data.seq_len, dtype=config.model.dtype,
                     flops_per_token=flops_per_token)
     try:
-      measure(batch_config, mesh, result)
+      measure(batch_config, mesh, result, steps=_STEPS.value, warmup=_WARMUP.value)
     except jax.errors.JaxRuntimeError as e:
       if "RESOURCE_EXHAUSTED" not in str(e):
         raise

@@ -56,12 +56,13 @@ def _diff(saved, current, prefix="") -> list[str]:
 class Checkpointer:
   """Async orbax CheckpointManager holding the train state and every process's data position."""
 
-  def __init__(self, directory: str, keep: int):
+  def __init__(self, directory: str, keep: int, *, read_only: bool = False):
+    """`read_only` opens another run's checkpoints (init_from) without creating or deleting."""
     self.directory = os.path.abspath(directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
-                                             create=True),
+                                             create=not read_only, read_only=read_only),
         item_names=("state", "data"))
 
   def latest_step(self) -> int | None:

@@ -103,7 +103,7 @@ def _initial_state(config, model, tx, abstract, shardings, checkpointer):
     return state, data_state, latest
   state = step_lib.init_state(model, tx, config, shardings, config.seed)
   if config.train.init_from:
-    source = checkpoint_lib.Checkpointer(config.train.init_from, keep=1)
+    source = checkpoint_lib.Checkpointer(config.train.init_from, keep=1, read_only=True)
     step = source.latest_step()
     if step is None:
       raise ConfigError(f"train.init_from={config.train.init_from} holds no checkpoint; point it at "

@@ -152,3 +152,22 @@ def test_unwritable_workdir(tmp_path):
   blocker.write_text("x")
   with pytest.raises(ConfigError, match="not writable"):
     train.run(tiny_config(), str(blocker / "workdir"))
+
+
+def test_init_from_starts_a_new_run_from_trained_parameters(uninterrupted, tmp_path):
+  """BERT's 128→512 recipe: a second phase starts at step 0 with the first phase's parameters."""
+  config = tiny_config(total_steps=2, checkpoint_every=2, eval_every=100)
+  config.train.init_from = os.path.join(uninterrupted, "checkpoints")
+  workdir = str(tmp_path / "phase2")
+  train.run(config, workdir)
+  phase2, phase1 = read_metrics(workdir), read_metrics(uninterrupted)
+  assert sorted(phase2) == [1, 2]
+  assert phase2[1]["loss"] < phase1[1]["loss"] - 0.3  # trained, not random, parameters
+
+
+def test_init_from_without_a_checkpoint(tmp_path):
+  config = tiny_config(total_steps=2)
+  config.train.init_from = str(tmp_path / "empty")
+  with pytest.raises(ConfigError, match="holds no checkpoint"):
+    train.run(config, str(tmp_path / "run"))
+  assert not os.path.exists(config.train.init_from)  # nothing created in another run's place
