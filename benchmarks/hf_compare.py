@@ -9,7 +9,8 @@ In one process, on the same device and the same shapes (--batch_size x config.da
         token types, LayerNorm eps, activation (gelu_tanh -> 'gelu_new', gelu -> 'gelu'), dropout
         probabilities; trained in train mode with torch.optim.AdamW (betas, eps, weight decay of
         config.optimizer, LayerNorm/bias excluded from decay as ours unless decay_norm_and_bias,
-        constant peak_lr) and `clip_grad_norm_` when optimizer.clip_norm > 0; attention
+        our learning-rate schedule precomputed per step; torch's Adam always bias-corrects) and
+        `clip_grad_norm_` when optimizer.clip_norm > 0; attention
         `attn_implementation='sdpa'` (falls back to 'eager' where unavailable; the header says
         which); bf16 autocast only when config.model.dtype is bfloat16; the model wrapped in
         `torch.compile` with --torch_compile (its compilation is in the first step, not timed).
@@ -53,6 +54,7 @@ import train_throughput as tt  # benchmarks/ is sys.path[0] when this runs as a 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import flops as flops_lib
+from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -156,7 +158,7 @@ def hf_inputs(config, batch, torch, device):
 
 
 def adamw(model, config, torch):
-  """torch AdamW with our optimizer's betas, eps, weight decay and decay mask, at peak_lr."""
+  """torch AdamW with our optimizer's betas, eps, weight decay and decay mask."""
   o = config.optimizer
   decay, no_decay = [], []
   for name, param in model.named_parameters():  # tied weights appear once
@@ -164,7 +166,7 @@ def adamw(model, config, torch):
     (no_decay if excluded and not o.decay_norm_and_bias else decay).append(param)
   groups = [dict(params=decay, weight_decay=o.weight_decay),
             dict(params=no_decay, weight_decay=0.0)]
-  return torch.optim.AdamW(groups, lr=o.peak_lr, betas=(o.b1, o.b2), eps=o.eps)
+  return torch.optim.AdamW(groups, lr=0.0, betas=(o.b1, o.b2), eps=o.eps)
 
 
 def measure_hf(config, batch, row: Row, flops_per_token: float, torch, model, device) -> None:
@@ -179,6 +181,9 @@ def measure_hf(config, batch, row: Row, flops_per_token: float, torch, model, de
   autocast = (torch.autocast(device, dtype=getattr(torch, dtype)) if dtype != "float32"
               else contextlib.nullcontext())
   clip = config.optimizer.clip_norm
+  schedule = optimizer_lib.learning_rate_schedule(config.optimizer, config.train.total_steps)
+  learning_rates = [float(schedule(i)) for i in range(1 + _WARMUP.value + _STEPS.value)]
+  steps_done = [0]
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
   def step():
@@ -189,6 +194,9 @@ def measure_hf(config, batch, row: Row, flops_per_token: float, torch, model, de
       (loss / accum).backward()
     if clip > 0:
       torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    for group in optimizer.param_groups:
+      group["lr"] = learning_rates[steps_done[0]]
+    steps_done[0] += 1
     optimizer.step()
     return loss.detach()
 
@@ -239,6 +247,9 @@ def run(config) -> int:
   model, attention = hf_model_with_attention(config, transformers)
   hf_name = type(model).__name__
   mode = "torch.compile" if _TORCH_COMPILE.value else "eager"
+  clip = (f" + clip_grad_norm_({config.optimizer.clip_norm})" if config.optimizer.clip_norm > 0
+          else "")
+  autocast = config.model.dtype if config.model.dtype != "float32" else "off"
   parallel = [line.strip() for line in torch.__config__.parallel_info().splitlines()
               if "parallel backend" in line]
 
@@ -252,9 +263,7 @@ def run(config) -> int:
         f"{len(os.sched_getaffinity(0))}), XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
         f"mesh {dict(mesh.shape)}\n"
         f"HF: transformers {transformers.__version__} {hf_name}, torch {torch.__version__}, "
-        f"{mode}, attn_implementation={attention!r}, torch.optim.AdamW"
-        f"{f' + clip_grad_norm_({config.optimizer.clip_norm})' if config.optimizer.clip_norm > 0 else ''}"
-        f", bf16 autocast {'on' if config.model.dtype == 'bfloat16' else 'off'}\n"
+        f"{mode}, attn_implementation={attention!r}, torch.optim.AdamW{clip}, autocast {autocast}\n"
         f"model FLOPs (both rows): {flops_per_token / 1e6:.1f} MFLOP/token, MLM head at the "
         f"{preds} predicted positions per row. HF's MLM head is dense (all {seq_len} positions, "
         f"loss on the {preds} labelled): {dense_head / 1e6:.1f} MFLOP/token with that work, "
