@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import numpy as np
 
 from bertfam_jax.models import pretraining
 from bertfam_jax.objectives import losses, noise
@@ -34,8 +33,10 @@ def make_features(config, tokenizer):
   if o.mask_style == "bert":
     return functools.partial(noise.bert_mask, special_ids=tokenizer.special_ids, **common)
   if o.mask_style == "fairseq":
-    return functools.partial(noise.roberta_mask, num_special=int(np.max(tokenizer.special_ids)) + 1,
-                             **common)
+    # fairseq zero-weights its first 4 entries (<s>, <pad>, </s>, <unk>) for random replacement;
+    # <mask> stays drawable. Our layout puts the same four first: pad 0, unk 1, [CLS] 2, [SEP] 3.
+    num_special = 1 + max(tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id)
+    return functools.partial(noise.roberta_mask, num_special=num_special, **common)
   raise ValueError(f"objective.mask_style={o.mask_style!r}; choose 'bert' or 'fairseq'.")
 
 
