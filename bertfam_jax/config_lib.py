@@ -175,7 +175,7 @@ def shrink_for_local(c: ml_collections.ConfigDict) -> None:
   c.model.vocab_size = 8000
   c.model.max_positions = 128
   c.objective.max_predictions = 20
-  c.optimizer.peak_lr = 2e-3  # measured: 15.4% held-out MLM accuracy after 2k steps vs 14.0% at 1e-3
+  c.optimizer.peak_lr = 2e-3  # a 2-layer model on 2k steps: above the papers' rates
   c.optimizer.warmup_steps = 200
   c.train.batch_size = 32
   c.train.total_steps = 2000
