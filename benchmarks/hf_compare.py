@@ -87,13 +87,11 @@ class Row:
   error: str | None = None
 
   def markdown(self, ratio: str) -> str:
-    def fmt(value, spec, scale=1.0):
-      return "–" if value is None else format(value * scale, spec)
-
+    fmt = tt.format_cell
     cells = (self.implementation, fmt(self.first_step_s, ".1f"), fmt(self.step_s, ".1f", 1e3),
              fmt(self.tokens_per_s, ",.0f"), fmt(self.model_tflops_per_s, ".4f"),
              ratio if not self.error else f"failed: {self.error}")
-    return "| " + " | ".join(str(c) for c in cells) + " |"
+    return tt.markdown_line(cells)
 
 
 def import_torch():
@@ -289,7 +287,7 @@ def run(config) -> int:
     hf_row.error = f"torch.compile: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
 
   ratio = (ours_row.tokens_per_s / hf_row.tokens_per_s) if hf_row.tokens_per_s else None
-  print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
+  print(tt.markdown_header(COLUMNS))
   print(ours_row.markdown("–" if ratio is None else f"**{ratio:.2f}x**"))
   print(hf_row.markdown("1.00x"))
   print(f"\nlast-step loss (random init, same batch): ours {ours_row.final_loss:.3f}, HF "

@@ -82,9 +82,7 @@ class Result:
   error: str | None = None
 
   def markdown_row(self) -> str:
-    def fmt(value, spec, scale=1.0):
-      return "–" if value is None else format(value * scale, spec)
-
+    fmt = format_cell
     if self.error:
       mfu = self.error
     elif self.mfu is None:
@@ -95,7 +93,20 @@ class Result:
              fmt(self.first_step_s, ".1f"), fmt(self.step_s, ".1f", 1e3),
              fmt(self.tokens_per_s, ",.0f"), fmt(self.model_tflops_per_s, ".3f"), mfu,
              fmt(self.peak_memory_bytes, ".2f", 2.0**-30), fmt(self.flops_per_token, ".1f", 1e-6))
-    return "| " + " | ".join(str(c) for c in cells) + " |"
+    return markdown_line(cells)
+
+
+def format_cell(value, spec: str, scale: float = 1.0) -> str:
+  """A table cell: `value * scale` formatted with `spec`, or '–' when not measured."""
+  return "–" if value is None else format(value * scale, spec)
+
+
+def markdown_line(cells) -> str:
+  return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def markdown_header(columns) -> str:
+  return markdown_line(columns) + "\n|" + "---|" * len(columns)
 
 
 def config_arg() -> str:
@@ -204,7 +215,7 @@ def run(config) -> None:
   print(f"{arg}\njax {jax.__version__}; {device}; mesh {dict(mesh.shape)}; "
         f"{_STEPS.value} timed steps after 1 + {_WARMUP.value} warm-up; "
         f"{flops_per_token / 1e6:.1f} MFLOP/token\n", flush=True)
-  print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
+  print(markdown_header(COLUMNS), flush=True)
   for batch_config in configs:
     result = Result(device=device, config=arg, batch_size=batch_config.train.batch_size,
                     seq_len=config.data.seq_len, dtype=config.model.dtype,

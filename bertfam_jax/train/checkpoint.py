@@ -100,9 +100,6 @@ class Checkpointer:
       return restored["state"], None
     return restored["state"], dict(zip(data["keys"], data["processes"][jax.process_index()]))
 
-  def wait(self) -> None:
-    self.manager.wait_until_finished()
-
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
