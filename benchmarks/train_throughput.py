@@ -7,13 +7,16 @@ this measures the step alone. The first step (compile + one step) is timed on it
 steps follow untimed, then --steps steps are dispatched back to back and timed to
 `block_until_ready`; step time is their mean.
 
-Model FLOPs per token are `flops.encoder_train_flops_per_token` (../shared/PERF.md §3, MaxText's
-convention: matmul FLOPs of forward + backward = 3x forward; remat recompute not counted):
+Model FLOPs per token are the objective's `flops_per_token` (for the MLM family
+`flops.encoder_train_flops_per_token`; ../shared/PERF.md §3, MaxText's convention: matmul FLOPs of
+forward + backward = 3x forward; remat recompute not counted):
   6·L·(4d² + 2df)          weights: 6N per token for the attention and MLP matrices
   + 12·L·S·d               bidirectional attention (QKᵀ and AV, counted in full)
-  + 6·(P/S)·(d² + dV)      MLM head (transform + tied decoder) at the P = max_predictions positions
-                           it computes, not at every position
-  + 6·(d² + 2d)/S          pooler and NSP/SOP classifier, once per sequence (with a sentence task)
+  + 6·E·d                  ALBERT's factorised embedding projection (E = embedding width)
+  + 6·(P/S)·(dE + EV)      MLM head (transform + tied decoder) at the P = max_predictions positions
+                           it computes, not at every position (StructBERT: 2P slots)
+  + 6·(P/S)·((2d+s)d + dE + EV)  SpanBERT's SBO head on the same P slots
+  + 6·(d² + dc)/S          pooler and c-way sentence classifier, once per sequence
 Model TFLOP/s = FLOPs/token x tokens/s over all devices; MFU divides by the device count times the
 dense bf16 peak of `flops.peak_flops_per_device()` (also for float32 runs; none is known for CPU).
 Peak memory is `peak_bytes_in_use` of `device.memory_stats()` (max over local devices; the peak
@@ -126,7 +129,8 @@ def synthetic_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
   """
   length, preds = config.data.seq_len, config.objective.max_predictions
   vocab = config.model.vocab_size
-  sentence_task = bool(config.objective.get("sentence_task"))
+  objective = config.objective
+  sentence_task = bool(objective.get("sentence_task"))
   two_segments = config.model.type_vocab_size > 1  # an id past the table would look up NaNs
 
   def make(rng):
@@ -142,6 +146,14 @@ def synthetic_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
         mlm_weights=jnp.ones((batch_size, preds), jnp.float32))
     if sentence_task:
       batch["sentence_label"] = jax.random.randint(label_rng, (batch_size,), 0, 2, jnp.int32)
+    if objective.get("sbo"):  # every slot an SBO target: boundaries around it, offset 0
+      positions = batch["mlm_positions"]
+      batch.update(sbo_boundaries=jnp.stack([positions - 1, jnp.minimum(positions + 1,
+                                                                         length - 1)], -1),
+                   sbo_offsets=jnp.zeros_like(positions), sbo_weights=batch["mlm_weights"])
+    if objective.get("word_shuffle_rate"):  # as many word-order slots as MLM slots
+      batch.update(shuffle_positions=batch["mlm_positions"],
+                   shuffle_targets=batch["mlm_targets"], shuffle_weights=batch["mlm_weights"])
     return batch
 
   return jax.jit(make, out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
@@ -206,9 +218,7 @@ def run(config) -> None:
   devices = jax.devices()
   device = f"{devices[0].device_kind} x{len(devices)}"
   arg = config_arg()
-  flops_per_token = flops_lib.encoder_train_flops_per_token(
-      config.model, config.data.seq_len, config.objective.max_predictions,
-      bool(config.objective.get("sentence_task")))
+  flops_per_token = objectives.get(config.objective.name).flops_per_token(config)
   batch_sizes = [int(b) for b in _BATCH_SIZES.value] or [config.train.batch_size]
   configs = [with_batch_size(config, b, mesh) for b in batch_sizes]  # all checked before any runs
 

@@ -26,6 +26,16 @@ ENCODER_SIZES = {
     "large": dict(hidden=1024, layers=24, heads=16, mlp=4096),
 }
 
+# ALBERT sizes: Lan et al. 2020 (arXiv:1909.11942) Table 1 (H, L; E=128 for all, `albert_encoder`);
+# heads and FFN from the released configs (HF albert-*-v2 config.json: xlarge 16 heads, FFN 4H;
+# xxlarge 64 heads, FFN 16384).
+ALBERT_SIZES = {
+    "base": dict(hidden=768, layers=12, heads=12, mlp=3072),
+    "large": dict(hidden=1024, layers=24, heads=16, mlp=4096),
+    "xlarge": dict(hidden=2048, layers=24, heads=16, mlp=8192),
+    "xxlarge": dict(hidden=4096, layers=12, heads=64, mlp=16384),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Arg:
@@ -44,7 +54,7 @@ def parse_arg(arg: str | None, **defaults) -> Arg:
   for item in filter(None, (arg or "").split(",")):
     key, sep, value = item.partition("=")
     if not sep:
-      if key in ENCODER_SIZES:
+      if key in ENCODER_SIZES or key in ALBERT_SIZES:
         key, value = "size", key
       else:
         value = "true"
@@ -52,8 +62,9 @@ def parse_arg(arg: str | None, **defaults) -> Arg:
       raise ConfigError(f"Unknown config argument {key!r} in {arg!r}; known: {sorted(values)}.")
     field_type = type(values[key])
     values[key] = value.lower() in ("1", "true", "yes") if field_type is bool else field_type(value)
-  if values["size"] not in ENCODER_SIZES:
-    raise ConfigError(f"Unknown size {values['size']!r}; choose one of {sorted(ENCODER_SIZES)}.")
+  if values["size"] not in ENCODER_SIZES and values["size"] not in ALBERT_SIZES:
+    raise ConfigError(f"Unknown size {values['size']!r}; choose one of "
+                      f"{sorted(ENCODER_SIZES.keys() | ALBERT_SIZES.keys())}.")
   return Arg(**values)
 
 
@@ -79,7 +90,8 @@ def base_config() -> ml_collections.ConfigDict:
       text_format="auto",     # auto | blank_lines | lines | jsonl
       eval_fraction=0.05,     # documents held out by hash when the source has no eval split
       seq_len=128,
-      packing="sentence_pairs",   # sentence_pairs (BERT) | full_sentences (RoBERTa)
+      packing="sentence_pairs",   # sentence_pairs (BERT) | full_sentences (RoBERTa) |
+                                  # document_blocks (SpanBERT)
       short_seq_prob=0.1,
       docs_per_chunk=2000,
       prefetch=2,
@@ -108,8 +120,11 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def encoder(size: str, **overrides) -> ml_collections.ConfigDict:
-  """BERT-style post-LN encoder of the given size (defaults from BERT's modeling.py BertConfig)."""
+def encoder(size: str, *, sizes=ENCODER_SIZES, **overrides) -> ml_collections.ConfigDict:
+  """BERT-style post-LN encoder of the given size (defaults from BERT's modeling.py BertConfig);
+  `sizes` is the table `size` is read from (ALBERT_SIZES for `albert_encoder`)."""
+  if size not in sizes:
+    raise ConfigError(f"Unknown model size {size!r}; choose one of {sorted(sizes)}.")
   m = ml_collections.ConfigDict(dict(
       vocab_size=30522,
       max_positions=512,
@@ -123,10 +138,22 @@ def encoder(size: str, **overrides) -> ml_collections.ConfigDict:
       attention_impl="",       # '' = let JAX choose; 'xla' | 'cudnn' (GPU flash attention)
       remat_policy="none",     # none | full | dots | dots_no_batch
       scan_layers=False,
-      **ENCODER_SIZES[size],
+      embedding_size=0,        # ALBERT's factorised embedding width E (0: tables are `hidden` wide)
+      share_layers="none",     # cross-layer sharing: none (BERT) | all (ALBERT) | attention | ffn
+      hidden_groups=1,         # ALBERT num_hidden_groups: layer i uses shared group i·G // L
+      **sizes[size],
   ))
   m.update(overrides)
   return m
+
+
+def albert_encoder(size: str, **overrides) -> ml_collections.ConfigDict:
+  """ALBERT's encoder (albert modeling.py AlbertConfig, README): E=128 factorised embedding, every
+  layer sharing one parameter set, no dropout (v2 models), tanh GELU (HF 'gelu_new'), LN ε 1e-12,
+  30,000-piece SentencePiece vocabulary."""
+  albert = dict(vocab_size=30000, embedding_size=128, dropout=0.0, attention_dropout=0.0,
+                activation="gelu_tanh", layer_norm_eps=1e-12, share_layers="all", hidden_groups=1)
+  return encoder(size, sizes=ALBERT_SIZES, **{**albert, **overrides})
 
 
 def mlm_objective(**overrides) -> ml_collections.ConfigDict:
@@ -135,10 +162,27 @@ def mlm_objective(**overrides) -> ml_collections.ConfigDict:
       name="mlm",
       mask_rate=0.15,
       max_predictions=20,     # max_predictions_per_seq: 20 at 128, ~80 at 512 (BERT README)
-      mask_style="bert",      # bert: never [CLS]/[SEP], round(); fairseq: all tokens, prob. rounding
+      # Budget and candidates. bert: never [CLS]/[SEP], round(rate * len) incl. specials, capped;
+      # fairseq: all tokens, probabilistic rounding; spanbert: ceil(rate * #non-special tokens).
+      mask_style="bert",
+      # Which units are chosen (objectives/noise.py SELECTORS): token | whole_word (BERT WWM) |
+      # ngram (ALBERT, up to max_ngram words, p(n) ~ 1/n) | span (SpanBERT geometric spans of
+      # words) | units (ERNIE / SpanBERT phrase or entity masking from `span_source`).
+      mask_scheme="token",
+      max_ngram=3,
+      span_p=0.2,             # SpanBERT README command (the argparse default is 0.3)
+      span_max_words=10,
+      span_source="",         # units: entities | noun_phrases (data/spans.py)
+      unit_prob=0.5,          # units: share drawn from the units, the rest random whole words
+      replace_per="token",    # 80/10/10 drawn per token (BERT) or once per merged span (SpanBERT)
+      random_tokens="uniform",  # uniform | unigram (by corpus frequency, SpanBERT)
       masking="static",       # static: dupe_factor fixed masks per instance; dynamic: new every epoch
       dupe_factor=10,
-      sentence_task="nsp",    # 'nsp' or '' (RoBERTa has none)
+      sentence_task="nsp",    # nsp (BERT) | sop (ALBERT) | structbert (3-way) | '' (none)
+      sbo=False,              # SpanBERT span boundary objective
+      sbo_max_targets=15,     # --max-pair-targets
+      sbo_position_size=200,  # --pair-positional-embedding-size
+      word_shuffle_rate=0.0,  # StructBERT word objective: fraction of tokens in shuffled trigrams
   ))
   o.update(overrides)
   return o
@@ -151,6 +195,17 @@ def bert_adamw(**overrides) -> ml_collections.ConfigDict:
       name="adamw", peak_lr=1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
       bias_correction=False, decay_norm_and_bias=False, clip_norm=1.0,
       schedule="linear_from_zero", warmup_steps=10_000, end_lr=0.0))
+  o.update(overrides)
+  return o
+
+
+def albert_lamb(**overrides) -> ml_collections.ConfigDict:
+  """ALBERT's LAMB (albert/lamb_optimizer.py, created by optimization.py create_optimizer):
+  BERT's Adam without bias correction, `u = m / (sqrt(v) + eps) + wd·θ`, then u scaled by the
+  trust ratio ‖θ‖/‖u‖; decay and trust ratio both skip LayerNorm and biases; clip 1.0; warmup,
+  then polynomial decay with power 1 from step 0 (= linear_from_zero). lr 0.00176 and 3,125
+  warmup steps are the README's recipe (batch 4096, 125k steps)."""
+  o = bert_adamw(name="lamb", peak_lr=0.00176, warmup_steps=3125)
   o.update(overrides)
   return o
 
@@ -201,12 +256,16 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"data.seq_len={d.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8.")
   if m.hidden % m.heads:
     raise ConfigError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}.")
+  _validate_model(m)
+  if c.optimizer.name not in OPTIMIZERS:
+    raise ConfigError(f"optimizer.name={c.optimizer.name!r}; choose one of {OPTIMIZERS}.")
   if d.source not in ("embedded_wiki", "tfds", "text"):
     raise ConfigError(f"data.source={d.source!r}; choose embedded_wiki, tfds or text.")
   if d.source == "text" and not d.text_files:
     raise ConfigError("data.source='text' needs --config.data.text_files=PATH[,PATH...] (globs allowed).")
-  if d.packing not in ("sentence_pairs", "full_sentences"):
-    raise ConfigError(f"data.packing={d.packing!r}; choose sentence_pairs or full_sentences.")
+  if d.packing not in PACKINGS:
+    raise ConfigError(f"data.packing={d.packing!r}; choose one of {PACKINGS}.")
+  _validate_mlm_objective(c)
   if t.batch_size % t.grad_accum_steps:
     raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by "
                       f"train.grad_accum_steps={t.grad_accum_steps}.")
@@ -218,6 +277,60 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"mesh {dict(c.mesh)}: sizes must be positive with at most one -1.")
   if "max_predictions" in c.objective and c.objective.max_predictions <= 0:
     raise ConfigError("objective.max_predictions must be positive.")
+
+
+OPTIMIZERS = ("adamw", "lamb")
+SHARE_LAYERS = ("none", "all", "attention", "ffn")
+
+
+def _validate_model(m: ml_collections.ConfigDict) -> None:
+  """ALBERT's fields: factorised embedding width, sharing mode, groups, and what scan supports."""
+  if m.embedding_size < 0:
+    raise ConfigError(f"model.embedding_size={m.embedding_size} must be >= 0 (0: as wide as "
+                      "hidden).")
+  if m.share_layers not in SHARE_LAYERS:
+    raise ConfigError(f"model.share_layers={m.share_layers!r}; choose one of {SHARE_LAYERS}.")
+  if not 1 <= m.hidden_groups <= m.layers:
+    raise ConfigError(f"model.hidden_groups={m.hidden_groups} must be in [1, model.layers="
+                      f"{m.layers}].")
+  if m.share_layers == "none" and m.hidden_groups != 1:
+    raise ConfigError(f"model.hidden_groups={m.hidden_groups} groups shared layers only; set "
+                      "--config.model.share_layers=all (ALBERT) or --config.model.hidden_groups=1.")
+  if m.scan_layers and m.share_layers in ("attention", "ffn"):
+    raise ConfigError(f"model.scan_layers=True cannot scan share_layers={m.share_layers!r} (one "
+                      "sublayer shared, the other per layer); set "
+                      "--config.model.scan_layers=False.")
+
+
+PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks")
+MLM_CHOICES = dict(
+    mask_style=("bert", "fairseq", "spanbert"),
+    mask_scheme=("token", "whole_word", "ngram", "span", "units"),
+    replace_per=("token", "span"),
+    random_tokens=("uniform", "unigram"),
+    sentence_task=("", "nsp", "sop", "structbert"),
+    span_source=("", "entities", "noun_phrases"),
+)
+
+
+def _validate_mlm_objective(c: ml_collections.ConfigDict) -> None:
+  """The MLM family's choices and their combinations (no-op for other objectives)."""
+  o = c.objective
+  if o.get("name") != "mlm":
+    return
+  for key, choices in MLM_CHOICES.items():
+    if o[key] not in choices:
+      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {choices}.")
+  if o.sentence_task and c.data.packing != "sentence_pairs":
+    raise ConfigError(f"objective.sentence_task={o.sentence_task!r} needs sentence pairs: set "
+                      f"--config.data.packing=sentence_pairs or --config.objective.sentence_task=''.")
+  if (o.mask_scheme == "units") != bool(o.span_source):
+    raise ConfigError("objective.mask_scheme='units' needs --config.objective.span_source="
+                      "entities|noun_phrases, and span_source is only used by mask_scheme='units'.")
+  if not 0.0 < o.span_p <= 1.0 or o.span_max_words < 1 or o.max_ngram < 1:
+    raise ConfigError("objective.span_p must be in (0, 1], span_max_words and max_ngram >= 1.")
+  if not 0.0 <= o.word_shuffle_rate < 0.5:
+    raise ConfigError(f"objective.word_shuffle_rate={o.word_shuffle_rate} must be in [0, 0.5).")
 
 
 def effective_mask_rate(c: ml_collections.ConfigDict) -> float:

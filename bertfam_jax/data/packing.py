@@ -1,4 +1,5 @@
-"""Packing tokenized documents into fixed-length examples: BERT sentence pairs, RoBERTa blocks.
+"""Packing tokenized documents into fixed-length examples: BERT / ALBERT / StructBERT sentence
+pairs, RoBERTa FULL-SENTENCES blocks, SpanBERT single-document blocks.
 
 Input everywhere: `docs`, a list of documents, each a list of sentences, each a [len] int array
 of token ids (no special tokens). Output: a dict of numpy arrays following the batch-key
@@ -83,22 +84,66 @@ def _random_document_segment(docs: list[Document], doc_index: int, target_b_len:
   return np.concatenate(segment)
 
 
+def _random_next(chunk: list[np.ndarray], a_end: int, docs: list[Document], doc_index: int,
+                 target_len: int, rng: np.random.Generator, label: int):
+  """A = the chunk's first `a_end` sentences, B = a random other document's text; the chunk's
+  unused sentences are handed back to be read again (BERT steps 5-6)."""
+  tokens_a = np.concatenate(chunk[:a_end])
+  tokens_b = _random_document_segment(docs, doc_index, target_len - len(tokens_a), rng)
+  return tokens_a, tokens_b, label, len(chunk) - a_end
+
+
 def _nsp_pair(chunk: list[np.ndarray], a_end: int, docs: list[Document], doc_index: int,
               target_len: int, rng: np.random.Generator, random_next_prob: float):
   """BERT next-sentence prediction (create_pretraining_data.py, steps 5-6 of the spec).
 
   B is a random other document's text when the chunk has one sentence or with probability
-  `random_next_prob` (label 1); the chunk's unused sentences are then handed back to be read
-  again. Otherwise B is the rest of the chunk (label 0 = IsNext).
+  `random_next_prob` (label 1). Otherwise B is the rest of the chunk (label 0 = IsNext).
   """
-  tokens_a = np.concatenate(chunk[:a_end])
   if len(chunk) == 1 or rng.random() < random_next_prob:
-    tokens_b = _random_document_segment(docs, doc_index, target_len - len(tokens_a), rng)
-    return tokens_a, tokens_b, 1, len(chunk) - a_end
-  return tokens_a, np.concatenate(chunk[a_end:]), 0, 0
+    return _random_next(chunk, a_end, docs, doc_index, target_len, rng, label=1)
+  return np.concatenate(chunk[:a_end]), np.concatenate(chunk[a_end:]), 0, 0
 
 
-_PAIR_RULES: dict[str, PairRule] = {"nsp": _nsp_pair}
+def _sop_pair(chunk: list[np.ndarray], a_end: int, docs: list[Document], doc_index: int,
+              target_len: int, rng: np.random.Generator, random_next_prob: float):
+  """ALBERT sentence-order prediction (albert create_pretraining_data.py, random_next_sentence
+  False; spec §3 "SOP data").
+
+  A one-sentence chunk still gets a random other document's text as B (label 1: the BERT-style
+  negative survives in the reference). Otherwise B is the chunk's continuation and, with
+  probability 1/2, A and B are swapped (label 1 = swapped); else label 0 = in order.
+  `random_next_prob` is unused: SOP's swap probability is the reference's fixed 1/2.
+  """
+  del random_next_prob
+  if len(chunk) == 1:
+    return _random_next(chunk, a_end, docs, doc_index, target_len, rng, label=1)
+  tokens_a, tokens_b = np.concatenate(chunk[:a_end]), np.concatenate(chunk[a_end:])
+  if rng.random() < 0.5:
+    return tokens_b, tokens_a, 1, 0
+  return tokens_a, tokens_b, 0, 0
+
+
+def _structbert_pair(chunk: list[np.ndarray], a_end: int, docs: list[Document], doc_index: int,
+                     target_len: int, rng: np.random.Generator, random_next_prob: float):
+  """StructBERT's sentence-structural objective (Wang et al. 2020, §2.2; no code released): B is
+  the next text (label 0), the previous text (label 1: A and B swapped) or another document's
+  text (label 2), 1/3 each. A one-sentence chunk has neither neighbour and takes label 2.
+  `random_next_prob` is unused: the three classes are equiprobable as in the paper.
+  """
+  del random_next_prob
+  draw = 0.0 if len(chunk) == 1 else rng.random()
+  if draw < 1 / 3:
+    return _random_next(chunk, a_end, docs, doc_index, target_len, rng, label=2)
+  tokens_a, tokens_b = np.concatenate(chunk[:a_end]), np.concatenate(chunk[a_end:])
+  if draw < 2 / 3:
+    return tokens_b, tokens_a, 1, 0
+  return tokens_a, tokens_b, 0, 0
+
+
+# Sentence-pair tasks and their number of classes.
+_PAIR_RULES: dict[str, PairRule] = {"nsp": _nsp_pair, "sop": _sop_pair, "structbert": _structbert_pair}
+PAIR_CLASSES = {"nsp": 2, "sop": 2, "structbert": 3}
 
 
 def _document_pairs(docs: list[Document], doc_index: int, max_num_tokens: int,
@@ -144,12 +189,13 @@ def sentence_pairs(docs: list[Document], seq_len: int, rng: np.random.Generator,
     short_seq_prob: probability of a document-wide target length uniform in [2, L - 3].
     random_next_prob: probability that B is a random document's text (NSP label 1).
     cls_id, sep_id, pad_id: special token ids.
-    pair_mode: 'nsp' (BERT). ALBERT's sentence-order prediction will add 'sop' as another
-      `_PAIR_RULES` entry.
+    pair_mode: 'nsp' (BERT next sentence), 'sop' (ALBERT sentence order) or 'structbert'
+      (next / previous / random, 3-way).
 
   Returns:
     input_ids [n, L] int32, segment_ids [n, L] int32 (0 for [CLS] A [SEP], 1 for B [SEP]),
-    input_mask [n, L] int32, sentence_label [n] int32 (0 = IsNext, 1 = random next).
+    input_mask [n, L] int32, sentence_label [n] int32 (0 = IsNext / in order; 1 = random next
+    (nsp), swapped (sop) or previous (structbert); 2 = random (structbert)).
   """
   if pair_mode not in _PAIR_RULES:
     raise ValueError(f"pair_mode={pair_mode!r}; available: {sorted(_PAIR_RULES)}.")
@@ -197,6 +243,55 @@ def _break_points(unit_ends: np.ndarray, max_len: int) -> np.ndarray:
   return np.sort(np.concatenate([unit_ends, inner]))
 
 
+def _greedy_blocks(breaks: list[int], block_len: int, hard_ends: list[int]) -> np.ndarray:
+  """Greedy packing: from each start, the block ends at the last allowed break within `block_len`
+  tokens that does not cross the next hard end (a document end where blocks may not cross).
+
+  Args:
+    breaks: ascending allowed block ends (units between consecutive breaks are <= block_len).
+    block_len: the longest block.
+    hard_ends: ascending ends blocks may not cross, the last one the stream length; each is also
+      a break.
+
+  Returns:
+    [num_blocks] int64 block end offsets; block k spans [ends[k-1], ends[k]).
+  """
+  ends, start = [], 0
+  while start < hard_ends[-1]:
+    limit = min(start + block_len, hard_ends[bisect.bisect_right(hard_ends, start)])
+    start = breaks[bisect.bisect_right(breaks, limit) - 1]
+    ends.append(start)
+  return np.asarray(ends, np.int64)
+
+
+def _place_blocks(stream: np.ndarray, ends: np.ndarray, seq_len: int, *, cls_id: int,
+                  sep_id: int | None, pad_id: int) -> dict[str, np.ndarray]:
+  """Rows `[CLS] stream[start:end] ([SEP])`, padded to seq_len, for consecutive blocks.
+
+  Blocks tile the stream, so token t lands in row block(t), column 1 + offset (one vectorised
+  scatter, no per-block Python copies).
+  """
+  starts = np.concatenate([[0], ends[:-1]])
+  block_lengths = ends - starts
+  num_blocks = len(ends)
+  input_ids = np.full((num_blocks, seq_len), pad_id, np.int32)
+  input_ids[:, 0] = cls_id
+  rows = np.repeat(np.arange(num_blocks), block_lengths)
+  cols = 1 + np.arange(len(stream)) - np.repeat(starts, block_lengths)
+  input_ids[rows, cols] = stream
+  row_lengths = block_lengths + 1
+  if sep_id is not None:
+    input_ids[np.arange(num_blocks), row_lengths] = sep_id
+    row_lengths = row_lengths + 1
+  input_mask = (np.arange(seq_len)[None, :] < row_lengths[:, None]).astype(np.int32)
+  return dict(input_ids=input_ids, segment_ids=np.zeros_like(input_ids), input_mask=input_mask)
+
+
+def _empty_blocks(seq_len: int) -> dict[str, np.ndarray]:
+  empty = np.zeros((0, seq_len), np.int32)
+  return dict(input_ids=empty, segment_ids=empty, input_mask=empty)
+
+
 def full_sentences(docs: list[Document], seq_len: int, *, cls_id: int, sep_id: int,
                    pad_id: int) -> dict[str, np.ndarray]:
   """RoBERTa FULL-SENTENCES: `<s>` + complete sentences, across document boundaries.
@@ -218,27 +313,40 @@ def full_sentences(docs: list[Document], seq_len: int, *, cls_id: int, sep_id: i
   block_len = seq_len - 1
   sentences = [s for doc in docs for s in doc if len(s)]
   if not sentences:
-    empty = np.zeros((0, seq_len), np.int32)
-    return dict(input_ids=empty, segment_ids=empty, input_mask=empty)
+    return _empty_blocks(seq_len)
   lengths = np.fromiter((len(s) for s in sentences), np.int64, len(sentences))
   # Insert </s> after every sentence in one vectorised call.
   stream = np.insert(np.concatenate(sentences).astype(np.int32), np.cumsum(lengths), sep_id)
   breaks = _break_points(np.cumsum(lengths + 1), block_len).tolist()
-  # Greedy packing: each block ends at the last break within block_len of its start. Every
-  # unit between breaks is <= block_len, so each step advances; one bisect per block.
-  block_ends, start = [], 0
-  while start < len(stream):
-    start = breaks[bisect.bisect_right(breaks, start + block_len) - 1]
-    block_ends.append(start)
-  ends = np.asarray(block_ends, np.int64)
-  starts = np.concatenate([[0], ends[:-1]])
-  block_lengths = ends - starts
-  num_blocks = len(ends)
-  input_ids = np.full((num_blocks, seq_len), pad_id, np.int32)
-  input_ids[:, 0] = cls_id
-  # Blocks tile the stream, so token t of the stream lands in row block(t), column 1 + offset.
-  rows = np.repeat(np.arange(num_blocks), block_lengths)
-  cols = 1 + np.arange(len(stream)) - np.repeat(starts, block_lengths)
-  input_ids[rows, cols] = stream
-  input_mask = (np.arange(seq_len)[None, :] < (block_lengths + 1)[:, None]).astype(np.int32)
-  return dict(input_ids=input_ids, segment_ids=np.zeros_like(input_ids), input_mask=input_mask)
+  ends = _greedy_blocks(breaks, block_len, [len(stream)])
+  return _place_blocks(stream, ends, seq_len, cls_id=cls_id, sep_id=None, pad_id=pad_id)
+
+
+def document_blocks(docs: list[Document], seq_len: int, *, cls_id: int, sep_id: int,
+                    pad_id: int) -> dict[str, np.ndarray]:
+  """SpanBERT's single-segment blocks: `[CLS] whole sentences of ONE document [SEP]`.
+
+  SpanBERT (no_nsp_span_bert_dataset.py with --short-seq-prob 0, spec §4 "Data"): contiguous
+  whole sentences of one document, greedily up to L - 2 tokens, never crossing a document end, no
+  separator between sentences; a sentence longer than L - 2 is cut into L - 2 pieces. Segment 0
+  everywhere, no sentence-level task. Deterministic.
+
+  Args:
+    docs: documents, each a list of [len] int token arrays (sentences).
+    seq_len: L, the example length including [CLS] and [SEP].
+    cls_id, sep_id, pad_id: special token ids.
+
+  Returns:
+    input_ids [n, L] int32, segment_ids [n, L] int32 (all 0), input_mask [n, L] int32.
+  """
+  block_len = seq_len - 2
+  docs = [[s for s in doc if len(s)] for doc in docs]
+  docs = [doc for doc in docs if doc]
+  if not docs:
+    return _empty_blocks(seq_len)
+  lengths = np.fromiter((len(s) for doc in docs for s in doc), np.int64)
+  stream = np.concatenate([s for doc in docs for s in doc]).astype(np.int32)
+  doc_ends = np.cumsum([sum(len(s) for s in doc) for doc in docs]).tolist()
+  breaks = _break_points(np.cumsum(lengths), block_len).tolist()
+  ends = _greedy_blocks(breaks, block_len, doc_ends)
+  return _place_blocks(stream, ends, seq_len, cls_id=cls_id, sep_id=sep_id, pad_id=pad_id)

@@ -200,13 +200,18 @@ class Pipeline:
   def _pack(self, docs: list[list[np.ndarray]], rng: np.random.Generator) -> Batch:
     data, tok = self._config.data, self._tokenizer
     if data.packing == "sentence_pairs":
+      # The sentence-level task decides how B is drawn (NSP, SOP, StructBERT); NSP's rule when
+      # the objective has none.
+      pair_mode = self._config.objective.get("sentence_task") or "nsp"
       return packing.sentence_pairs(docs, data.seq_len, rng, short_seq_prob=data.short_seq_prob,
-                                    cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
-    if data.packing == "full_sentences":
-      return packing.full_sentences(docs, data.seq_len, cls_id=tok.cls_id, sep_id=tok.sep_id,
-                                    pad_id=tok.pad_id)
-    raise config_lib.ConfigError(
-        f"data.packing={data.packing!r}; choose sentence_pairs or full_sentences.")
+                                    cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id,
+                                    pair_mode=pair_mode)
+    blocks = {"full_sentences": packing.full_sentences, "document_blocks": packing.document_blocks}
+    if data.packing in blocks:
+      return blocks[data.packing](docs, data.seq_len, cls_id=tok.cls_id, sep_id=tok.sep_id,
+                                  pad_id=tok.pad_id)
+    raise config_lib.ConfigError(f"data.packing={data.packing!r}; choose sentence_pairs, "
+                                 "full_sentences or document_blocks.")
 
   def chunk_examples(self, epoch: int, chunk: int) -> Batch:
     """All examples of one chunk, noised and shuffled: dict of [n_chunk, ...] arrays."""

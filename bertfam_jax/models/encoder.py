@@ -2,10 +2,18 @@
 
 One module serves BERT, RoBERTa and, through config fields, the later members (ALBERT's factorised
 embedding and sharing, ELECTRA's sizes, SpanBERT): composition, not subclasses.
+
+ALBERT (Lan et al., 2020; google-research/albert modeling.py):
+  `embedding_size` E > 0 (and ≠ hidden): word/position/type tables are E wide, LayerNorm and dropout
+    act in E, then one dense E→H with bias (`embedding_hidden_mapping_in`) feeds layer 0.
+  `share_layers`: 'all' applies one parameter set at every layer ('attention' / 'ffn' share only
+    that sublayer, the paper's Table 4 ablations); `hidden_groups` G splits the layers into G
+    consecutive groups, each with its own parameters (`layer_plan`).
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import flax.linen as nn
@@ -21,25 +29,69 @@ REMAT_POLICIES = {
 }
 
 
+def factorized_embedding(c) -> bool:
+  """Whether the embedding tables are narrower than the layers (ALBERT): albert modeling.py adds
+  `embedding_hidden_mapping_in` only when the embedding width differs from the hidden size."""
+  return bool(c.embedding_size) and c.embedding_size != c.hidden
+
+
+def tied_head_features(c) -> tuple[int, str]:
+  """(width, logical axis) of a head's last transform before the tied embedding table: E on
+  'embed_factor' when factorised (albert run_pretraining.py projects H→E), else hidden on
+  'embed_out' (BERT's H→H)."""
+  return (c.embedding_size, "embed_factor") if factorized_embedding(c) else (c.hidden, "embed_out")
+
+
+def layer_plan(c) -> list[tuple[tuple[str, str], ...]]:
+  """For each of the `layers` layers, the (module name, sublayers) applied to it, in order.
+
+  A name that recurs at several layers is one module: those layers share its parameters and their
+  gradients add up in them. Layer i of a shared stack uses group g = i·G // L with G =
+  `hidden_groups` (albert modeling.py `int(i / L * G)`, here in exact integer arithmetic):
+    none       layer_{i} (both sublayers)                                   BERT
+    all        group_{g} (both)                                             ALBERT
+    attention  attention_group_{g} (attention), then layer_{i} (ffn)
+    ffn        layer_{i} (attention), then ffn_group_{g} (ffn)
+  """
+  plans = {
+      "none": lambda i, g: ((f"layer_{i}", "both"),),
+      "all": lambda i, g: ((f"group_{g}", "both"),),
+      "attention": lambda i, g: ((f"attention_group_{g}", "attention"), (f"layer_{i}", "ffn")),
+      "ffn": lambda i, g: ((f"layer_{i}", "attention"), (f"ffn_group_{g}", "ffn")),
+  }
+  if c.share_layers not in plans:
+    raise ValueError(f"model.share_layers={c.share_layers!r}; choose one of {sorted(plans)}.")
+  return [plans[c.share_layers](i, i * c.hidden_groups // c.layers) for i in range(c.layers)]
+
+
 class TransformerLayer(nn.Module):
-  """x = LN(x + Drop(Attn(x))); x = LN(x + Drop(MLP(x)))  (post-LN, BERT)."""
+  """x = LN(x + Drop(Attn(x))); x = LN(x + Drop(MLP(x)))  (post-LN, BERT).
+
+  `sublayers='attention'` or `'ffn'` holds and applies only that residual block, for sharing one
+  of the two across layers while the other stays per layer (`layer_plan`).
+  """
   config: Any  # the `config.model` section
+  sublayers: str = "both"  # both | attention | ffn
 
   @nn.compact
   def __call__(self, x_BLD, mask_B11L, deterministic: bool):
+    """x: [batch, length, hidden]; mask: [batch, 1, 1, length] bool → [batch, length, hidden]."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    attn = layers.SelfAttention(
-        heads=c.heads, head_dim=c.hidden // c.heads, attention_dropout=c.attention_dropout,
-        initializer_range=c.initializer_range, attention_impl=c.attention_impl, dtype=dtype,
-        name="attention")(x_BLD, mask_B11L, deterministic=deterministic)
-    attn = nn.Dropout(c.dropout)(attn, deterministic=deterministic)
-    x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="attention_ln")(x_BLD + attn)
-    x_BLD = nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
-    mlp = layers.MLP(c.mlp, c.activation, c.initializer_range, dtype, name="mlp")(x_BLD)
-    mlp = nn.Dropout(c.dropout)(mlp, deterministic=deterministic)
-    x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="output_ln")(x_BLD + mlp)
-    return nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
+    if self.sublayers != "ffn":
+      attn = layers.SelfAttention(
+          heads=c.heads, head_dim=c.hidden // c.heads, attention_dropout=c.attention_dropout,
+          initializer_range=c.initializer_range, attention_impl=c.attention_impl, dtype=dtype,
+          name="attention")(x_BLD, mask_B11L, deterministic=deterministic)
+      attn = nn.Dropout(c.dropout)(attn, deterministic=deterministic)
+      x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="attention_ln")(x_BLD + attn)
+      x_BLD = nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
+    if self.sublayers != "attention":
+      mlp = layers.MLP(c.mlp, c.activation, c.initializer_range, dtype, name="mlp")(x_BLD)
+      mlp = nn.Dropout(c.dropout)(mlp, deterministic=deterministic)
+      x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="output_ln")(x_BLD + mlp)
+      x_BLD = nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
+    return x_BLD
 
 
 class ScannedLayer(TransformerLayer):
@@ -53,62 +105,86 @@ class Encoder(nn.Module):
   """Embeddings + `layers` Transformer layers.
 
   `__call__(input_ids [batch, length], input_mask [batch, length], segment_ids [batch, length])`
-  returns hidden states [batch, length, hidden]. `attend(h [..., hidden])` projects onto the
-  word-embedding table ([..., vocab]) for heads tied to the input embedding.
+  returns hidden states [batch, length, hidden]. `attend(h [..., E])` projects onto the
+  word-embedding table ([..., vocab]) for heads tied to the input embedding (E = embedding_size
+  when factorised, else hidden).
   """
   config: Any  # the `config.model` section
 
   def setup(self):
     c = self.config
-    self.word_embeddings = layers.Embedding(c.vocab_size, c.hidden, c.initializer_range,
-                                            jnp.dtype(c.dtype))
-    self.position_embeddings = layers.Embedding(c.max_positions, c.hidden, c.initializer_range,
-                                                rows_axis="positions")
+    dtype = jnp.dtype(c.dtype)
+    width, axis = ((c.embedding_size, "embed_factor") if factorized_embedding(c)
+                   else (c.hidden, "embed"))
+    self.word_embeddings = layers.Embedding(c.vocab_size, width, c.initializer_range, dtype,
+                                            features_axis=axis)
+    self.position_embeddings = layers.Embedding(c.max_positions, width, c.initializer_range,
+                                                rows_axis="positions", features_axis=axis)
     if c.type_vocab_size:
-      self.type_embeddings = layers.Embedding(c.type_vocab_size, c.hidden, c.initializer_range,
-                                              rows_axis="types")
-    self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
+      self.type_embeddings = layers.Embedding(c.type_vocab_size, width, c.initializer_range,
+                                              rows_axis="types", features_axis=axis)
+    self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=axis)
     self.embeddings_dropout = nn.Dropout(c.dropout)
+    if factorized_embedding(c):
+      self.embeddings_projection = nn.Dense(
+          c.hidden, dtype=dtype, param_dtype=jnp.float32,
+          kernel_init=layers.param_init(c.initializer_range, ("embed_factor", "embed")),
+          bias_init=layers.zeros_init(("embed",)))
     self.layers = self._make_layers()
 
   def _make_layers(self):
+    """Unrolled: {name: module} for the names of `layer_plan`. Scanned: the scans in layer order,
+    one over all layers with stacked parameters (share_layers='none'), or one per shared group
+    over its consecutive layers with the group's parameters broadcast to every step ('all')."""
     c = self.config
-    layer_cls = TransformerLayer
+    layer_cls = ScannedLayer if c.scan_layers else TransformerLayer
     if c.remat_policy != "none":
       if c.remat_policy not in REMAT_POLICIES:
         raise ValueError(f"model.remat_policy={c.remat_policy!r}; choose none or one of "
                          f"{sorted(REMAT_POLICIES)}.")
-      layer_cls = nn.remat(ScannedLayer if c.scan_layers else TransformerLayer,
-                           policy=REMAT_POLICIES[c.remat_policy], static_argnums=(3,))
-    elif c.scan_layers:
-      layer_cls = ScannedLayer
-    if c.scan_layers:
-      scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True,
-                                                                           "dropout": True},
+      layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[c.remat_policy], static_argnums=(3,))
+    plan = layer_plan(c)
+    if not c.scan_layers:
+      modules = dict(step for layer in plan for step in layer)  # name → sublayers, deduplicated
+      return {name: layer_cls(c, sublayers, name=name) for name, sublayers in modules.items()}
+    if c.share_layers == "none":
+      scanned = nn.scan(layer_cls, variable_axes={"params": 0},
+                        split_rngs={"params": True, "dropout": True},
                         in_axes=(nn.broadcast, nn.broadcast), length=c.layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
-      return scanned(c, name="layers")
-    return [layer_cls(c, name=f"layer_{i}") for i in range(c.layers)]
+      return [scanned(c, name="layers")]
+    if c.share_layers == "all":
+      runs = collections.Counter(name for ((name, _),) in plan)  # groups are consecutive
+      return [nn.scan(layer_cls, variable_broadcast="params",
+                      split_rngs={"params": False, "dropout": True},
+                      in_axes=(nn.broadcast, nn.broadcast), length=run)(c, name=name)
+              for name, run in runs.items()]
+    raise ValueError(f"model.scan_layers cannot scan share_layers={c.share_layers!r}; set "
+                     "--config.model.scan_layers=False.")
 
   def __call__(self, input_ids, input_mask, segment_ids=None, *, deterministic: bool):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     length = input_ids.shape[1]
-    x_BLD = self.word_embeddings(input_ids) + self.position_embeddings(jnp.arange(length))[None]
+    # E = the embedding width: hidden, or embedding_size when factorised.
+    x_BLE = self.word_embeddings(input_ids) + self.position_embeddings(jnp.arange(length))[None]
     if c.type_vocab_size:
       ids = jnp.zeros_like(input_ids) if segment_ids is None else segment_ids
-      x_BLD = x_BLD + self.type_embeddings(ids)
-    x_BLD = self.embeddings_dropout(self.embeddings_ln(x_BLD), deterministic=deterministic)
+      x_BLE = x_BLE + self.type_embeddings(ids)
+    x_BLE = self.embeddings_dropout(self.embeddings_ln(x_BLE), deterministic=deterministic)
+    x_BLD = self.embeddings_projection(x_BLE) if factorized_embedding(c) else x_BLE
     x_BLD = nn.with_logical_constraint(x_BLD.astype(dtype), ("batch", "length", "act_embed"))
     mask_B11L = layers.attention_mask_from_input_mask(input_mask)
     if c.scan_layers:
-      x_BLD, _ = self.layers(x_BLD, mask_B11L, deterministic)
+      for scanned in self.layers:
+        x_BLD, _ = scanned(x_BLD, mask_B11L, deterministic)
     else:
-      for layer in self.layers:
-        x_BLD = layer(x_BLD, mask_B11L, deterministic)
+      for layer in layer_plan(c):
+        for name, _ in layer:
+          x_BLD = self.layers[name](x_BLD, mask_B11L, deterministic)
     return x_BLD
 
   def attend(self, h):
-    """[..., hidden] → logits over the vocabulary [..., vocab] with the tied embedding table, in the
+    """[..., E] → logits over the vocabulary [..., vocab] with the tied embedding table, in the
     compute dtype (the loss upcasts to float32)."""
     return self.word_embeddings.attend(h)

@@ -1,6 +1,8 @@
 """Transformer building blocks with logical axis names on every parameter and block activation.
 
-Parameters use the logical names `vocab, embed, mlp, heads, kv, positions, types, layers`;
+Parameters use the logical names `vocab, embed, embed_factor, mlp, heads, kv, positions, types,
+layers` (`embed_factor`: the width of ALBERT's factorised embedding tables when it differs from
+the hidden size);
 activations use `batch, length, act_embed, act_mlp, act_heads, act_kv`. The mapping to mesh axes
 lives in `bertfam_jax.train.sharding.LOGICAL_AXIS_RULES`; no module here names a mesh axis.
 """
@@ -54,7 +56,7 @@ class LayerNorm(nn.Module):
 
 
 class Embedding(nn.Module):
-  """A [vocab, embed] table: lookup of ids and, for tied output heads, `attend`.
+  """A [vocab, features] table: lookup of ids and, for tied output heads, `attend`.
 
   Before use the table is constrained to ('vocab', 'act_embed'): under FSDP that all-gathers the
   `embed`-sharded rows first (as FSDP does for every weight), so the gathered activations come
@@ -65,21 +67,22 @@ class Embedding(nn.Module):
   initializer_range: float
   dtype: Dtype = jnp.float32
   rows_axis: str = "vocab"  # logical name of the rows: vocab, positions or types
+  features_axis: str | None = "embed"  # 'embed_factor' for ALBERT's factorised tables
 
   def setup(self):
     self.embedding = self.param(
-        "embedding", param_init(self.initializer_range, (self.rows_axis, "embed")),
+        "embedding", param_init(self.initializer_range, (self.rows_axis, self.features_axis)),
         (self.num_embeddings, self.features), jnp.float32)
 
   def _table(self):
     return nn.with_logical_constraint(self.embedding, (self.rows_axis, "act_embed"))
 
   def __call__(self, ids):
-    """ids [...] int → [..., embed] in float32."""
+    """ids [...] int → [..., features] in float32."""
     return jnp.take(self._table(), ids, axis=0)
 
   def attend(self, h):
-    """h [..., embed] → [..., vocab] in the compute dtype."""
+    """h [..., features] → [..., vocab] in the compute dtype."""
     return jnp.einsum("...d,vd->...v", h.astype(self.dtype), self._table().astype(self.dtype))
 
 

@@ -5,28 +5,45 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from bertfam_jax.models import encoder, heads
 
 
 class MaskedLM(nn.Module):
-  """Encoder with the tied MLM head and, when `sentence_classes > 0`, the NSP/SOP head (BERT)."""
+  """Encoder with the tied MLM head; when `sentence_classes > 0` the NSP / SOP / StructBERT head;
+  when `sbo_max_targets > 0` SpanBERT's span boundary head."""
   config: Any  # the `config.model` section
   sentence_classes: int = 0
+  sbo_max_targets: int = 0
+  sbo_position_size: int = 200
 
   def setup(self):
     self.encoder = encoder.Encoder(self.config)
     self.mlm_head = heads.MLMHead(self.config)
     if self.sentence_classes:
       self.sentence_head = heads.SentenceHead(self.config, self.sentence_classes)
+    if self.sbo_max_targets:
+      self.sbo_head = heads.SpanBoundaryHead(self.config, self.sbo_max_targets,
+                                             self.sbo_position_size)
 
-  def __call__(self, input_ids, input_mask, segment_ids, mlm_positions, *, deterministic: bool):
-    """input_ids/input_mask/segment_ids: [batch, length]; mlm_positions: [batch, predictions].
+  def __call__(self, input_ids, input_mask, segment_ids, mlm_positions, *, sbo_boundaries=None,
+               sbo_offsets=None, deterministic: bool):
+    """input_ids/input_mask/segment_ids: [batch, length]; mlm_positions: [batch, predictions];
+    sbo_boundaries: [batch, predictions, 2] and sbo_offsets: [batch, predictions] (SBO only).
 
-    Returns {'mlm_logits': [batch, predictions, vocab]} plus 'sentence_logits' [batch, classes].
+    Returns {'mlm_logits': [batch, predictions, vocab]} plus 'sentence_logits' [batch, classes]
+    and 'sbo_logits' [batch, predictions, vocab] when those heads exist.
     """
     x_BLD = self.encoder(input_ids, input_mask, segment_ids, deterministic=deterministic)
     outputs = {"mlm_logits": self.mlm_head(x_BLD, mlm_positions, self.encoder.attend)}
     if self.sentence_classes:
       outputs["sentence_logits"] = self.sentence_head(x_BLD)
+    if self.sbo_max_targets:
+      if sbo_boundaries is None and self.is_initializing():
+        # The train loop initialises every model from the MLM inputs alone (train/step.py).
+        sbo_boundaries = jnp.zeros(mlm_positions.shape + (2,), jnp.int32)
+        sbo_offsets = jnp.zeros_like(mlm_positions)
+      outputs["sbo_logits"] = self.sbo_head(x_BLD, sbo_boundaries, sbo_offsets,
+                                            self.encoder.attend)
     return outputs

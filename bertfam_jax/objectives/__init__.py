@@ -11,6 +11,8 @@ Each objective module exposes three module-level functions, and the train loop c
       -> tuple[jax.Array, dict[str, tuple[jax.Array, jax.Array]]]
       The scalar loss to differentiate and metrics as (sum, count) pairs; the loop sums both
       across micro-batches and logs sum / count.
+  flops_per_token(config) -> float
+      Model training FLOPs per token (train/flops.py conventions), for the logged MFU.
 
 Batch keys (all numpy on the host, `jax.Array` on device; `n` = examples, `L` = sequence length,
 `P` = max predictions per sequence):
@@ -20,7 +22,12 @@ Batch keys (all numpy on the host, `jax.Array` on device; `n` = examples, `L` = 
   mlm_positions   [n, P] int32   positions of the predicted tokens, ascending, 0-padded.
   mlm_targets     [n, P] int32   original token ids at those positions, 0-padded.
   mlm_weights     [n, P] float32 1.0 for a real prediction, 0.0 for padding.
-  sentence_label  [n]    int32   NSP: 0 = IsNext, 1 = random next (BERT's convention).
+  sentence_label  [n]    int32   NSP: 0 = IsNext, 1 = random next (BERT's convention); SOP:
+                                 1 = swapped; StructBERT: 1 = previous, 2 = other document.
+  sbo_boundaries  [n, P, 2] int32  SpanBERT: the slot's span boundaries (s - 1, e + 1).
+  sbo_offsets     [n, P] int32   SpanBERT: the slot's offset in its span.
+  sbo_weights     [n, P] float32 SpanBERT: 1.0 where the slot is an SBO target (= mlm_targets).
+  shuffle_positions / shuffle_targets / shuffle_weights [n, P]  StructBERT's shuffled trigrams.
 Later objectives add their own keys here (`decoder_input_ids`, `perm_mask`, `target_mapping`...).
 
 Adding an objective touches its module, one line in OBJECTIVES, its config and its tests; never

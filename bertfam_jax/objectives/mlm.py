@@ -1,61 +1,199 @@
-"""Masked language modelling (+ NSP): BERT (Devlin et al., 2019) and RoBERTa (Liu et al., 2019).
+"""The masked-LM family: BERT, RoBERTa, ALBERT, SpanBERT and StructBERT as configuration.
 
-BERT: static 80/10/10 masking that never touches [CLS]/[SEP], budget
-`min(max_predictions, max(1, round(0.15 · len)))` (create_pretraining_data.py), plus next-sentence
-prediction; loss = MLM + NSP, the MLM part `Σ w·CE / (Σ w + 1e-5)` (run_pretraining.py).
-RoBERTa: fairseq's MaskTokensDataset, dynamic (re-drawn every epoch), probabilistic budget over all
-positions, random tokens never special; no NSP; loss = Σ CE / #masked.
+One objective, composed from host-side pieces in `objectives/noise.py`, each a config field:
+
+  candidates + budget   `mask_style`  bert: never [CLS]/[SEP], `min(P, max(1, round(0.15·len)))`
+                                      (google-research/bert create_pretraining_data.py);
+                                      fairseq: every token, `int(0.15·len + U)` (RoBERTa's
+                                      MaskTokensDataset); spanbert: never [CLS]/[SEP],
+                                      `ceil(0.15·#block)` (SpanBERT masking.py).
+  which units           `mask_scheme` token | whole_word | ngram (ALBERT) | span (SpanBERT) |
+                                      units (ERNIE / SpanBERT phrases and entities, `span_source`).
+  how they are noised   `replace_per` 80/10/10 per token (BERT) or once per merged span
+                                      (SpanBERT `--replacement-method span`); `random_tokens`
+                                      uniform or by corpus unigram frequency (SpanBERT).
+  extra predictions     `sbo`         SpanBERT's span boundary objective on every masked token;
+                        `word_shuffle_rate`  StructBERT's shuffled trigrams.
+  sentence task         `sentence_task`  nsp (BERT) | sop (ALBERT) | structbert (3-way) | none,
+                                      built by `data.packing.sentence_pairs`.
+
+Loss = MLM + sentence task + SBO + word structure, each a mean over its own predictions:
+MLM `Σ w·CE / (Σ w + 1e-5)` (BERT run_pretraining.py); SBO `Σ CE / (#targets + 1)` (SpanBERT
+criterions/spanbert_loss.py); sentence and word-structure tasks plain means.
 """
 
 from __future__ import annotations
 
 import functools
 
-import jax
+import jax.numpy as jnp
+import numpy as np
 
+from bertfam_jax import config_lib
+from bertfam_jax.data import packing, spans
 from bertfam_jax.models import pretraining
 from bertfam_jax.objectives import losses, noise
+from bertfam_jax.train import flops
 
 # BERT's run_pretraining.py adds 1e-5 to the MLM weight sum so an all-padding batch is finite.
 _MLM_DENOMINATOR_EPS = 1e-5
+# SpanBERT's spanbert_loss.py divides the pair-target loss by (#targets + 1).
+_SBO_DENOMINATOR_OFFSET = 1.0
 
 
 def build_model(config):
-  sentence_classes = 2 if config.objective.sentence_task else 0
-  return pretraining.MaskedLM(config.model, sentence_classes=sentence_classes)
+  o = config.objective
+  return pretraining.MaskedLM(
+      config.model, sentence_classes=packing.PAIR_CLASSES.get(o.sentence_task, 0),
+      sbo_max_targets=o.sbo_max_targets if o.sbo else 0, sbo_position_size=o.sbo_position_size)
+
+
+def flops_per_token(config) -> float:
+  """Model training FLOPs per token for MFU (train/flops.py): encoder, MLM head over the MLM and
+  word-order slots, SBO head over the MLM slots, sentence head."""
+  o = config.objective
+  predictions = o.max_predictions * (2 if o.word_shuffle_rate else 1)
+  classes = packing.PAIR_CLASSES.get(o.sentence_task, 0)
+  return flops.encoder_train_flops_per_token(
+      config.model, config.data.seq_len, predictions, bool(classes), sentence_classes=classes,
+      sbo_predictions_per_seq=o.max_predictions if o.sbo else 0,
+      sbo_position_size=o.sbo_position_size)
+
+
+def _scheme_params(o) -> dict:
+  """The selection function's keyword arguments for `objective.mask_scheme`."""
+  if o.mask_scheme == "ngram":
+    return dict(max_n=o.max_ngram)
+  if o.mask_scheme == "span":
+    return dict(geometric_p=o.span_p, max_words=o.span_max_words)
+  if o.mask_scheme == "units":
+    return dict(unit_prob=o.unit_prob)
+  return {}
 
 
 def make_features(config, tokenizer):
   """Returns the host-side noising `fn(examples, rng) -> batch` (see objectives/__init__.py)."""
   o = config.objective
-  common = dict(mask_rate=o.mask_rate, max_predictions=o.max_predictions,
-                mask_id=tokenizer.mask_id, vocab_size=config.model.vocab_size)
+  for key, choices in config_lib.MLM_CHOICES.items():
+    if o[key] not in choices:
+      raise ValueError(f"objective.{key}={o[key]!r}; choose one of {choices}.")
+  unit_source = spans.make_span_source(o.span_source, tokenizer) if o.span_source else None
+  return functools.partial(
+      mlm_features, config=o, vocab_size=config.model.vocab_size,
+      special_ids=np.asarray(tokenizer.special_ids), mask_id=tokenizer.mask_id,
+      word_start_table=tokenizer.word_start, scheme_params=_scheme_params(o),
+      unit_source=unit_source,
+      # fairseq never draws its first 4 entries (<s>, <pad>, </s>, <unk>) as random tokens; our
+      # layout puts the same four first: pad 0, unk 1, [CLS] 2, [SEP] 3.
+      num_never_random=(1 + max(tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id,
+                                tokenizer.sep_id)) if o.mask_style == "fairseq" else 0)
+
+
+def _budget(o, input_mask, maskable, rng) -> np.ndarray:
+  """[n] tokens to predict per row under `mask_style`, capped by max_predictions."""
   if o.mask_style == "bert":
-    return functools.partial(noise.bert_mask, special_ids=tokenizer.special_ids, **common)
-  if o.mask_style == "fairseq":
-    # fairseq zero-weights its first 4 entries (<s>, <pad>, </s>, <unk>) for random replacement;
-    # <mask> stays drawable. Our layout puts the same four first: pad 0, unk 1, [CLS] 2, [SEP] 3.
-    num_special = 1 + max(tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id)
-    return functools.partial(noise.roberta_mask, num_special=num_special, **common)
-  raise ValueError(f"objective.mask_style={o.mask_style!r}; choose 'bert' or 'fairseq'.")
+    budget = noise.bert_num_to_predict(input_mask, o.mask_rate, o.max_predictions)
+  elif o.mask_style == "fairseq":
+    budget = noise.fairseq_num_to_predict(input_mask, o.mask_rate, rng)
+  else:
+    budget = noise.span_num_to_predict(maskable, o.mask_rate)
+  return np.minimum(budget, o.max_predictions)
+
+
+def _random_token_weights(o, input_ids, maskable, vocab_size, num_never_random):
+  """[V] weights of random replacement tokens, or None for uniform over the vocabulary."""
+  if o.random_tokens == "unigram":
+    # SpanBERT draws from the corpus token stream; the chunk being noised (thousands of
+    # sequences) stands in for it, counted without padding and [CLS]/[SEP].
+    return noise.unigram_counts(input_ids, maskable, vocab_size)
+  if num_never_random:
+    weights = np.ones(vocab_size)
+    weights[:num_never_random] = 0.0
+    return weights
+  return None
+
+
+def mlm_features(examples, rng: np.random.Generator, *, config, vocab_size: int,
+                 special_ids: np.ndarray, mask_id: int, word_start_table: np.ndarray,
+                 scheme_params: dict, unit_source, num_never_random: int) -> dict:
+  """Noises packed examples for the masked-LM family (see the module docstring).
+
+  Args:
+    examples: input_ids / input_mask / segment_ids [n, L] (+ sentence_label [n]) from packing.
+    rng: the only randomness.
+    config: the `objective` config section.
+    vocab_size, special_ids, mask_id, word_start_table: from the tokenizer / model config.
+    scheme_params: keyword arguments of the `noise.SELECTORS` entry.
+    unit_source: `fn(input_ids, maskable, word_start) -> unit_ids` for mask_scheme='units'.
+    num_never_random: leading vocabulary ids never drawn as random tokens (fairseq).
+
+  Returns:
+    `examples` with input_ids noised and mlm_positions / mlm_targets / mlm_weights [n, P]; with
+    `sbo`, sbo_boundaries [n, P, 2] / sbo_offsets [n, P] / sbo_weights [n, P]; with a word
+    shuffle, shuffle_positions / shuffle_targets / shuffle_weights [n, P].
+  """
+  o = config
+  input_ids, input_mask = examples["input_ids"], examples["input_mask"]
+  real = input_mask > 0
+  maskable = real if o.mask_style == "fairseq" else real & ~np.isin(input_ids, special_ids)
+  budget = _budget(o, input_mask, maskable, rng)
+  word_start = noise.word_starts(input_ids, maskable, word_start_table)
+  params = dict(scheme_params)
+  if unit_source is not None:
+    params["unit_ids"] = unit_source(input_ids, maskable, word_start)
+  chosen = noise.SELECTORS[o.mask_scheme](maskable, word_start, budget, rng, **params)
+  predictions = noise.pack_predictions(chosen, input_ids, o.max_predictions)
+  corrupt = dict(mask_id=mask_id, vocab_size=vocab_size, random_token_weights=
+                 _random_token_weights(o, input_ids, maskable, vocab_size, num_never_random))
+  positions, weights = predictions["mlm_positions"], predictions["mlm_weights"]
+  span_ids = noise.span_index(chosen)
+  if o.replace_per == "span":
+    noised = noise.corrupt_spans(input_ids, positions, weights, span_ids, rng, **corrupt)
+  else:
+    noised = noise.corrupt_positions(input_ids, positions, weights, rng, **corrupt)
+  features = {**examples, **predictions, "input_ids": noised}
+  if o.sbo:
+    features.update(noise.span_boundary_slots(positions, weights, span_ids, maskable,
+                                              max_targets=o.sbo_max_targets))
+  if o.word_shuffle_rate:
+    shuffled = noise.shuffle_trigrams(noised, maskable, chosen, o.word_shuffle_rate, rng,
+                                      max_predictions=o.max_predictions)
+    features.update(shuffled)
+  return features
+
+
+def _mean_loss(logits, targets, weights, metrics, name, denominator_offset=0.0):
+  """Adds `{name}_loss` / `{name}_accuracy` to metrics; returns Σ w·CE / (Σ w + offset)."""
+  total, correct, count = losses.weighted_cross_entropy(
+      logits=logits, targets=targets, weights=weights)
+  metrics[f"{name}_loss"] = (total, count)
+  metrics[f"{name}_accuracy"] = (correct, count)
+  return total / (count + denominator_offset)
 
 
 def loss_fn(model, params, batch, rng, config, *, deterministic=False):
-  """Returns (MLM [+ NSP] loss, {metric: (sum, count)})."""
+  """Returns (MLM [+ sentence task] [+ SBO] [+ word structure] loss, {metric: (sum, count)})."""
+  o = config.objective
+  positions = batch["mlm_positions"]
+  if o.word_shuffle_rate:  # One pass of the tied head over both kinds of predictions.
+    positions = jnp.concatenate([positions, batch["shuffle_positions"]], axis=1)
   outputs = model.apply(
-      params, batch["input_ids"], batch["input_mask"], batch["segment_ids"], batch["mlm_positions"],
+      params, batch["input_ids"], batch["input_mask"], batch["segment_ids"], positions,
+      sbo_boundaries=batch.get("sbo_boundaries"), sbo_offsets=batch.get("sbo_offsets"),
       deterministic=deterministic, rngs={"dropout": rng})
-  mlm_sum, mlm_correct, mlm_count = losses.weighted_cross_entropy(
-      logits=outputs["mlm_logits"], targets=batch["mlm_targets"], weights=batch["mlm_weights"])
-  loss = mlm_sum / (mlm_count + _MLM_DENOMINATOR_EPS)
-  metrics = {"mlm_loss": (mlm_sum, mlm_count), "mlm_accuracy": (mlm_correct, mlm_count)}
-  if config.objective.sentence_task:
+  mlm_logits = outputs["mlm_logits"]
+  num_mlm = batch["mlm_positions"].shape[1]
+  metrics = {}
+  loss = _mean_loss(mlm_logits[:, :num_mlm], batch["mlm_targets"], batch["mlm_weights"], metrics,
+                    "mlm", _MLM_DENOMINATOR_EPS)
+  if o.sentence_task:
     labels = batch["sentence_label"]
-    ones = jax.numpy.ones(labels.shape, jax.numpy.float32)
-    sent_sum, sent_correct, sent_count = losses.weighted_cross_entropy(
-        logits=outputs["sentence_logits"], targets=labels, weights=ones)
-    loss = loss + sent_sum / sent_count
-    name = config.objective.sentence_task
-    metrics[f"{name}_loss"] = (sent_sum, sent_count)
-    metrics[f"{name}_accuracy"] = (sent_correct, sent_count)
+    loss += _mean_loss(outputs["sentence_logits"], labels, jnp.ones(labels.shape, jnp.float32),
+                       metrics, o.sentence_task)
+  if o.sbo:
+    loss += _mean_loss(outputs["sbo_logits"], batch["mlm_targets"], batch["sbo_weights"],
+                       metrics, "sbo", _SBO_DENOMINATOR_OFFSET)
+  if o.word_shuffle_rate:
+    loss += _mean_loss(mlm_logits[:, num_mlm:], batch["shuffle_targets"],
+                       batch["shuffle_weights"], metrics, "word_order", _MLM_DENOMINATOR_EPS)
   return loss, metrics

@@ -22,17 +22,32 @@ PEAK_BF16_FLOPS = {
 
 
 def encoder_train_flops_per_token(model, seq_len: int, predictions_per_seq: int,
-                                  sentence_head: bool) -> float:
-  """6·L·(4d² + 2df) + 12·L·S·d + 6·p·(d² + dV) [+ pooler and classifier per sequence / S].
+                                  sentence_head: bool, *, sentence_classes: int = 2,
+                                  sbo_predictions_per_seq: int = 0,
+                                  sbo_position_size: int = 0) -> float:
+  """Training FLOPs per token of the encoder and its MLM-family heads (× 3 of the forward).
 
-  `model` is `config.model`; p = predictions_per_seq / seq_len (the sparse MLM head)."""
+    6·L·(4d² + 2df) + 12·L·S·d         layers (weights; bidirectional attention in full)
+    + 6·E·d                            ALBERT's E → d projection (when E ≠ d)
+    + 6·p·(d·E + E·V)                  MLM head at its p = predictions / S positions
+    + 6·q·((2d + s)·d + d·E + E·V)     SpanBERT's SBO head at q = SBO predictions / S (s = offset
+                                       embedding width)
+    + 6·(d² + d·c) / S                 pooler and sentence classifier (c classes), once per row
+
+  `model` is `config.model`; E = `embedding_size` when factorised, else d. Cross-layer sharing
+  changes parameters, not FLOPs.
+  """
   d, f, layers, vocab = model.hidden, model.mlp, model.layers, model.vocab_size
+  e = model.get("embedding_size") or d
   dense = 6 * layers * (4 * d * d + 2 * d * f)
   attention = 12 * layers * seq_len * d
+  projection = 6 * e * d if e != d else 0.0
   p = predictions_per_seq / seq_len
-  head = 6 * p * (d * d + d * vocab)
-  pooler = 6 * (d * d + 2 * d) / seq_len if sentence_head else 0.0
-  return float(dense + attention + head + pooler)
+  head = 6 * p * (d * e + e * vocab)
+  q = sbo_predictions_per_seq / seq_len
+  sbo = 6 * q * ((2 * d + sbo_position_size) * d + d * e + e * vocab)
+  pooler = 6 * (d * d + d * sentence_classes) / seq_len if sentence_head else 0.0
+  return float(dense + attention + projection + head + sbo + pooler)
 
 
 def peak_flops_per_device(device=None) -> float | None:

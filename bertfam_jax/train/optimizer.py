@@ -4,6 +4,10 @@ BERT (bert/optimization.py AdamWeightDecayOptimizer): clip global norm 1.0 → A
 bias correction → `u += wd·θ` for every parameter except LayerNorm and biases → `θ -= lr·u`.
 fairseq (fairseq/optim/adam.py, RoBERTa): bias-corrected Adam, decoupled decay `θ -= lr·wd·θ` on
 *every* parameter, no clipping in the RoBERTa recipe.
+ALBERT's LAMB (albert/lamb_optimizer.py LAMBOptimizer, built by albert/optimization.py
+create_optimizer): BERT's update `u = m / (sqrt(v) + eps) + wd·θ` (no bias correction), then
+`θ -= lr·r·u` with the trust ratio r = ‖θ‖/‖u‖ (1 where either norm is 0); LayerNorm and biases
+get neither decay nor trust ratio (exclude_from_layer_adaptation defaults to the decay exclusions).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.config_lib import OPTIMIZERS, ConfigError
 
 
 class ScaleByAdamState(NamedTuple):
@@ -90,19 +94,56 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def stacked_mask(params):
+  """True for the parameters of a scanned layer stack (the encoder's `layers` module with
+  scan_layers=True), whose leading axis indexes the layer."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: "layers" in [getattr(k, "key", str(k)) for k in path], params)
+
+
+def scale_by_trust_ratio(adapt_mask) -> optax.GradientTransformation:
+  """LAMB's layer adaptation (albert/lamb_optimizer.py): u ← u·‖θ‖/‖u‖ with Euclidean norms over
+  the whole parameter (over each layer's slice of a scanned stack, so that scanning does not change
+  the update), and ratio 1 where either norm is 0. Leaves where `adapt_mask(params)` is False pass
+  unchanged; `adapt_mask=None` adapts every leaf."""
+
+  def update_fn(updates, state, params):
+    adapt = adapt_mask(params) if adapt_mask else jax.tree.map(lambda _: True, params)
+
+    def scale(u, p, adapted, stacked):
+      if not adapted:
+        return u
+      axes = tuple(range(1 if stacked else 0, u.ndim))
+      norm = lambda x: jnp.sqrt(jnp.sum(jnp.square(x), axis=axes, keepdims=True))  # noqa: E731
+      w_norm, u_norm = norm(p), norm(u)
+      return u * jnp.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0).astype(u.dtype)
+
+    return jax.tree.map(scale, updates, params, adapt, stacked_mask(params)), state
+
+  return optax.GradientTransformation(lambda _: optax.EmptyState(), update_fn)
+
+
 def make_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Returns (transformation, schedule) for `config.optimizer` over `config.train.total_steps`."""
+  """Returns (transformation, schedule) for `config.optimizer` over `config.train.total_steps`.
+
+  name 'adamw': BERT's or fairseq's Adam (bias_correction / decay_norm_and_bias select which);
+  'lamb': the same moments and decay followed by LAMB's trust ratio, which skips the same
+  parameters as the decay.
+  """
   o = config.optimizer
-  if o.name != "adamw":
+  if o.name not in OPTIMIZERS:
     raise ConfigError(f"optimizer.name={o.name!r} is not available; use 'adamw' (with "
-                      "bias_correction / decay_norm_and_bias selecting BERT's or fairseq's variant).")
+                      "bias_correction / decay_norm_and_bias selecting BERT's or fairseq's "
+                      "variant) or 'lamb' (ALBERT).")
   schedule = learning_rate_schedule(o, config.train.total_steps)
+  decays = None if o.decay_norm_and_bias else decay_mask  # leaves with decay (and trust ratio)
   parts = []
   if o.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(o.clip_norm))
   parts.append(scale_by_adam(o.b1, o.b2, o.eps, o.bias_correction))
   if o.weight_decay > 0:
-    parts.append(optax.add_decayed_weights(o.weight_decay,
-                                           mask=None if o.decay_norm_and_bias else decay_mask))
+    parts.append(optax.add_decayed_weights(o.weight_decay, mask=decays))
+  if o.name == "lamb":
+    parts.append(scale_by_trust_ratio(decays))
   parts.append(optax.scale_by_learning_rate(schedule))
   return optax.chain(*parts), schedule

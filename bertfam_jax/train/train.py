@@ -180,9 +180,7 @@ class _Loop:
     self.checkpointer = checkpointer
     t = config.train
     self.tokens_per_step = t.batch_size * config.data.seq_len
-    flops_per_token = flops_lib.encoder_train_flops_per_token(
-        config.model, config.data.seq_len, config.objective.max_predictions,
-        bool(config.objective.get("sentence_task")))
+    flops_per_token = objectives.get(config.objective.name).flops_per_token(config)
     peak = flops_lib.peak_flops_per_device()
     self.mfu_denominator = peak * jax.device_count() / flops_per_token if peak else None
 

@@ -147,7 +147,7 @@ def test_short_seq_prob_and_determinism():
   assert short["input_mask"].sum(1).mean() < 0.75 * full["input_mask"].sum(1).mean()
   with pytest.raises(ValueError, match="pair_mode"):
     packing.sentence_pairs(docs, 128, np.random.default_rng(0), short_seq_prob=0.0,
-                           pair_mode="sop", **kwargs)
+                           pair_mode="cbow", **kwargs)
 
 
 def naive_truncate(a, b, max_num_tokens, rng):
@@ -237,3 +237,66 @@ def test_full_sentences_empty_and_exact_fit():
   out = packing.full_sentences(docs, 16, cls_id=CLS, sep_id=SEP, pad_id=PAD)
   assert out["input_mask"].sum(1).tolist() == [16, 16, 2]
   assert out["input_ids"][2, :2].tolist() == [CLS, SEP]
+
+
+@pytest.mark.parametrize("pair_mode", ["sop", "structbert"])
+def test_order_pairs_are_really_in_order_or_swapped(pair_mode):
+  """SOP (ALBERT) and StructBERT's 3-way task: label 0 = B continues A; label 1 = the same two
+  texts swapped (B precedes A in the document); StructBERT label 2 / SOP single-sentence chunks =
+  another document. Classes are balanced as the reference draws them."""
+  docs, where = traceable_docs(400, (4, 30), (3, 13), seed=6)
+  out = packing.sentence_pairs(docs, 64, np.random.default_rng(7), short_seq_prob=0.1,
+                               cls_id=CLS, sep_id=SEP, pad_id=PAD, pair_mode=pair_mode)
+  labels = out["sentence_label"]
+  kinds = []
+  for row, mask, label in zip(out["input_ids"], out["input_mask"], labels):
+    _, a, b = split_pair(row, mask)
+    same_doc = where[a[0], 0] == where[b[0], 0]
+    if label == 0:
+      assert same_doc and where[b[0], 2] > where[a[-1], 2]
+    elif label == 1 and same_doc:
+      assert where[a[0], 2] > where[b[-1], 2]      # really swapped: A comes after B
+      kinds.append("swapped")
+    else:
+      assert not same_doc
+      assert label == (1 if pair_mode == "sop" else 2)
+      if pair_mode == "sop":   # only a one-sentence chunk takes another document's text
+        assert len(np.unique(where[a, 1])) == 1
+      kinds.append("random")
+  assert set(np.unique(labels)) == set(range(packing.PAIR_CLASSES[pair_mode]))
+  n = len(labels)
+  if pair_mode == "sop":
+    swapped = kinds.count("swapped") / (n - kinds.count("random"))
+    assert abs(swapped - 0.5) < 4 * np.sqrt(0.25 / n)
+  else:
+    counts = np.bincount(labels, minlength=3) / n
+    # 1/3 each, plus the forced random B of one-sentence chunks.
+    assert abs(counts[0] - counts[1]) < 4 * np.sqrt(2 / 9 / n)
+    assert counts[2] > 1 / 3 - 4 * np.sqrt(2 / 9 / n) and counts[0] > 0.25
+
+
+def test_document_blocks_are_whole_sentences_of_one_document():
+  docs, where = traceable_docs(60, (3, 25), (3, 20), seed=3, long_every=7, long_len=75)
+  seq_len = 32
+  out = packing.document_blocks(docs, seq_len, cls_id=CLS, sep_id=SEP, pad_id=PAD)
+  ids, mask = out["input_ids"], out["input_mask"]
+  lengths = mask.sum(1)
+  assert (ids[:, 0] == CLS).all() and (ids[np.arange(len(ids)), lengths - 1] == SEP).all()
+  assert (out["segment_ids"] == 0).all() and (ids[mask == 0] == PAD).all()
+  contents = [row[1:n - 1] for row, n in zip(ids, lengths)]
+  # Every token once, in order; no separators inside a block.
+  np.testing.assert_array_equal(np.concatenate(contents),
+                                np.concatenate([s for doc in docs for s in doc]))
+  block_len = seq_len - 2
+  for k, tokens in enumerate(contents):
+    assert len(np.unique(where[tokens, 0])) == 1          # never crosses a document end
+    first, last = tokens[0], tokens[-1]
+    sentence_len = len(docs[where[first, 0]][where[first, 1]])
+    starts_sentence = where[first, 2] == 0 or where[first - 1, 1] != where[first, 1]
+    assert starts_sentence or sentence_len > block_len    # only over-long sentences are cut
+    # Greedy: the next sentence of the same document would not have fit.
+    if k + 1 < len(contents) and where[contents[k + 1][0], 0] == where[last, 0]:
+      nxt = contents[k + 1][0]
+      next_len = len(docs[where[nxt, 0]][where[nxt, 1]])
+      assert len(tokens) + min(next_len, block_len) > block_len or (
+          where[nxt, 1] == where[last, 1])

@@ -1,6 +1,6 @@
-"""Parity with HuggingFace's PyTorch BERT and RoBERTa (transformers 5 has no Flax classes; STACK.md
-§5): random HF weights mapped onto our parameter tree give the same MLM and NSP logits, and the
-parameter counts of the base models agree.
+"""Parity with HuggingFace's PyTorch BERT, RoBERTa and ALBERT (transformers 5 has no Flax classes;
+STACK.md §5): random HF weights mapped onto our parameter tree give the same MLM and NSP/SOP logits
+(and ALBERT's hidden states), and the parameter counts of the base models agree.
 
 Needs torch and transformers (e.g. a venv with `pip install torch==2.13.0 transformers`); skipped
 without them.
@@ -25,20 +25,35 @@ REAL_TOKENS = (LENGTH, 11)  # the second row ends in 5 padding positions
 MLM_POSITIONS = np.array([[0, 5, 15], [3, 7, 10]], np.int64)  # all at real tokens
 TOL = dict(rtol=1e-5, atol=1e-5)
 
+# Our Transformer-layer parameters → HF's names inside one layer module.
+BERT_LAYER = dict(query="attention.self.query", key="attention.self.key",
+                  value="attention.self.value", output="attention.output.dense",
+                  attention_ln="attention.output.LayerNorm", intermediate="intermediate.dense",
+                  mlp_output="output.dense", output_ln="output.LayerNorm")
+ALBERT_LAYER = dict(query="attention.query", key="attention.key", value="attention.value",
+                    output="attention.dense", attention_ln="attention.LayerNorm",
+                    intermediate="ffn", mlp_output="ffn_output",
+                    output_ln="full_layer_layer_norm")
+
 
 def flax_params_from_hf(state_dict, config, *, prefix, mlm_head, sentence_head=None,
-                        position_offset=0):
+                        position_offset=0, layers=None, layer_names=BERT_LAYER, projection=None):
   """Maps an HF BERT-style PyTorch state_dict onto our MaskedLM parameter tree.
 
   Args:
     state_dict: HF parameter name → numpy array.
     config: our `config.model` section (hidden, heads, layers, max_positions).
-    prefix: the encoder's name, 'bert' or 'roberta'.
+    prefix: the encoder's name, 'bert', 'roberta' or 'albert'.
     mlm_head: names of the MLM head's (dense, LayerNorm, output bias), e.g.
       ('lm_head.dense', 'lm_head.layer_norm', 'lm_head.bias').
     sentence_head: names of (pooler dense, classifier), or None when the model has neither.
     position_offset: the first row of HF's position table that a real token uses (RoBERTa: its
       padding_idx + 1 = 2); our table is the `max_positions` rows from there.
+    layers: {our layer module: HF layer module}; default BERT's `layer_{i}` ←
+      `{prefix}.encoder.layer.{i}`.
+    layer_names: the parameter names inside an HF layer module (BERT_LAYER or ALBERT_LAYER).
+    projection: HF name of the embedding → hidden projection of a factorised embedding (ALBERT's
+      `albert.encoder.embedding_hidden_mapping_in`), or None.
 
   Returns:
     The parameter tree {'encoder', 'mlm_head'[, 'sentence_head']} of jnp arrays.
@@ -68,19 +83,22 @@ def flax_params_from_hf(state_dict, config, *, prefix, mlm_head, sentence_head=N
       "type_embeddings": {"embedding": sd[f"{embeddings}.token_type_embeddings.weight"]},
       "embeddings_ln": layer_norm(f"{embeddings}.LayerNorm"),
   }
-  for i in range(config.layers):
-    layer = f"{prefix}.encoder.layer.{i}"
-    encoder[f"layer_{i}"] = {
+  if projection:
+    encoder["embeddings_projection"] = dense(projection)
+  if layers is None:
+    layers = {f"layer_{i}": f"{prefix}.encoder.layer.{i}" for i in range(config.layers)}
+  for ours, theirs in layers.items():
+    name = {k: f"{theirs}.{v}" for k, v in layer_names.items()}
+    encoder[ours] = {
         "attention": {
-            "query": qkv(f"{layer}.attention.self.query"),
-            "key": qkv(f"{layer}.attention.self.key"),
-            "value": qkv(f"{layer}.attention.self.value"),
-            "output": attention_output(f"{layer}.attention.output.dense"),
+            "query": qkv(name["query"]),
+            "key": qkv(name["key"]),
+            "value": qkv(name["value"]),
+            "output": attention_output(name["output"]),
         },
-        "attention_ln": layer_norm(f"{layer}.attention.output.LayerNorm"),
-        "mlp": {"intermediate": dense(f"{layer}.intermediate.dense"),
-                "output": dense(f"{layer}.output.dense")},
-        "output_ln": layer_norm(f"{layer}.output.LayerNorm"),
+        "attention_ln": layer_norm(name["attention_ln"]),
+        "mlp": {"intermediate": dense(name["intermediate"]), "output": dense(name["mlp_output"])},
+        "output_ln": layer_norm(name["output_ln"]),
     }
   transform, transform_ln, output_bias = mlm_head
   params = {"encoder": encoder,
@@ -201,6 +219,48 @@ def test_roberta_for_masked_lm_parity():
   np.testing.assert_allclose(ours["mlm_logits"], at_masked_positions(hf.logits.numpy()), **TOL)
 
 
+@pytest.mark.parametrize("groups", [1, 2])  # 3 layers in 2 groups: layers 0, 1 → 0 and 2 → 1
+def test_albert_for_pretraining_parity(groups):
+  embedding, layers = 16, 3
+  hf_config = transformers.AlbertConfig(
+      vocab_size=VOCAB, embedding_size=embedding, hidden_size=HIDDEN, num_hidden_layers=layers,
+      num_hidden_groups=groups, num_attention_heads=HEADS, intermediate_size=MLP,
+      max_position_embeddings=LENGTH, type_vocab_size=2, hidden_act="gelu_new",
+      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0,
+      layer_norm_eps=1e-12, attn_implementation="eager")
+  hf_model, sd = randomised(transformers.AlbertForPreTraining(hf_config))
+  np.testing.assert_array_equal(sd["predictions.decoder.weight"],
+                                sd["albert.embeddings.word_embeddings.weight"])
+  config = config_lib.albert_encoder("base", hidden=HIDDEN, layers=layers, heads=HEADS, mlp=MLP,
+                                     embedding_size=embedding, vocab_size=VOCAB,
+                                     max_positions=LENGTH, hidden_groups=groups)
+  model = pretraining.MaskedLM(config, sentence_classes=2)
+  params = flax_params_from_hf(
+      sd, config, prefix="albert",
+      mlm_head=("predictions.dense", "predictions.LayerNorm", "predictions.bias"),
+      sentence_head=("albert.pooler", "sop_classifier.classifier"),
+      layers={f"group_{g}": f"albert.encoder.albert_layer_groups.{g}.albert_layers.0"
+              for g in range(groups)},
+      layer_names=ALBERT_LAYER, projection="albert.encoder.embedding_hidden_mapping_in")
+  check_tree_and_count(params, model, hf_model)
+
+  input_ids, input_mask, segment_ids = make_inputs(pad_id=0, first_id=1)
+  torch_inputs = dict(input_ids=torch.tensor(input_ids), attention_mask=torch.tensor(input_mask),
+                      token_type_ids=torch.tensor(segment_ids))
+  with torch.no_grad():
+    hf = hf_model(**torch_inputs)
+    hf_hidden = hf_model.albert(**torch_inputs).last_hidden_state.numpy()
+  ours = our_logits(model, params, input_ids, input_mask, segment_ids)
+  np.testing.assert_allclose(ours["mlm_logits"], at_masked_positions(hf.prediction_logits.numpy()),
+                             **TOL)
+  np.testing.assert_allclose(ours["sentence_logits"], hf.sop_logits.numpy(), **TOL)
+  hidden = model.apply({"params": params}, *(jnp.asarray(x, jnp.int32) for x in
+                                             (input_ids, input_mask, segment_ids)),
+                       deterministic=True, method=lambda m, *a, **kw: m.encoder(*a, **kw))
+  real = input_mask > 0
+  np.testing.assert_allclose(np.asarray(hidden)[real], hf_hidden[real], **TOL)
+
+
 def abstract_param_count(config, sentence_classes):
   model = pretraining.MaskedLM(config, sentence_classes)
   ids = jnp.zeros((1, 8), jnp.int32)
@@ -226,3 +286,9 @@ def test_base_parameter_counts_equal_hf():
   # HF's 2 extra position rows: its positions start at padding_idx + 1.
   assert abstract_param_count(roberta, 0) + 2 * roberta.hidden == hf_param_count(
       transformers.RobertaForMaskedLM, hf_roberta)
+  albert = config_lib.albert_encoder("base")
+  hf_albert = transformers.AlbertConfig(vocab_size=30000, embedding_size=128, hidden_size=768,
+                                        num_hidden_layers=12, num_attention_heads=12,
+                                        intermediate_size=3072)
+  assert abstract_param_count(albert, 2) == hf_param_count(transformers.AlbertForPreTraining,
+                                                           hf_albert)

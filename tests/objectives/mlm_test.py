@@ -12,9 +12,10 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax.objectives import mlm
 
 # The project tokenizer layout: <pad> 0, <unk> 1, [CLS] 2, [SEP] 3, [MASK] 4.
-TOKENIZER = types.SimpleNamespace(pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
-                                  special_ids=np.array([0, 2, 3, 4]))
 VOCAB, LENGTH, ROWS = 50, 64, 4000
+TOKENIZER = types.SimpleNamespace(pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
+                                  special_ids=np.array([0, 2, 3, 4]),
+                                  word_start=np.ones(VOCAB, bool))
 
 
 def examples():
@@ -56,7 +57,7 @@ def test_fairseq_style_masks_specials_but_never_draws_the_first_four():
   # ...while <mask> (id 4, indistinguishable from masking in the output) stays drawable.
   config = cl.base_config()
   config.objective.mask_style = "fairseq"
-  assert mlm.make_features(config, TOKENIZER).keywords["num_special"] == 4
+  assert mlm.make_features(config, TOKENIZER).keywords["num_never_random"] == 4
 
 
 def test_unknown_mask_style():

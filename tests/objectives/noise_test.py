@@ -1,48 +1,95 @@
 """Statistical and structural tests of the masked-LM noising against spec §1.1 step 9 and §2.
 
+The BERT and RoBERTa rules are exercised end to end through `mlm.make_features(config, tokenizer)`
+with the objective settings of configs/bert.py (mask_style='bert') and configs/roberta.py
+(mask_style='fairseq'), both with token-level selection; the budget, selection, packing and
+corruption primitives of objectives/noise.py are also tested on their own.
+
 Statistical checks compare a count with its exact expectation under the reference rule and allow
 5 standard deviations of that count (computed from the sample size), so a false failure has
 probability ~6e-7 per check while a wrong rate (e.g. 80/15/5 or half-up rounding) fails.
 """
 
+import importlib.util
+import pathlib
+import types
+
 import numpy as np
 import pytest
 
-from bertfam_jax.objectives import noise
+from bertfam_jax import config_lib
+from bertfam_jax.objectives import mlm, noise
 
 SDS = 5.0
-# BERT-style ids for these tests; the vocabulary is tiny so that every id is drawn often.
-PAD, CLS, SEP, MASK = 0, 1, 2, 3
+# The project tokenizer layout (data/tokenizers.py); the vocabulary is tiny so that every id is
+# drawn often. fairseq's dictionary puts its 4 never-random entries (<s>, <pad>, </s>, <unk>)
+# first too: here pad, unk, [CLS] (= <s>) and [SEP] (= </s>).
+PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
+NUM_NEVER_RANDOM = 4
 V = 32
 WORD = 7  # The one "word" id of the constant-body batches used for replacement statistics.
-# fairseq-style dictionary: <s>=0, <pad>=1, </s>=2, <unk>=3 are the 4 specials; <mask> is last.
-BOS, FS_PAD, EOS, NUM_SPECIAL, FS_MASK = 0, 1, 2, 4, V - 1
+TOKENIZER = types.SimpleNamespace(pad_id=PAD, unk_id=UNK, cls_id=CLS, sep_id=SEP, mask_id=MASK,
+                                  special_ids=np.array([PAD, CLS, SEP, MASK]),
+                                  word_start=np.ones(V, bool))
+# The noising fields of configs/bert.py and configs/roberta.py that these tests rely on.
+BERT_RULE = dict(mask_style="bert", mask_scheme="token", mask_rate=0.15, replace_per="token",
+                 random_tokens="uniform", sbo=False, word_shuffle_rate=0.0)
+ROBERTA_RULE = dict(BERT_RULE, mask_style="fairseq")
 
 
-def _batch(lengths, seq_len, rng, *, bos=CLS, eos=SEP, pad=PAD, body=None):
-  """[bos] body [eos] pad... rows; body ids uniform in [5, V-1) or the constant `body`."""
+def _batch(lengths, seq_len, rng, *, body=None):
+  """[CLS] body [SEP] pad... rows; body ids uniform in [5, V) or the constant `body`."""
   lengths = np.asarray(lengths)
   n = lengths.size
   input_mask = (np.arange(seq_len) < lengths[:, None]).astype(np.int32)
-  ids = rng.integers(5, V - 1, (n, seq_len)) if body is None else np.full((n, seq_len), body)
-  ids = np.where(input_mask > 0, ids, pad)
-  ids[:, 0] = np.where(lengths > 0, bos, pad)
-  ids[np.arange(n), np.maximum(lengths - 1, 0)] = np.where(lengths > 1, eos, ids[:, 0])
+  ids = rng.integers(5, V, (n, seq_len)) if body is None else np.full((n, seq_len), body)
+  ids = np.where(input_mask > 0, ids, PAD)
+  ids[:, 0] = np.where(lengths > 0, CLS, PAD)
+  ids[np.arange(n), np.maximum(lengths - 1, 0)] = np.where(lengths > 1, SEP, ids[:, 0])
   return dict(input_ids=ids.astype(np.int32), input_mask=input_mask,
               segment_ids=np.zeros((n, seq_len), np.int32),
               sentence_label=rng.integers(0, 2, n).astype(np.int32))
 
 
-def _bert(examples, seed=0, *, max_predictions=20, mask_rate=0.15):
-  return noise.bert_mask(examples, np.random.default_rng(seed), mask_rate=mask_rate,
-                         max_predictions=max_predictions, special_ids=(CLS, SEP), mask_id=MASK,
-                         vocab_size=V)
+def _features(rule, *, max_predictions=20, mask_rate=0.15):
+  """`mlm.make_features` of a base config whose objective follows `rule`."""
+  config = config_lib.base_config()
+  config.model.vocab_size = V
+  config.objective.update(rule)
+  config.objective.update(max_predictions=max_predictions, mask_rate=mask_rate)
+  return mlm.make_features(config, TOKENIZER)
 
 
-def _roberta(examples, seed=0, *, max_predictions=20, mask_rate=0.15):
-  return noise.roberta_mask(examples, np.random.default_rng(seed), mask_rate=mask_rate,
-                            max_predictions=max_predictions, mask_id=FS_MASK, vocab_size=V,
-                            num_special=NUM_SPECIAL)
+def _bert(examples, seed=0, **overrides):
+  return _features(BERT_RULE, **overrides)(examples, np.random.default_rng(seed))
+
+
+def _roberta(examples, seed=0, **overrides):
+  return _features(ROBERTA_RULE, **overrides)(examples, np.random.default_rng(seed))
+
+
+def _load_config(name):
+  """`configs/<name>.py`, loaded from its file as config_flags does."""
+  path = pathlib.Path(__file__).resolve().parents[2] / "configs" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(None)
+
+
+@pytest.mark.parametrize("name, rule", [("bert", BERT_RULE), ("roberta", ROBERTA_RULE)])
+def test_the_rules_tested_here_are_the_shipped_configs(name, rule):
+  objective = _load_config(name).objective
+  assert {key: objective[key] for key in rule} == rule
+
+
+def test_make_features_passes_the_tokenizer_layout():
+  bert, roberta = _features(BERT_RULE).keywords, _features(ROBERTA_RULE).keywords
+  assert bert["num_never_random"] == 0  # BERT draws random tokens from the whole vocabulary.
+  assert roberta["num_never_random"] == NUM_NEVER_RANDOM
+  for keywords in (bert, roberta):
+    assert keywords["mask_id"] == MASK and keywords["vocab_size"] == V
+    np.testing.assert_array_equal(keywords["special_ids"], [PAD, CLS, SEP, MASK])
 
 
 def _assert_close(observed, mean, var, what):
@@ -127,21 +174,31 @@ def _uniform(num_special=0):
 def test_80_10_10_split_of_predicted_tokens(rule):
   examples = _batch(np.full(4000, 128), 128, np.random.default_rng(4))
   if rule == "bert":
-    out, mask_id, q = _bert(examples), MASK, _uniform()
+    out, q = _bert(examples), _uniform()
   else:
-    out, mask_id, q = _roberta(examples), FS_MASK, _uniform(NUM_SPECIAL)
-  observed = _split_counts(out, examples["input_ids"], mask_id)
-  for k, (mean, var) in _split_moments(out, mask_id, q).items():
+    out, q = _roberta(examples), _uniform(NUM_NEVER_RANDOM)
+  observed = _split_counts(out, examples["input_ids"], MASK)
+  for k, (mean, var) in _split_moments(out, MASK, q).items():
     _assert_close(observed[k], mean, var, f"{rule} {k} count")
+
+
+def _select_pack_corrupt(examples, budget, rng, *, max_predictions, **corrupt):
+  """Token masking from the primitives: select_uniform, pack_predictions, corrupt_positions."""
+  input_ids = examples["input_ids"]
+  chosen = noise.select_uniform(examples["input_mask"] > 0, budget, rng)
+  predictions = noise.pack_predictions(chosen, input_ids, max_predictions)
+  noised = noise.corrupt_positions(input_ids, predictions["mlm_positions"],
+                                   predictions["mlm_weights"], rng, mask_id=MASK, vocab_size=V,
+                                   **corrupt)
+  return dict(input_ids=noised, **predictions)
 
 
 def test_replace_probs_without_random_tokens():
   # ELECTRA's 85% [MASK] / 15% unchanged (spec §5): no random replacement may appear.
   examples = _batch(np.full(2000, 128), 128, np.random.default_rng(5))
-  maskable = examples["input_mask"] > 0
-  out = noise.mask_tokens(examples["input_ids"], maskable, np.full(2000, 19),
-                          np.random.default_rng(5), max_predictions=20, mask_id=MASK,
-                          replace_probs=(0.85, 0.15, 0.0), vocab_size=V)
+  out = _select_pack_corrupt(examples, np.full(2000, 19), np.random.default_rng(5),
+                             max_predictions=20, replace_probs=(0.85, 0.15, 0.0))
+  np.testing.assert_array_equal(out["mlm_weights"].sum(1), 19)
   observed = _split_counts(out, examples["input_ids"], MASK)
   assert observed["other"] == 0
   mean, var = _split_moments(out, MASK, _uniform(), (0.85, 0.15, 0.0))["mask"]
@@ -162,16 +219,15 @@ def test_bert_random_tokens_cover_the_whole_vocab():
   p = 0.1 / V  # Per prediction, the chance of a random draw equal to a given id.
   for token in set(range(V)) - {WORD, MASK}:
     _assert_close(hist[token], num_predicted * p, num_predicted * p * (1 - p), f"id {token}")
-  assert hist[[PAD, CLS, SEP]].min() > 0, "BERT draws specials too"
+  assert hist[[PAD, UNK, CLS, SEP]].min() > 0, "BERT draws specials too"
 
 
-def test_roberta_random_tokens_skip_the_first_num_special_ids():
-  examples = _batch(np.full(4000, 128), 128, np.random.default_rng(7), bos=BOS, eos=EOS,
-                    pad=FS_PAD, body=WORD)
-  hist, num_predicted = _replacement_histogram(_roberta(examples), examples["input_ids"], FS_MASK)
-  np.testing.assert_array_equal(hist[:NUM_SPECIAL], 0)
-  p = 0.1 / (V - NUM_SPECIAL)
-  for token in set(range(NUM_SPECIAL, V)) - {WORD, FS_MASK}:
+def test_roberta_random_tokens_skip_the_first_four_ids():
+  examples = _batch(np.full(4000, 128), 128, np.random.default_rng(7), body=WORD)
+  hist, num_predicted = _replacement_histogram(_roberta(examples), examples["input_ids"], MASK)
+  np.testing.assert_array_equal(hist[:NUM_NEVER_RANDOM], 0)  # pad, unk, <s>, </s>
+  p = 0.1 / (V - NUM_NEVER_RANDOM)
+  for token in set(range(NUM_NEVER_RANDOM, V)) - {WORD, MASK}:
     _assert_close(hist[token], num_predicted * p, num_predicted * p * (1 - p), f"id {token}")
 
 
@@ -186,8 +242,7 @@ def test_bert_never_predicts_or_changes_cls_and_sep():
 
 def test_roberta_predicts_bos_and_eos_at_the_uniform_rate():
   n, length = 4000, 100
-  examples = _batch(np.full(n, length), 128, np.random.default_rng(9), bos=BOS, eos=EOS,
-                    pad=FS_PAD)
+  examples = _batch(np.full(n, length), 128, np.random.default_rng(9))
   chosen = _predicted(_roberta(examples))
   p = 15 / length  # Exactly 15 of the 100 positions per row, uniformly.
   for position, name in ((0, "<s>"), (length - 1, "</s>")):
@@ -254,12 +309,25 @@ def test_deterministic_for_a_seed_and_different_across_seeds(mask_fn):
   assert (first["input_ids"] != other["input_ids"]).any()
 
 
-def test_mask_tokens_truncates_a_budget_above_max_predictions():
+@pytest.mark.parametrize("mask_style", ["bert", "fairseq", "spanbert"])
+def test_make_features_truncates_a_budget_above_max_predictions(mask_style):
+  # mask_rate 0.8 asks for ~100 of 128 tokens (fairseq and spanbert budgets have no cap of
+  # their own); max_predictions keeps 20.
   examples = _batch(np.full(8, 128), 128, np.random.default_rng(14))
-  out = noise.mask_tokens(examples["input_ids"], examples["input_mask"] > 0, np.full(8, 100),
-                          np.random.default_rng(14), max_predictions=20, mask_id=MASK,
-                          vocab_size=V)
+  out = _features(dict(BERT_RULE, mask_style=mask_style), mask_rate=0.8)(
+      examples, np.random.default_rng(14))
+  assert out["mlm_positions"].shape == (8, 20)
   np.testing.assert_array_equal(out["mlm_weights"].sum(1), 20)
+
+
+def test_select_uniform_takes_every_candidate_when_the_budget_exceeds_them():
+  rng = np.random.default_rng(15)
+  candidates = rng.random((50, 64)) < 0.3
+  chosen = noise.select_uniform(candidates, np.full(50, 100), rng)
+  np.testing.assert_array_equal(chosen, candidates)
+  chosen = noise.select_uniform(candidates, np.full(50, 5), rng)
+  assert not (chosen & ~candidates).any()
+  np.testing.assert_array_equal(chosen.sum(1), np.minimum(5, candidates.sum(1)))
 
 
 def test_random_token_weights_must_match_the_vocab():

@@ -6,6 +6,9 @@ References (specs/objectives.md §0, "Optimizer family"):
            (polynomial_decay from step 0, replaced by lr·step/W while step < W).
   fairseq  fairseq/optim/adam.py Adam.step with polynomial_decay_schedule.py; the update with index
            s (0-based) runs at the rate set by step_update(s), or at lr/W before the first update.
+  ALBERT   google-research/albert lamb_optimizer.py LAMBOptimizer.apply_gradients after
+           clip_by_global_norm(grads, 1.0), at BERT's learning rate (optimization.py
+           create_optimizer with poly_power 1).
 Both references are written in their own code's structure, not in optax's, and are compared with
 the parameters after every one of 5 updates on a tree holding a kernel, a bias, a LayerNorm
 `norm/{scale,bias}` and an `output_bias` (our naming, see models/layers.py and models/heads.py).
@@ -145,6 +148,32 @@ def fairseq_reference(params, grads, o, total):
   return history
 
 
+def lamb_reference(params, grads, o, total, adapted):
+  """LAMBOptimizer.apply_gradients after clip_by_global_norm, in float64. `adapted`: the names
+  that get weight decay and the trust ratio (exclude_from_layer_adaptation defaults to
+  exclude_from_weight_decay)."""
+  theta = dict(params)
+  m = {k: np.zeros_like(x) for k, x in params.items()}
+  v = {k: np.zeros_like(x) for k, x in params.items()}
+  history = []
+  for step, g in enumerate(grads):
+    lr = bert_lr(step, o.peak_lr, o.warmup_steps, total, o.end_lr)
+    global_norm = math.sqrt(sum(np.sum(x**2) for x in g.values()))
+    g = {k: x * o.clip_norm / max(global_norm, o.clip_norm) for k, x in g.items()}
+    for k in theta:
+      m[k] = o.b1 * m[k] + (1.0 - o.b1) * g[k]
+      v[k] = o.b2 * v[k] + (1.0 - o.b2) * g[k]**2
+      update = m[k] / (np.sqrt(v[k]) + o.eps)
+      ratio = 1.0
+      if k in adapted:
+        update = update + o.weight_decay * theta[k]
+        w_norm, g_norm = np.linalg.norm(theta[k]), np.linalg.norm(update)
+        ratio = w_norm / g_norm if w_norm > 0 and g_norm > 0 else 1.0
+      theta[k] = theta[k] - ratio * lr * update
+    history.append(dict(theta))
+  return history
+
+
 def make_config(optimizer_config):
   c = cl.base_config()
   c.optimizer = optimizer_config
@@ -155,7 +184,7 @@ def make_config(optimizer_config):
 def assert_histories_close(ours, reference):
   """Float32 against float64: rounding differs by ~6e-7 relative on this problem."""
   for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
-    for k in SHAPES:
+    for k in b:
       np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=f"{k} after {step + 1}")
 
 
@@ -251,6 +280,9 @@ def real_params(config_name, **model_overrides):
     ("bert", False, 6 * 2 + 3 + 1 + 2),
     ("bert", True, 6 + 3 + 1 + 2),
     ("roberta", False, 6 * 2 + 3 + 1),
+    # ALBERT: one shared layer's 6 kernels, the 3 tables and their E→H projection kernel, the MLM
+    # transform, the pooler and SOP classifier kernels.
+    ("albert", False, 6 + 3 + 1 + 1 + 2),
 ])
 def test_decay_mask_on_masked_lm(config_name, scan_layers, num_decayed):
   mask = optimizer.decay_mask(real_params(config_name, scan_layers=scan_layers))
@@ -274,9 +306,51 @@ def test_decay_mask_on_masked_lm(config_name, scan_layers, num_decayed):
   assert "params/encoder/embeddings_ln/norm/bias" in excluded
 
 
-@pytest.mark.parametrize("field, value", [("name", "lamb"), ("schedule", "cosine")])
+@pytest.mark.parametrize("field, value", [("name", "sgd"), ("schedule", "cosine")])
 def test_unknown_names_raise_config_error(field, value):
   config = make_config(cl.bert_adamw())
   config.optimizer[field] = value
   with pytest.raises(ConfigError, match=value):
     optimizer.make_optimizer(config)
+
+
+# LAMB's trust ratio on a parameter whose norm is 0 is 1 (the reference's `where`): a
+# zero-initialised kernel exercises it at the first update with a non-zero rate.
+ZERO_KERNEL = "zero/kernel"
+
+
+@pytest.mark.parametrize("decay_norm_and_bias", [False, True])
+def test_albert_lamb_matches_reference(decay_norm_and_bias):
+  o = cl.albert_lamb(peak_lr=PEAK_LR, warmup_steps=WARMUP, weight_decay=WEIGHT_DECAY,
+                     decay_norm_and_bias=decay_norm_and_bias)
+  params, grads = tiny_problem(seed=2)
+  rng = np.random.default_rng(3)
+  params[ZERO_KERNEL] = np.zeros((3, 2))
+  for g in grads:
+    g[ZERO_KERNEL] = rng.normal(0.0, 0.3, (3, 2))
+  adapted = set(params) if decay_norm_and_bias else BERT_DECAYED | {ZERO_KERNEL}
+  ours = run_ours(make_config(o), params, grads)
+  assert_histories_close(ours, lamb_reference(params, grads, o, TOTAL, adapted))
+  # Steps 0 (rate 0) and 1 leave / move the zero kernel; later its trust ratio is not 1.
+  np.testing.assert_array_equal(ours[0][ZERO_KERNEL], 0.0)
+  assert np.abs(ours[1][ZERO_KERNEL]).min() > 0
+
+
+def test_lamb_trust_ratio_is_per_layer_in_a_scanned_stack():
+  """scan_layers stacks the layers' parameters under `layers` along axis 0; LAMB's norms are those
+  of each layer's slice, so the update equals that of the unstacked layers."""
+  rng = np.random.default_rng(4)
+  per_layer = [rng.normal(0.0, scale, (4, 3)) for scale in (0.5, 2.0)]
+  grads = [[rng.normal(0.0, 1.0, (4, 3)) for _ in per_layer] for _ in range(3)]
+  o = cl.albert_lamb(peak_lr=PEAK_LR, warmup_steps=1, weight_decay=WEIGHT_DECAY)
+  unstacked = {f"layer_{i}/dense/kernel": p for i, p in enumerate(per_layer)}
+  stacked = {"layers/dense/kernel": np.stack(per_layer)}
+  ours_unstacked = run_ours(make_config(o), unstacked,
+                            [{f"layer_{i}/dense/kernel": x for i, x in enumerate(g)}
+                             for g in grads])
+  ours_stacked = run_ours(make_config(o), stacked,
+                          [{"layers/dense/kernel": np.stack(g)} for g in grads])
+  for a, b in zip(ours_stacked, ours_unstacked, strict=True):
+    np.testing.assert_allclose(a["layers/dense/kernel"],
+                               np.stack([b["layer_0/dense/kernel"], b["layer_1/dense/kernel"]]),
+                               rtol=1e-6, atol=1e-7)

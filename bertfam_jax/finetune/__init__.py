@@ -1,0 +1,1 @@
+"""Fine-tuning pre-trained encoders on downstream tasks (`classify`: sequence classification)."""

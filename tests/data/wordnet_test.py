@@ -1,0 +1,113 @@
+"""Tests for bertfam_jax.data.wordnet: database parsing, the supersense task, the lexicon."""
+
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib
+from bertfam_jax.data import wordnet
+
+try:
+  wordnet.find_wordnet_dir()
+except config_lib.ConfigError as e:
+  pytest.skip(f"WordNet 3.0 is not installed ({e})", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def synsets():
+  return wordnet.load_synsets()
+
+
+@pytest.fixture(scope="module")
+def task():
+  return wordnet.supersense_task()
+
+
+def test_missing_directory_names_the_fix(tmp_path):
+  with pytest.raises(config_lib.ConfigError, match=r"pip install 'bertfam_jax\[wordnet\]'"):
+    wordnet.find_wordnet_dir(str(tmp_path))
+
+
+def test_synset_counts(synsets):
+  # WordNet 3.0's published statistics (wnstats(7WN)).
+  assert len(synsets) == 117_659
+  counts = {t: sum(s.ss_type == t for s in synsets) for t in "nvasr"}
+  assert counts == dict(n=82_115, v=13_767, a=7_463, s=10_693, r=3_621)
+  assert sum(len(s.examples) for s in synsets) > 45_000
+  assert all(s.definition for s in synsets)
+
+
+def test_parse_data_line():
+  line = ("00001740 00 a 01 able(p) 0 002 = 05200169 n 0000 ! 00002098 a 0101 | (usually followed "
+          "by `to') having the necessary means or skill; \"able to swim\"; \"she was able\"  \n")
+  synset = wordnet.parse_data_line(line)
+  assert synset == wordnet.Synset(
+      offset=1740, ss_type="a", lexname_id=0, words=("able",),
+      pointers=(("=", 5200169, "n"), ("!", 2098, "a")),
+      definition="(usually followed by `to') having the necessary means or skill",
+      examples=("able to swim", "she was able"))
+
+
+def test_dog_synset(synsets):
+  dog = next(s for s in synsets if s.words[:2] == ("dog", "domestic_dog"))
+  assert wordnet.lexnames()[dog.lexname_id] == "noun.animal"
+  assert dog.words == ("dog", "domestic_dog", "Canis_familiaris")
+  assert dog.examples == ("the dog barked all night",)
+  assert dog.definition.startswith("a member of the genus Canis")
+  assert not dog.definition.endswith(";")
+
+
+def test_split_gloss_drops_attributions():
+  assert wordnet.split_gloss('bodily; "that which is created" - Benjamin Jowett') == (
+      "bodily", ("that which is created",))
+
+
+def test_lexnames():
+  names = wordnet.lexnames()
+  assert names == wordnet.LEXNAMES
+  assert len(names) == 45 and names[5] == "noun.animal" and names[44] == "adj.ppl"
+
+
+def test_supersense_splits(task, synsets):
+  splits = [task.train, task.validation, task.test]
+  sizes = [len(split.texts) for split in splits]
+  assert sum(sizes) == len(synsets)
+  np.testing.assert_allclose(np.array(sizes) / sum(sizes), [0.8, 0.1, 0.1], atol=0.01)
+  texts = [set(split.texts) for split in splits]
+  assert not (texts[0] & texts[1] or texts[0] & texts[2] or texts[1] & texts[2])
+  for split in splits:
+    assert split.labels.dtype == np.int32 and len(split.labels) == len(split.texts)
+    assert 0 <= split.labels.min() and split.labels.max() < 45
+  assert task.label_names == wordnet.LEXNAMES
+  assert len(np.unique(task.train.labels)) == 45
+  # The text is the definition alone, with neither lemma nor examples.
+  dog = next(s for s in synsets if s.words[:2] == ("dog", "domestic_dog"))
+  assert dog.definition in set.union(*texts)
+
+
+def test_supersense_is_deterministic_and_subsamples_stably(task):
+  small = wordnet.supersense_task(max_examples=500)
+  assert [len(s.texts) for s in small[1:]] == [500, 500, 500]
+  for full, part in zip(task[1:], small[1:]):
+    assert part.texts == full.texts[:500]
+    np.testing.assert_array_equal(part.labels, full.labels[:500])
+  # Not in file order, which groups the classes.
+  assert len(np.unique(small.train.labels[:100])) > 15
+
+
+def test_supersense_rejects_bad_fractions():
+  with pytest.raises(ValueError, match="sum to 1"):
+    wordnet.supersense_task(fractions=(0.8, 0.1, 0.2))
+
+
+def test_lexicon():
+  lexicon = wordnet.load_lexicon()
+  expected = dict(dog="noun", dogs="noun", quickly="adv", went="verb", children="noun",
+                  barked="verb", older="adj", stopped="verb", ice_cream="noun", Dog="noun")
+  assert {w: lexicon.most_frequent_pos(w) for w in expected} == expected
+  assert lexicon.most_frequent_pos("qwertyuiop") is None
+  assert lexicon.parts_of_speech["use"] == ("verb", "noun")   # most frequent first
+  assert {"Albert_Einstein", "Paris", "New_York", "World_War_II"} <= lexicon.entity_names
+  assert "dog" not in lexicon.entity_names
+  assert 7_730 <= len(lexicon.entity_names) < 20_000
+  assert {"ice_cream", "new_york", "carry_out"} <= lexicon.multiword_lemmas
+  assert wordnet.load_lexicon() is lexicon   # cached
