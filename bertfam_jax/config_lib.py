@@ -8,6 +8,7 @@ and `validate(config)` checks the invariants that would otherwise fail deep insi
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 
 import ml_collections
@@ -66,6 +67,15 @@ def parse_arg(arg: str | None, **defaults) -> Arg:
     raise ConfigError(f"Unknown size {values['size']!r}; choose one of "
                       f"{sorted(ENCODER_SIZES.keys() | ALBERT_SIZES.keys())}.")
   return Arg(**values)
+
+
+def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of a config file, loaded from its path as `--config=path:arg` does."""
+  spec = importlib.util.spec_from_file_location(
+      "bertfam_config_" + os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
 
 
 def default_cache_dir() -> str:

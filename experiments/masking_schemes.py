@@ -41,8 +41,9 @@ from bertfam_jax import config_lib
 from bertfam_jax.data import sources, tokenizers, wordnet
 from bertfam_jax.finetune import classify, probe
 from bertfam_jax.train import train
-from configs import spanbert as spanbert_config
 
+SPANBERT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "configs", "spanbert.py")
 NO_PRETRAINING = "No pre-training"
 # Reported scores: fine-tuned, and a linear probe on frozen mean-pooled features.
 SCORES = ("accuracy", "macro_f1", "mcc", "probe_accuracy", "probe_macro_f1")
@@ -83,7 +84,7 @@ _WORKDIRS = flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default 
 
 def pretrain_config(scale: dict, overrides: dict, seed: int):
   """configs/spanbert.py at the scale's size, SBO off, the row's masking scheme."""
-  config = spanbert_config.get_config(scale["config_arg"])
+  config = config_lib.load_config(SPANBERT_CONFIG, scale["config_arg"])
   if "size" in scale:
     config.model.update(config_lib.ENCODER_SIZES[scale["size"]])
   config.seed = seed

@@ -1,7 +1,7 @@
 """The masked-LM family wired end to end: each paper config's features on real text, the heads
 and losses they imply (SOP, StructBERT, SBO, word order), and SBO learning on a tiny model."""
 
-import importlib
+import pathlib
 
 import flax.linen as nn
 import jax
@@ -17,8 +17,11 @@ from bertfam_jax.objectives import mlm
 PAPERS = ("bert", "roberta", "albert", "spanbert", "structbert")
 
 
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+
+
 def paper_config(name, cache_dir):
-  config = importlib.import_module(f"configs.{name}").get_config("runlocal")
+  config = config_lib.load_config(str(CONFIGS / f"{name}.py"), "runlocal")
   config.data.cache_dir = cache_dir
   config.model.vocab_size = 1000
   config.tokenizer.train_max_sentences = 4000
@@ -53,7 +56,7 @@ def packed(config, tokenizer, documents):
 def test_paper_configs_validate_and_their_features_feed_their_loss(name, cache_dir, documents):
   config = paper_config(name, cache_dir)
   config_lib.validate(config)
-  config_lib.validate(importlib.import_module(f"configs.{name}").get_config(None))
+  config_lib.validate(config_lib.load_config(str(CONFIGS / f"{name}.py")))
   tokenizer = tokenizers.load_or_train(config, documents)
   batch = mlm.make_features(config, tokenizer)(packed(config, tokenizer, documents),
                                                np.random.default_rng(1))

@@ -10,7 +10,6 @@ Statistical checks compare a count with its exact expectation under the referenc
 probability ~6e-7 per check while a wrong rate (e.g. 80/15/5 or half-up rounding) fails.
 """
 
-import importlib.util
 import pathlib
 import types
 
@@ -69,12 +68,7 @@ def _roberta(examples, seed=0, **overrides):
 
 
 def _load_config(name):
-  """`configs/<name>.py`, loaded from its file as config_flags does."""
-  path = pathlib.Path(__file__).resolve().parents[2] / "configs" / f"{name}.py"
-  spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(None)
+  return config_lib.load_config(str(pathlib.Path(__file__).resolve().parents[2] / "configs" / f"{name}.py"))
 
 
 @pytest.mark.parametrize("name, rule", [("bert", BERT_RULE), ("roberta", ROBERTA_RULE)])
