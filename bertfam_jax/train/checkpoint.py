@@ -12,6 +12,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 
 # Sections whose change makes an existing checkpoint meaningless (a different network, vocabulary
@@ -31,7 +32,8 @@ def check_or_write_config(workdir: str, config: ml_collections.ConfigDict) -> No
   if os.path.exists(path):
     with open(path) as f:
       saved = json.load(f)
-    diffs = _diff(_identity(saved), _identity(current))
+    defaults = _identity(json.loads(config_lib.base_config().to_json()))
+    diffs = _diff(_identity(saved), _identity(current), defaults)
     if diffs:
       raise ConfigError(
           f"{workdir} holds a run with a different model/objective/tokenizer ({'; '.join(diffs[:5])})"
@@ -44,11 +46,17 @@ def check_or_write_config(workdir: str, config: ml_collections.ConfigDict) -> No
     os.replace(tmp, path)
 
 
-def _diff(saved, current, prefix="") -> list[str]:
+def _diff(saved, current, defaults, prefix="") -> list[str]:
+  """'key: saved → current' for every differing field. A field the saved config lacks was added
+  to the codebase after the run started (e.g. ALBERT's `model.share_layers`); it matches while it
+  holds its default (`defaults`, from `config_lib.base_config()`), the behaviour the run had."""
   if isinstance(saved, dict) and isinstance(current, dict):
+    defaults = defaults if isinstance(defaults, dict) else {}
     out = []
     for key in sorted(set(saved) | set(current)):
-      out += _diff(saved.get(key), current.get(key), f"{prefix}{key}.")
+      if key not in saved and key in defaults and current.get(key) == defaults[key]:
+        continue
+      out += _diff(saved.get(key), current.get(key), defaults.get(key), f"{prefix}{key}.")
     return out
   return [] if saved == current else [f"{prefix[:-1]}: {saved!r} → {current!r}"]
 

@@ -111,6 +111,21 @@ def test_refuses_a_workdir_of_another_model(uninterrupted, tmp_path):
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
 
 
+def test_a_workdir_from_before_a_new_field_resumes_while_it_holds_its_default(tmp_path):
+  """config.json written before ALBERT's fields existed: resuming with them at their defaults
+  (BERT's behaviour) is accepted; setting one is a different model."""
+  config = tiny_config()
+  saved = json.loads(config.to_json())
+  for key in ("embedding_size", "share_layers", "hidden_groups"):
+    del saved["model"][key]
+  del saved["objective"]["mask_scheme"]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  checkpoint.check_or_write_config(str(tmp_path), config)
+  config.model.share_layers = "all"
+  with pytest.raises(ConfigError, match=r"model.share_layers: None → 'all'"):
+    checkpoint.check_or_write_config(str(tmp_path), config)
+
+
 def test_non_finite_loss_stops_without_checkpointing_it(tmp_path):
   config = tiny_config(checkpoint_every=2)
   config.optimizer.peak_lr = float("inf")
