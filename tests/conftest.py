@@ -7,6 +7,10 @@ import tempfile
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tests run tiny shapes for a few steps: XLA:CPU's optimisation passes cost more than they save
+# (the suite took 7.5 instead of 10 minutes on the 2-core CI machine). Inherited by the CLI
+# subprocesses of tests/integration.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("BERTFAM_CACHE", tempfile.mkdtemp(prefix="bertfam_test_cache_"))
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS above)

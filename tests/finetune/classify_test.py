@@ -18,16 +18,6 @@ from bertfam_jax.train import train
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda omicron".split()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fast_compiles():
-  """XLA:CPU's optimisation passes take far longer than the few hundred tiny steps run here (a
-  train step compiled in 2 s instead of 18 s on a busy 2-core CPU); restored for other modules."""
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", previous)
-
-
 def pretraining_config(corpus: str, cache_dir: str):
   """Two BERT (MLM + NSP) steps of a one-layer, 32-wide encoder on a small local corpus."""
   c = cl.base_config()
