@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 # Float64 reference pieces of spec §0 and the tiny inputs, from the BERT tests beside this file.
 from encoder_test import (BATCH, F32_TOL, LENGTH, MLM_POSITIONS, VOCAB, dropout_key, encode,
                           gelu, layer_norm, make_inputs, outputs_and_grads, random_params,
-                          random_tree, reference_attention)
+                          random_tree, reference_layer)
 
 from bertfam_jax import config_lib as cl
 from bertfam_jax.models import encoder, pretraining
@@ -178,13 +178,7 @@ def reference_forward(params, c, inputs):
   x = layer_norm(x, e["embeddings_ln"], eps)
   x = x @ e["embeddings_projection"]["kernel"] + e["embeddings_projection"]["bias"]  # [B, L, H]
   for i in range(c.layers):
-    lp = e[f"group_{int(i / c.layers * c.hidden_groups)}"]
-    x = layer_norm(x + reference_attention(x, lp["attention"], mask, c.heads), lp["attention_ln"],
-                   eps)
-    ffn = gelu(x @ lp["mlp"]["intermediate"]["kernel"] + lp["mlp"]["intermediate"]["bias"],
-               c.activation)
-    x = layer_norm(x + ffn @ lp["mlp"]["output"]["kernel"] + lp["mlp"]["output"]["bias"],
-                   lp["output_ln"], eps)
+    x = reference_layer(x, e[f"group_{int(i / c.layers * c.hidden_groups)}"], mask, c, eps)
   m, s = p["mlm_head"], p["sentence_head"]
   h = x[np.arange(BATCH)[:, None], inputs["mlm_positions"]]
   h = gelu(h @ m["transform"]["kernel"] + m["transform"]["bias"], c.activation)  # [B, P, E]

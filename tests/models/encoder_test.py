@@ -120,6 +120,17 @@ def reference_attention(x, p, input_mask, heads):
   return context @ p["output"]["kernel"].reshape(h, h) + p["output"]["bias"]
 
 
+
+def reference_layer(x, lp, mask, c, eps):
+  """One post-LN BERT layer in numpy from its parameter dict `lp`."""
+  x = layer_norm(x + reference_attention(x, lp["attention"], mask, c.heads), lp["attention_ln"],
+                 eps)
+  ffn = gelu(x @ lp["mlp"]["intermediate"]["kernel"] + lp["mlp"]["intermediate"]["bias"],
+             c.activation)
+  return layer_norm(x + ffn @ lp["mlp"]["output"]["kernel"] + lp["mlp"]["output"]["bias"],
+                    lp["output_ln"], eps)
+
+
 def reference_forward(params, c, inputs):
   """Returns hidden states [B, L, H] and {'mlm_logits' [B, P, V], 'sentence_logits' [B, 2]}."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
@@ -131,13 +142,7 @@ def reference_forward(params, c, inputs):
     x = x + e["type_embeddings"]["embedding"][inputs["segment_ids"]]
   x = layer_norm(x, e["embeddings_ln"], eps)
   for i in range(c.layers):
-    lp = e[f"layer_{i}"]
-    x = layer_norm(x + reference_attention(x, lp["attention"], mask, c.heads), lp["attention_ln"],
-                   eps)
-    ffn = gelu(x @ lp["mlp"]["intermediate"]["kernel"] + lp["mlp"]["intermediate"]["bias"],
-               c.activation)
-    x = layer_norm(x + ffn @ lp["mlp"]["output"]["kernel"] + lp["mlp"]["output"]["bias"],
-                   lp["output_ln"], eps)
+    x = reference_layer(x, e[f"layer_{i}"], mask, c, eps)
   m = p["mlm_head"]
   h = x[np.arange(ids.shape[0])[:, None], inputs["mlm_positions"]]
   h = gelu(h @ m["transform"]["kernel"] + m["transform"]["bias"], c.activation)
