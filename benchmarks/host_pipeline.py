@@ -1,7 +1,7 @@
 r"""Host throughput of the numpy data path, in tokens per second per CPU core.
 
 Each rule is the objective and packing of a shipped config, noised by the features function the
-trainer uses (`objectives.mlm.make_features`), with that model's released vocabulary layout:
+trainer uses (the objective's `make_features`), with that model's released vocabulary layout:
   bert            configs/bert.py: token masking never on [CLS]/[SEP], round(15%), 80/10/10
                   with uniform random tokens; `sentence_pairs` (NSP).
   roberta         configs/roberta.py: fairseq masking over all tokens, probabilistic rounding,
@@ -10,6 +10,8 @@ trainer uses (`objectives.mlm.make_features`), with that model's released vocabu
                   (SOP).
   spanbert-span   configs/spanbert.py: geometric spans of words, ceil(15%), one 80/10/10 draw
                   per span, unigram random tokens, SBO inputs; `document_blocks`.
+  electra         configs/electra.py: positions drawn with replacement, 85% [MASK] / 15% kept;
+                  `electra_segments` (ExampleBuilder).
 
 Stages, each at every --seq_lens and for every rule:
   mask/<rule>        the features function on ready `[CLS] body [SEP]` batches.
@@ -42,9 +44,8 @@ import types  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from bertfam_jax import config_lib  # noqa: E402
+from bertfam_jax import config_lib, objectives  # noqa: E402
 from bertfam_jax.data import packing  # noqa: E402
-from bertfam_jax.objectives import mlm  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 # Vocabulary layouts of the released models (the vocabulary size comes from the config).
@@ -60,6 +61,7 @@ RULES = {
     "roberta": ("roberta", FAIRSEQ_IDS),
     "albert-ngram": ("albert", SENTENCEPIECE_IDS),
     "spanbert-span": ("spanbert", WORDPIECE_IDS),
+    "electra": ("electra", WORDPIECE_IDS),
 }
 WORD_START_SHARE = 0.77  # Share of word-initial pieces: words of ~1.3 pieces, as in WordPiece.
 
@@ -87,6 +89,8 @@ def pack(config, docs, rng: np.random.Generator, tokenizer) -> dict[str, np.ndar
   if data.packing == "sentence_pairs":
     return packing.sentence_pairs(docs, data.seq_len, rng, short_seq_prob=data.short_seq_prob,
                                   pair_mode=config.objective.sentence_task or "nsp", **ids)
+  if data.packing == "electra_segments":
+    return packing.electra_segments(docs, data.seq_len, rng, **ids)
   blocks = {"full_sentences": packing.full_sentences, "document_blocks": packing.document_blocks}
   return blocks[data.packing](docs, data.seq_len, **ids)
 
@@ -172,7 +176,7 @@ def main(argv=None):
       tokenizer, vocab_size = tokenizers[rule], config.model.vocab_size
       config.data.seq_len = seq_len
       config.objective.max_predictions = max_predictions
-      features = mlm.make_features(config, tokenizer)
+      features = objectives.get(config.objective.name).make_features(config, tokenizer)
       batch = packed_batch(args.batch_size, seq_len, rng, cls_id=tokenizer.cls_id,
                            sep_id=tokenizer.sep_id, pad_id=tokenizer.pad_id,
                            vocab_size=vocab_size)

@@ -38,6 +38,15 @@ ALBERT_SIZES = {
 }
 
 
+# ELECTRA discriminators (google-research/electra configure_pretraining.py and its "Table 6"
+# comment): heads = H / 64, FFN = 4H; small has a 128-wide factorised embedding.
+ELECTRA_SIZES = {
+    "small": dict(hidden=256, layers=12, heads=4, mlp=1024, embedding_size=128),
+    "base": dict(hidden=768, layers=12, heads=12, mlp=3072, embedding_size=0),
+    "large": dict(hidden=1024, layers=24, heads=16, mlp=4096, embedding_size=0),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Arg:
   """Parsed `--config=file.py:ARG` argument, e.g. `size=large,runlocal`."""
@@ -55,7 +64,7 @@ def parse_arg(arg: str | None, **defaults) -> Arg:
   for item in filter(None, (arg or "").split(",")):
     key, sep, value = item.partition("=")
     if not sep:
-      if key in ENCODER_SIZES or key in ALBERT_SIZES:
+      if key in ENCODER_SIZES or key in ALBERT_SIZES or key in ELECTRA_SIZES:
         key, value = "size", key
       else:
         value = "true"
@@ -101,7 +110,7 @@ def base_config() -> ml_collections.ConfigDict:
       eval_fraction=0.05,     # documents held out by hash when the source has no eval split
       seq_len=128,
       packing="sentence_pairs",   # sentence_pairs (BERT) | full_sentences (RoBERTa) |
-                                  # document_blocks (SpanBERT)
+                                  # document_blocks (SpanBERT) | electra_segments (ELECTRA)
       short_seq_prob=0.1,
       docs_per_chunk=2000,
       prefetch=2,
@@ -151,8 +160,8 @@ def encoder(size: str, *, sizes=ENCODER_SIZES, **overrides) -> ml_collections.Co
       embedding_size=0,        # ALBERT's factorised embedding width E (0: tables are `hidden` wide)
       share_layers="none",     # cross-layer sharing: none (BERT) | all (ALBERT) | attention | ffn
       hidden_groups=1,         # ALBERT num_hidden_groups: layer i uses shared group i·G // L
-      **sizes[size],
   ))
+  m.update(sizes[size])
   m.update(overrides)
   return m
 
@@ -175,7 +184,8 @@ def mlm_objective(**overrides) -> ml_collections.ConfigDict:
       # Budget and candidates. bert: never [CLS]/[SEP], round(rate * len) incl. specials, capped;
       # fairseq: all tokens, probabilistic rounding; spanbert: ceil(rate * #non-special tokens).
       mask_style="bert",
-      # Which units are chosen (objectives/noise.py SELECTORS): token | whole_word (BERT WWM) |
+      # Which units are chosen (objectives/noise.py SELECTORS): token | token_with_replacement
+      # (ELECTRA: uniform draws with replacement, duplicates merged) | whole_word (BERT WWM) |
       # ngram (ALBERT, up to max_ngram words, p(n) ~ 1/n) | span (SpanBERT geometric spans of
       # words) | units (ERNIE / SpanBERT phrase or entity masking from `span_source`).
       mask_scheme="token",
@@ -185,6 +195,8 @@ def mlm_objective(**overrides) -> ml_collections.ConfigDict:
       span_source="",         # units: entities | noun_phrases (data/spans.py)
       unit_prob=0.5,          # units: share drawn from the units, the rest random whole words
       replace_per="token",    # 80/10/10 drawn per token (BERT) or once per merged span (SpanBERT)
+      mask_token_prob=0.8,    # of the predicted tokens: [MASK] (BERT 0.8, ELECTRA 0.85) ...
+      random_token_prob=0.1,  # ... random token (BERT 0.1, ELECTRA 0); the rest stay unchanged
       random_tokens="uniform",  # uniform | unigram (by corpus frequency, SpanBERT)
       masking="static",       # static: dupe_factor fixed masks per instance; dynamic: new every epoch
       dupe_factor=10,
@@ -196,6 +208,61 @@ def mlm_objective(**overrides) -> ml_collections.ConfigDict:
   ))
   o.update(overrides)
   return o
+
+
+def electra_encoder(size: str, **overrides) -> ml_collections.ConfigDict:
+  """ELECTRA's discriminator (electra configure_pretraining.py / model/modeling.py BertConfig):
+  exact-erf GELU, dropout 0.1, LN ε 1e-12, BERT's uncased vocabulary size."""
+  electra = dict(vocab_size=30522, activation="gelu", dropout=0.1, attention_dropout=0.1,
+                 layer_norm_eps=1e-12)
+  return encoder(size, sizes=ELECTRA_SIZES, **{**electra, **overrides})
+
+
+def electra_objective(**overrides) -> ml_collections.ConfigDict:
+  """ELECTRA's replaced-token detection (electra run_pretraining.py, pretrain_helpers.py): the
+  masked-LM host noising with ELECTRA's masking (uniform positions drawn with replacement, never
+  [CLS]/[SEP], `max_predictions` = int((mask_rate + 0.005) · L), 85% [MASK] / 15% unchanged,
+  new masks every step) plus the generator and loss fields. `variant` picks the paper's
+  efficiency-analysis row: electra | electra_15 (discriminator loss on the masked tokens only) |
+  replace_mlm (MLM on generator-replaced inputs) | all_tokens_mlm (predict every token, with a
+  copy gate)."""
+  o = mlm_objective(
+      name="electra", mask_style="bert", mask_scheme="token_with_replacement",
+      mask_token_prob=0.85, random_token_prob=0.0, masking="dynamic", sentence_task="",
+      max_predictions=19,
+      variant="electra",
+      generator_hidden_fraction=0.25,  # generator hidden = round(H · fraction); heads = max(1, h/64)
+      generator_layers_fraction=1.0,   # generator layers = round(L · fraction)
+      generator_weight=1.0,            # gen_weight
+      discriminator_weight=50.0,       # disc_weight (λ)
+      temperature=1.0,                 # Gumbel-max sampling temperature of the generator
+      disallow_correct=False,          # subtract 1000 from the true token's logit when sampling
+  )
+  o.update(overrides)
+  return o
+
+
+ELECTRA_VARIANTS = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm")
+
+
+def electra_max_predictions(seq_len: int, mask_rate: float) -> int:
+  """ELECTRA's prediction slots N = int((mask_prob + 0.005) · max_seq_length) (19 at 128/15%,
+  79 at 512/15%, 130 at 512/25%)."""
+  return int((mask_rate + 0.005) * seq_len)
+
+
+def electra_generator(discriminator: ml_collections.ConfigDict, hidden_fraction: float,
+                      layers_fraction: float) -> ml_collections.ConfigDict:
+  """The generator's `model` section (electra run_pretraining.py get_generator_config): hidden
+  round(H · fraction), heads max(1, hidden // 64), FFN 4 · hidden, layers round(L · fraction),
+  reading the discriminator's embedding tables (so its `embedding_size` is their width)."""
+  g = ml_collections.ConfigDict(discriminator.to_dict())
+  g.hidden = int(round(discriminator.hidden * hidden_fraction))
+  g.heads = max(1, g.hidden // 64)
+  g.mlp = 4 * g.hidden
+  g.layers = int(round(discriminator.layers * layers_fraction))
+  g.embedding_size = discriminator.embedding_size or discriminator.hidden
+  return g
 
 
 def bert_adamw(**overrides) -> ml_collections.ConfigDict:
@@ -276,6 +343,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if d.packing not in PACKINGS:
     raise ConfigError(f"data.packing={d.packing!r}; choose one of {PACKINGS}.")
   _validate_mlm_objective(c)
+  _validate_electra_objective(c)
   if t.batch_size % t.grad_accum_steps:
     raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by "
                       f"train.grad_accum_steps={t.grad_accum_steps}.")
@@ -312,10 +380,10 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
                       "--config.model.scan_layers=False.")
 
 
-PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks")
+PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments")
 MLM_CHOICES = dict(
     mask_style=("bert", "fairseq", "spanbert"),
-    mask_scheme=("token", "whole_word", "ngram", "span", "units"),
+    mask_scheme=("token", "token_with_replacement", "whole_word", "ngram", "span", "units"),
     replace_per=("token", "span"),
     random_tokens=("uniform", "unigram"),
     sentence_task=("", "nsp", "sop", "structbert"),
@@ -326,11 +394,16 @@ MLM_CHOICES = dict(
 def _validate_mlm_objective(c: ml_collections.ConfigDict) -> None:
   """The MLM family's choices and their combinations (no-op for other objectives)."""
   o = c.objective
-  if o.get("name") != "mlm":
+  if o.get("name") not in ("mlm", "electra"):
     return
   for key, choices in MLM_CHOICES.items():
     if o[key] not in choices:
       raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {choices}.")
+  if (min(o.mask_token_prob, o.random_token_prob) < 0
+      or o.mask_token_prob + o.random_token_prob > 1.0):
+    raise ConfigError(f"objective.mask_token_prob={o.mask_token_prob} and random_token_prob="
+                      f"{o.random_token_prob} must be >= 0 with a sum <= 1 (the rest stay "
+                      "unchanged).")
   if o.sentence_task and c.data.packing != "sentence_pairs":
     raise ConfigError(f"objective.sentence_task={o.sentence_task!r} needs sentence pairs: set "
                       f"--config.data.packing=sentence_pairs or --config.objective.sentence_task=''.")
@@ -341,6 +414,26 @@ def _validate_mlm_objective(c: ml_collections.ConfigDict) -> None:
     raise ConfigError("objective.span_p must be in (0, 1], span_max_words and max_ngram >= 1.")
   if not 0.0 <= o.word_shuffle_rate < 0.5:
     raise ConfigError(f"objective.word_shuffle_rate={o.word_shuffle_rate} must be in [0, 0.5).")
+
+
+def _validate_electra_objective(c: ml_collections.ConfigDict) -> None:
+  """ELECTRA's variant and a generator shape that can be built."""
+  o = c.objective
+  if o.get("name") != "electra":
+    return
+  if o.variant not in ELECTRA_VARIANTS:
+    raise ConfigError(f"objective.variant={o.variant!r}; choose one of {ELECTRA_VARIANTS}.")
+  if o.sentence_task:
+    raise ConfigError("ELECTRA has no sentence-level task: set --config.objective.sentence_task=''.")
+  generator = electra_generator(c.model, o.generator_hidden_fraction, o.generator_layers_fraction)
+  if generator.hidden < 1 or generator.layers < 1 or generator.hidden % generator.heads:
+    raise ConfigError(
+        f"objective.generator_hidden_fraction={o.generator_hidden_fraction} / "
+        f"generator_layers_fraction={o.generator_layers_fraction} give a generator of hidden "
+        f"{generator.hidden}, {generator.layers} layers, {generator.heads} heads; choose fractions "
+        "giving >= 1 layer and a hidden size divisible by max(1, hidden // 64).")
+  if o.temperature <= 0:
+    raise ConfigError(f"objective.temperature={o.temperature} must be > 0.")
 
 
 def effective_mask_rate(c: ml_collections.ConfigDict) -> float:

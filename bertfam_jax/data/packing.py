@@ -1,5 +1,6 @@
 """Packing tokenized documents into fixed-length examples: BERT / ALBERT / StructBERT sentence
-pairs, RoBERTa FULL-SENTENCES blocks, SpanBERT single-document blocks.
+pairs, RoBERTa FULL-SENTENCES blocks, SpanBERT single-document blocks, ELECTRA one- or
+two-segment examples.
 
 Input everywhere: `docs`, a list of documents, each a list of sentences, each a [len] int array
 of token ids (no special tokens). Output: a dict of numpy arrays following the batch-key
@@ -350,3 +351,123 @@ def document_blocks(docs: list[Document], seq_len: int, *, cls_id: int, sep_id: 
   breaks = _break_points(np.cumsum(lengths), block_len).tolist()
   ends = _greedy_blocks(breaks, block_len, doc_ends)
   return _place_blocks(stream, ends, seq_len, cls_id=cls_id, sep_id=sep_id, pad_id=pad_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# ELECTRA: one or two segments of one document, no sentence-level task.
+# ---------------------------------------------------------------------------------------------
+
+ELECTRA_ONE_SEGMENT_PROB = 0.1      # an example with a single segment, as classification inputs
+ELECTRA_ONE_SEGMENT_TARGET = 100_000   # the first-segment target then: every sentence goes to A
+ELECTRA_OVERFLOW_TO_A_PROB = 0.5    # a sentence crossing A's target still joins A (B empty)
+ELECTRA_RANDOM_LENGTH_PROB = 0.05   # the next example's target is randint(5, L) instead of L
+ELECTRA_MIN_RANDOM_LENGTH = 5
+
+
+def electra_segments(docs: list[Document], seq_len: int, rng: np.random.Generator, *,
+                     cls_id: int, sep_id: int, pad_id: int) -> dict[str, np.ndarray]:
+  """ELECTRA's ExampleBuilder: `[CLS] A [SEP] (B [SEP])` of whole sentences of ONE document.
+
+  google-research/electra build_pretraining_dataset.py, class ExampleBuilder (blank lines
+  separating documents, its default). Sentences are appended to the current example until it
+  holds >= target_length tokens (the crossing sentence included whole), or the document ends;
+  then the example is built:
+    * with probability 0.1 the first-segment target is 100000 (one segment only, as the inputs
+      of classification tasks); else it is (target_length - 3) // 2;
+    * each sentence, in order, goes to A if A is empty, or len(A) + len(sentence) < the first
+      target, or (B is still empty and len(A) < the first target and, with probability 0.5, a
+      coin says so); otherwise to B. Evaluated as the reference's short-circuit `or` / `and`, so
+      the 0.5 draw is taken only when the first two tests fail, B is empty and len(A) < target.
+      A later short sentence may still join A after one went to B, so A and B are each in-order
+      sentences of the document but need not be contiguous text (the reference's behaviour);
+    * A = A[:L - 2], B = B[:max(0, L - len(A) - 3)]; B and its [SEP] only if B is non-empty;
+    * the next target length: with probability 0.05 randint(5, L) (both ends included), else L.
+  The target length carries across documents, like the reference's builder over its input.
+  Random draws follow the reference's order: per example the 0.1 draw, the per-sentence 0.5
+  draws, the 0.05 draw, then the randint (`rng.integers(5, L + 1)`) if taken. Empty sentences
+  are skipped (in the reference they never change the example or consume a draw). The
+  per-sentence loop runs on Python ints; the rows are then placed with one vectorised scatter.
+
+  Args:
+    docs: documents, each a list of [len] int token arrays (sentences).
+    seq_len: L, the example length including [CLS] and the [SEP]s (>= 5).
+    rng: the only randomness (segment targets, overflow coins, target lengths).
+    cls_id, sep_id, pad_id: special token ids.
+
+  Returns:
+    input_ids [n, L] int32, segment_ids [n, L] int32 (0 for [CLS] A [SEP], 1 for B [SEP]),
+    input_mask [n, L] int32. No sentence-level label.
+  """
+  if seq_len < ELECTRA_MIN_RANDOM_LENGTH:
+    raise ValueError(f"seq_len={seq_len}: ELECTRA packing needs seq_len >= "
+                     f"{ELECTRA_MIN_RANDOM_LENGTH} (its random target lengths start there).")
+  docs = [[s for s in doc if len(s)] for doc in docs]
+  sentences = [s for doc in docs for s in doc]
+  if not sentences:
+    return _empty_blocks(seq_len)
+  lengths = [len(s) for s in sentences]
+  doc_end = [False] * len(sentences)
+  for end in np.cumsum([len(doc) for doc in docs if doc]).tolist():
+    doc_end[end - 1] = True
+
+  # The sequential rule, on Python ints: per sentence its segment and its offset in the segment.
+  segment = [0] * len(sentences)
+  offset = [0] * len(sentences)
+  counts, len_a_out, len_b_out = [], [], []   # per example: sentences, trimmed len(A), len(B)
+  target_length, start, current_length = seq_len, 0, 0
+  for i, length in enumerate(lengths):
+    current_length += length
+    if current_length < target_length and not doc_end[i]:
+      continue
+    if rng.random() < ELECTRA_ONE_SEGMENT_PROB:
+      first_target = ELECTRA_ONE_SEGMENT_TARGET
+    else:
+      first_target = (target_length - 3) // 2
+    len_a = len_b = 0
+    for j in range(start, i + 1):
+      n = lengths[j]
+      if (len_a == 0 or len_a + n < first_target or
+          (len_b == 0 and len_a < first_target and rng.random() < ELECTRA_OVERFLOW_TO_A_PROB)):
+        offset[j], len_a = len_a, len_a + n
+      else:
+        segment[j], offset[j], len_b = 1, len_b, len_b + n
+    len_a = min(len_a, seq_len - 2)
+    len_b = min(len_b, max(0, seq_len - len_a - 3))
+    counts.append(i + 1 - start)
+    len_a_out.append(len_a)
+    len_b_out.append(len_b)
+    if rng.random() < ELECTRA_RANDOM_LENGTH_PROB:
+      target_length = int(rng.integers(ELECTRA_MIN_RANDOM_LENGTH, seq_len + 1))
+    else:
+      target_length = seq_len
+    start, current_length = i + 1, 0
+
+  # Token t of sentence j lands in example(j) at column 1 + rank (A) or len(A) + 2 + rank (B),
+  # rank = offset[j] + its position in the sentence, unless the trim cut it.
+  len_a, len_b = np.array(len_a_out, np.int64), np.array(len_b_out, np.int64)
+  sentence_lengths = np.array(lengths, np.int64)
+  example = np.repeat(np.arange(len(counts)), counts)
+  token_example = np.repeat(example, sentence_lengths)
+  token_in_b = np.repeat(np.array(segment, bool), sentence_lengths)
+  starts = np.cumsum(sentence_lengths) - sentence_lengths
+  rank = (np.repeat(np.array(offset, np.int64) - starts, sentence_lengths)
+          + np.arange(sentence_lengths.sum()))
+  kept = rank < np.where(token_in_b, len_b[token_example], len_a[token_example])
+  cols = np.where(token_in_b, len_a[token_example] + 2, 1) + rank
+  stream = np.concatenate(sentences).astype(np.int32)
+  num_examples = len(counts)
+  rows = np.arange(num_examples)
+  input_ids = np.full((num_examples, seq_len), pad_id, np.int32)
+  input_ids[token_example[kept], cols[kept]] = stream[kept]
+  input_ids[:, 0] = cls_id
+  input_ids[rows, len_a + 1] = sep_id
+  has_b = len_b > 0
+  input_ids[rows[has_b], (len_a + len_b + 2)[has_b]] = sep_id
+  row_lengths = len_a + 2 + np.where(has_b, len_b + 1, 0)
+  positions = np.arange(seq_len)[None, :]
+  input_mask = positions < row_lengths[:, None]
+  return dict(
+      input_ids=input_ids,
+      segment_ids=((positions >= (len_a + 2)[:, None]) & input_mask).astype(np.int32),
+      input_mask=input_mask.astype(np.int32),
+  )

@@ -206,12 +206,15 @@ class Pipeline:
       return packing.sentence_pairs(docs, data.seq_len, rng, short_seq_prob=data.short_seq_prob,
                                     cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id,
                                     pair_mode=pair_mode)
+    if data.packing == "electra_segments":
+      return packing.electra_segments(docs, data.seq_len, rng, cls_id=tok.cls_id,
+                                      sep_id=tok.sep_id, pad_id=tok.pad_id)
     blocks = {"full_sentences": packing.full_sentences, "document_blocks": packing.document_blocks}
     if data.packing in blocks:
       return blocks[data.packing](docs, data.seq_len, cls_id=tok.cls_id, sep_id=tok.sep_id,
                                   pad_id=tok.pad_id)
-    raise config_lib.ConfigError(f"data.packing={data.packing!r}; choose sentence_pairs, "
-                                 "full_sentences or document_blocks.")
+    raise config_lib.ConfigError(f"data.packing={data.packing!r}; choose one of "
+                                 f"{config_lib.PACKINGS}.")
 
   def chunk_examples(self, epoch: int, chunk: int) -> Batch:
     """All examples of one chunk, noised and shuffled: dict of [n_chunk, ...] arrays."""

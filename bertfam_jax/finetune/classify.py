@@ -60,7 +60,8 @@ def load_pretrained_encoder(workdir: str, *, tokenizer_path: str = ""
   Returns:
     (config, tokenizer, encoder_params): the run's full config (pass `config.model` to
     `fine_tune`), the loaded `Tokenizer`, and the 'encoder' subtree of the parameters as host
-    numpy arrays (the optimizer state is restored too, then dropped).
+    numpy arrays (the optimizer state is restored too, then dropped). For ELECTRA that subtree
+    is the discriminator (models/electra.py); the generator is left behind.
   """
   config = _read_run_config(workdir)
   tokenizer = _load_run_tokenizer(config, workdir, tokenizer_path)
@@ -68,7 +69,7 @@ def load_pretrained_encoder(workdir: str, *, tokenizer_path: str = ""
   if "encoder" not in params:
     raise ConfigError(f"The checkpoint in {workdir} has no 'encoder' parameters (it has "
                       f"{sorted(params)}); fine-tuning expects a run whose model keeps its encoder "
-                      f"under 'encoder', as pretraining.MaskedLM does.")
+                      f"under 'encoder', as pretraining.MaskedLM and electra.Electra do.")
   return config, tokenizer, params["encoder"]
 
 

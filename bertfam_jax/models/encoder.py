@@ -14,7 +14,7 @@ ALBERT (Lan et al., 2020; google-research/albert modeling.py):
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -108,22 +108,29 @@ class Encoder(nn.Module):
   returns hidden states [batch, length, hidden]. `attend(h [..., E])` projects onto the
   word-embedding table ([..., vocab]) for heads tied to the input embedding (E = embedding_size
   when factorised, else hidden).
+
+  `embeddings_from`: another Encoder whose embedding tables and embedding LayerNorm this one
+  uses (and owns no copy of), ELECTRA's generator reading the discriminator's; `config.
+  embedding_size` must then equal that encoder's embedding width (a projection to this encoder's
+  `hidden` follows when they differ). Dropout and the projection stay this encoder's own.
   """
   config: Any  # the `config.model` section
+  embeddings_from: Optional["Encoder"] = None
 
   def setup(self):
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    width, axis = ((c.embedding_size, "embed_factor") if factorized_embedding(c)
-                   else (c.hidden, "embed"))
-    self.word_embeddings = layers.Embedding(c.vocab_size, width, c.initializer_range, dtype,
-                                            features_axis=axis)
-    self.position_embeddings = layers.Embedding(c.max_positions, width, c.initializer_range,
-                                                rows_axis="positions", features_axis=axis)
-    if c.type_vocab_size:
-      self.type_embeddings = layers.Embedding(c.type_vocab_size, width, c.initializer_range,
-                                              rows_axis="types", features_axis=axis)
-    self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=axis)
+    if self.embeddings_from is None:
+      width, axis = ((c.embedding_size, "embed_factor") if factorized_embedding(c)
+                     else (c.hidden, "embed"))
+      self.word_embeddings = layers.Embedding(c.vocab_size, width, c.initializer_range, dtype,
+                                              features_axis=axis)
+      self.position_embeddings = layers.Embedding(c.max_positions, width, c.initializer_range,
+                                                  rows_axis="positions", features_axis=axis)
+      if c.type_vocab_size:
+        self.type_embeddings = layers.Embedding(c.type_vocab_size, width, c.initializer_range,
+                                                rows_axis="types", features_axis=axis)
+      self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=axis)
     self.embeddings_dropout = nn.Dropout(c.dropout)
     if factorized_embedding(c):
       self.embeddings_projection = nn.Dense(
@@ -162,16 +169,23 @@ class Encoder(nn.Module):
     raise ValueError(f"model.scan_layers cannot scan share_layers={c.share_layers!r}; set "
                      "--config.model.scan_layers=False.")
 
-  def __call__(self, input_ids, input_mask, segment_ids=None, *, deterministic: bool):
+  def embed(self, input_ids, segment_ids=None):
+    """Word + position (+ type) embeddings after the embedding LayerNorm, before dropout:
+    [batch, length] → [batch, length, E] (E = embedding_size when factorised, else hidden)."""
     c = self.config
-    dtype = jnp.dtype(c.dtype)
     length = input_ids.shape[1]
-    # E = the embedding width: hidden, or embedding_size when factorised.
     x_BLE = self.word_embeddings(input_ids) + self.position_embeddings(jnp.arange(length))[None]
     if c.type_vocab_size:
       ids = jnp.zeros_like(input_ids) if segment_ids is None else segment_ids
       x_BLE = x_BLE + self.type_embeddings(ids)
-    x_BLE = self.embeddings_dropout(self.embeddings_ln(x_BLE), deterministic=deterministic)
+    return self.embeddings_ln(x_BLE)
+
+  def __call__(self, input_ids, input_mask, segment_ids=None, *, deterministic: bool):
+    c = self.config
+    dtype = jnp.dtype(c.dtype)
+    owner = self if self.embeddings_from is None else self.embeddings_from
+    x_BLE = self.embeddings_dropout(owner.embed(input_ids, segment_ids),
+                                    deterministic=deterministic)
     x_BLD = self.embeddings_projection(x_BLE) if factorized_embedding(c) else x_BLE
     x_BLD = nn.with_logical_constraint(x_BLD.astype(dtype), ("batch", "length", "act_embed"))
     mask_B11L = layers.attention_mask_from_input_mask(input_mask)
@@ -187,4 +201,6 @@ class Encoder(nn.Module):
   def attend(self, h):
     """[..., E] → logits over the vocabulary [..., vocab] with the tied embedding table, in the
     compute dtype (the loss upcasts to float32)."""
+    if self.embeddings_from is not None:
+      return self.embeddings_from.attend(h)
     return self.word_embeddings.attend(h)

@@ -95,3 +95,22 @@ class SpanBoundaryHead(nn.Module):
       h = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=out_axis, name=f"{name}_ln")(h)
     bias = self.param("output_bias", layers.zeros_init(("vocab",)), (c.vocab_size,), jnp.float32)
     return attend(h) + bias.astype(dtype)[None, None, :]
+
+
+class ReplacedTokenHead(nn.Module):
+  """ELECTRA's discriminator head (electra run_pretraining.py _get_discriminator_output; HF
+  `discriminator_predictions`): dense H→H + activation, dense H→1, at every position.
+  Returns logits [batch, length] that a token was replaced."""
+  config: Any  # the `config.model` section
+
+  @nn.compact
+  def __call__(self, x_BLD):
+    c = self.config
+    dtype = jnp.dtype(c.dtype)
+    h_BLD = nn.Dense(c.hidden, dtype=dtype, param_dtype=jnp.float32,
+                     kernel_init=layers.param_init(c.initializer_range, ("embed", "embed_out")),
+                     bias_init=layers.zeros_init(("embed_out",)), name="transform")(x_BLD)
+    h_BLD = layers.activation_fn(c.activation)(h_BLD)
+    return nn.Dense(1, dtype=dtype, param_dtype=jnp.float32,
+                    kernel_init=layers.param_init(c.initializer_range, ("embed_out", None)),
+                    bias_init=layers.zeros_init((None,)), name="prediction")(h_BLD)[..., 0]

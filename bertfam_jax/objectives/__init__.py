@@ -34,10 +34,11 @@ Adding an objective touches its module, one line in OBJECTIVES, its config and i
 `train/`.
 """
 
-from bertfam_jax.objectives import mlm
+from bertfam_jax.objectives import electra, mlm
 
 OBJECTIVES = {
     "mlm": mlm,
+    "electra": electra,
 }
 
 

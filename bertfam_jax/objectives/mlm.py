@@ -7,11 +7,14 @@ One objective, composed from host-side pieces in `objectives/noise.py`, each a c
                                       fairseq: every token, `int(0.15·len + U)` (RoBERTa's
                                       MaskTokensDataset); spanbert: never [CLS]/[SEP],
                                       `ceil(0.15·#block)` (SpanBERT masking.py).
-  which units           `mask_scheme` token | whole_word | ngram (ALBERT) | span (SpanBERT) |
-                                      units (ERNIE / SpanBERT phrases and entities, `span_source`).
+  which units           `mask_scheme` token | token_with_replacement (ELECTRA) | whole_word |
+                                      ngram (ALBERT) | span (SpanBERT) | units (ERNIE / SpanBERT
+                                      phrases and entities, `span_source`).
   how they are noised   `replace_per` 80/10/10 per token (BERT) or once per merged span
-                                      (SpanBERT `--replacement-method span`); `random_tokens`
-                                      uniform or by corpus unigram frequency (SpanBERT).
+                                      (SpanBERT `--replacement-method span`); the split is
+                                      `mask_token_prob` / `random_token_prob` (ELECTRA 85/15/0);
+                                      `random_tokens` uniform or by corpus unigram frequency
+                                      (SpanBERT).
   extra predictions     `sbo`         SpanBERT's span boundary objective on every masked token;
                         `word_shuffle_rate`  StructBERT's shuffled trigrams.
   sentence task         `sentence_task`  nsp (BERT) | sop (ALBERT) | structbert (3-way) | none,
@@ -100,6 +103,12 @@ def _budget(o, input_mask, maskable, rng) -> np.ndarray:
   return np.minimum(budget, o.max_predictions)
 
 
+def replace_probs(o) -> tuple[float, float, float]:
+  """(p_mask, p_keep, p_random) of a predicted token (BERT 0.8 / 0.1 / 0.1, ELECTRA 0.85 / 0.15 /
+  0), from `mask_token_prob` and `random_token_prob`."""
+  return (o.mask_token_prob, 1.0 - o.mask_token_prob - o.random_token_prob, o.random_token_prob)
+
+
 def _random_token_weights(o, input_ids, maskable, vocab_size, num_never_random):
   """[V] weights of random replacement tokens, or None for uniform over the vocabulary."""
   if o.random_tokens == "unigram":
@@ -143,8 +152,9 @@ def mlm_features(examples, rng: np.random.Generator, *, config, vocab_size: int,
     params["unit_ids"] = unit_source(input_ids, maskable, word_start)
   chosen = noise.SELECTORS[o.mask_scheme](maskable, word_start, budget, rng, **params)
   predictions = noise.pack_predictions(chosen, input_ids, o.max_predictions)
-  corrupt = dict(mask_id=mask_id, vocab_size=vocab_size, random_token_weights=
-                 _random_token_weights(o, input_ids, maskable, vocab_size, num_never_random))
+  corrupt = dict(mask_id=mask_id, vocab_size=vocab_size, replace_probs=replace_probs(o),
+                 random_token_weights=_random_token_weights(o, input_ids, maskable, vocab_size,
+                                                            num_never_random))
   positions, weights = predictions["mlm_positions"], predictions["mlm_weights"]
   span_ids = noise.span_index(chosen)
   if o.replace_per == "span":

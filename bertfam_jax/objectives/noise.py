@@ -122,6 +122,43 @@ def select_tokens(maskable: np.ndarray, word_start: np.ndarray, num_to_predict: 
   return select_uniform(maskable, num_to_predict, rng)
 
 
+def select_tokens_with_replacement(maskable: np.ndarray, word_start: np.ndarray,
+                                   num_to_predict: np.ndarray,
+                                   rng: np.random.Generator) -> np.ndarray:
+  """ELECTRA's position sampling (pretrain/pretrain_helpers.py `mask`): `num_to_predict` draws
+  per row from the uniform distribution over the maskable tokens, WITH replacement.
+
+  The reference keeps duplicate draws as separate prediction slots (the generator loss counts
+  each copy, and the written-back sample is the floor-mean of the copies' samples); here a
+  position drawn twice is one prediction, so a row predicts the number of distinct draws
+  (≈ 17.6 of 19 at 128 tokens). `word_start` is unused.
+
+  Args:
+    maskable: [n, L] bool, the candidates.
+    word_start: unused ([n, L]).
+    num_to_predict: [n] int draws per row.
+    rng: consumes n * max(num_to_predict) uniforms.
+
+  Returns:
+    [n, L] bool, at most `num_to_predict` distinct tokens per row.
+  """
+  del word_start  # Tokens are the units.
+  n, length = maskable.shape
+  counts = np.count_nonzero(maskable, axis=1)
+  draws = np.where(counts > 0, num_to_predict, 0)
+  chosen = np.zeros((n, length), dtype=bool)
+  max_draws = int(draws.max(initial=0))
+  if max_draws == 0:
+    return chosen
+  candidates_first = np.argsort(~maskable, axis=1, kind="stable")  # [n, L] maskable columns first
+  index = np.floor(rng.random((n, max_draws)) * counts[:, None]).astype(np.int64)
+  columns = np.take_along_axis(candidates_first, np.minimum(index, length - 1), axis=1)
+  take = np.arange(max_draws) < draws[:, None]
+  rows = np.broadcast_to(np.arange(n)[:, None], take.shape)
+  chosen[rows[take], columns[take]] = True
+  return chosen
+
+
 def _run_starts(maskable: np.ndarray) -> np.ndarray:
   """[n, L] bool: maskable tokens that open the row or follow a non-maskable token."""
   follows_maskable = np.zeros_like(maskable)
@@ -453,6 +490,7 @@ def select_units(maskable: np.ndarray, word_start: np.ndarray, num_to_predict: n
 # The selection schemes by name, all `fn(maskable, word_start, num_to_predict, rng, **params)`.
 SELECTORS = {
     "token": select_tokens,
+    "token_with_replacement": select_tokens_with_replacement,
     "whole_word": select_whole_words,
     "ngram": select_ngrams,
     "span": select_spans,

@@ -61,6 +61,8 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
     from step 0, so the rate drops slightly at W, as polynomial_decay + warmup in optimization.py).
   linear_after_warmup (fairseq polynomial_decay): lr·max(step, 1)/W during warmup (fairseq starts
     at lr/W), then linear from lr at W to end_lr at T.
+  warmup_times_linear (ELECTRA model/optimization.py): lr·(1 − step/T) × min(1, step/W), the
+    warmup factor multiplying the decay (so the peak, just below lr, is reached at W).
   """
   lr, warmup, end_lr = o.peak_lr, o.warmup_steps, o.end_lr
   total = float(total_steps)
@@ -77,7 +79,13 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
     remaining = 1.0 - (jnp.minimum(step, total) - warmup) / max(total - warmup, 1.0)
     return jnp.where(step < warmup, warm, (lr - end_lr) * remaining + end_lr)
 
-  schedules = {"linear_from_zero": linear_from_zero, "linear_after_warmup": linear_after_warmup}
+  def warmup_times_linear(step):
+    step = jnp.asarray(step, jnp.float32)
+    decayed = (lr - end_lr) * (1.0 - jnp.minimum(step, total) / total) + end_lr
+    return decayed * jnp.minimum(1.0, step / max(warmup, 1))
+
+  schedules = {"linear_from_zero": linear_from_zero, "linear_after_warmup": linear_after_warmup,
+               "warmup_times_linear": warmup_times_linear}
   if o.schedule not in schedules:
     raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {sorted(schedules)}.")
   return schedules[o.schedule]

@@ -243,6 +243,17 @@ def test_linear_after_warmup_values():
                              rtol=1e-6, atol=1e-12)
 
 
+def test_warmup_times_linear_values():
+  # ELECTRA-Small (lr 5e-4, W 10k, T 1M; model/optimization.py): polynomial_decay(power 1) times
+  # min(1, s/W), so warmup already carries the decay: 5e-4·0.5·0.995 at s = 5k.
+  o = cl.bert_adamw(peak_lr=5e-4, warmup_steps=10_000, schedule="warmup_times_linear")
+  schedule = optimizer.learning_rate_schedule(o, 1_000_000)
+  steps = (0, 5_000, 10_000, 500_000, 1_000_000, 1_100_000)
+  expected = (0.0, 5e-4 * 0.5 * 0.995, 5e-4 * 0.99, 2.5e-4, 0.0, 0.0)
+  np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-6,
+                             atol=1e-12)
+
+
 def test_schedules_honour_end_lr():
   o = cl.fairseq_adam(peak_lr=1e-3, warmup_steps=10, end_lr=1e-5)
   schedule = optimizer.learning_rate_schedule(o, 110)
