@@ -29,24 +29,18 @@ coreference, MNLI, QNLI, GLUE) need data this project cannot download; the table
 
 from __future__ import annotations
 
-import json
 import os
-import time
 
 from absl import app, flags
-import jax
-import numpy as np
 
 from bertfam_jax import config_lib
-from bertfam_jax.data import sources, tokenizers, wordnet
-from bertfam_jax.finetune import classify, probe
-from bertfam_jax.train import train
+from bertfam_jax.data import wordnet
+from experiments import common
 
 SPANBERT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "configs", "spanbert.py")
-NO_PRETRAINING = "No pre-training"
-# Reported scores: fine-tuned, and a linear probe on frozen mean-pooled features.
-SCORES = ("accuracy", "macro_f1", "mcc", "probe_accuracy", "probe_macro_f1")
+NO_PRETRAINING = common.NO_PRETRAINING
+SCORES = common.SCORES
 
 # The sweep: (row name as in the paper, objective overrides). A plain list, so a launcher can
 # run rows locally one after another or as separate jobs.
@@ -99,51 +93,10 @@ def pretrain_config(scale: dict, overrides: dict, seed: int):
 def run_row(name: str, overrides: dict | None, seed: int, scale: dict, workdirs: str,
             task: wordnet.ClassificationTask) -> dict:
   """Pre-trains one row (unless it is the no-pre-training floor), fine-tunes, returns scores."""
-  start = time.time()
-  reference = pretrain_config(scale, overrides or {}, seed)
-  encoder_params, tokenizer, model_config = None, None, reference.model
-  if overrides is not None:
-    workdir = os.path.join(workdirs, f"{name.lower().replace(' ', '_')}-seed{seed}")
-    train.run(reference, workdir)
-    run_config, tokenizer, encoder_params = classify.load_pretrained_encoder(workdir)
-    model_config = run_config.model
-  pretrain_seconds = time.time() - start
-  if tokenizer is None:  # The floor uses the same tokenizer as the pre-trained rows.
-    tokenizer = tokenizers.load_or_train(reference, sources.get_documents(reference.data, "train"))
-  encode = lambda examples: {**classify.encode_texts(tokenizer, examples.texts,
-                                                     scale["finetune_seq_len"]),
-                             "label": examples.labels}
-  train_data, eval_data = encode(task.train), encode(task.validation)
-  num_classes = len(task.label_names)
-  result = classify.fine_tune(model_config, encoder_params, train_data, eval_data,
-                              num_classes=num_classes, epochs=scale["finetune_epochs"],
-                              peak_lr=scale["finetune_lr"], seed=seed)
-  if encoder_params is None:  # the probe of the floor reads a randomly initialised encoder
-    encoder_params = classify.init_params(
-        classify.build_model(model_config, num_classes), scale["finetune_seq_len"],
-        jax.random.key(seed))["params"]["encoder"]
-  probed = probe.linear_probe(model_config, encoder_params, train_data, eval_data,
-                              num_classes=num_classes)
-  return dict(row=name, seed=seed, accuracy=result["accuracy"], macro_f1=result["macro_f1"],
-              mcc=result["mcc"], probe_accuracy=probed["accuracy"],
-              probe_macro_f1=probed["macro_f1"], finetune_steps=result["steps"],
-              pretrain_seconds=round(pretrain_seconds, 1),
-              total_seconds=round(time.time() - start, 1))
-
-
-def summarise(results: list[dict]) -> list[dict]:
-  """Per row in ROWS order: mean and sample standard deviation of each score over seeds."""
-  table = []
-  for name, _ in ROWS:
-    runs = [r for r in results if r["row"] == name]
-    if not runs:
-      continue
-    row = dict(row=name, seeds=len(runs))
-    for key in SCORES:
-      values = np.array([r[key] for r in runs]) * 100
-      row[key] = (values.mean(), values.std(ddof=1) if len(values) > 1 else float("nan"))
-    table.append(row)
-  return table
+  workdir = (None if overrides is None else
+             os.path.join(workdirs, common.workdir_name(name, seed)))
+  return common.pretrain_and_score(name, pretrain_config(scale, overrides or {}, seed), seed,
+                                   scale, workdir, task)
 
 
 def markdown_table(table: list[dict], scale_name: str) -> str:
@@ -155,30 +108,10 @@ def markdown_table(table: list[dict], scale_name: str) -> str:
            "MNLI, QNLI, GLUE) |",
            "|---|---|---|---|---|---|---|---|"]
   for row in table:
-    cells = [f"{row[k][0]:.1f} ± {row[k][1]:.1f}" for k in SCORES]
+    cells = [common.mean_std(row[k]) for k in SCORES]
     lines.append(f"| {row['row']} | {row['seeds']} | " + " | ".join(cells) +
                  " | not available offline |")
   return "\n".join(lines) + "\n"
-
-
-def plot(table: list[dict], path: str, scale_name: str) -> None:
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  names = [row["row"] for row in table]
-  fig, ax = plt.subplots(figsize=(8, 4))
-  x = np.arange(len(names))
-  for offset, key in ((-0.2, "accuracy"), (0.2, "probe_accuracy")):
-    ax.bar(x + offset, [row[key][0] for row in table], 0.4,
-           yerr=[np.nan_to_num(row[key][1]) for row in table], capsize=3,
-           label=key.replace("_", " ").replace("accuracy", "accuracy (fine-tuned)"
-                                               if key == "accuracy" else "accuracy"))
-  ax.set_xticks(x, names, rotation=20, ha="right")
-  ax.set_ylabel("supersense validation (×100)")
-  ax.set_title(f"Masking schemes ({scale_name}), mean ± std over seeds")
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
 
 
 def main(argv):
@@ -190,41 +123,17 @@ def main(argv):
   out = _OUT.value or os.path.join("experiments", "results", "masking_schemes", _SCALE.value)
   workdirs = _WORKDIRS.value or os.path.join(out, "runs")
   os.makedirs(out, exist_ok=True)
-  unknown = set(_ROWS.value) - {name for name, _ in ROWS}
-  if unknown:
-    raise app.UsageError(f"Unknown rows {sorted(unknown)}; choose from {[n for n, _ in ROWS]}.")
-  results_path = os.path.join(out, "results.jsonl")
-  results = []
-  if os.path.exists(results_path):
-    with open(results_path) as f:
-      results = [json.loads(line) for line in f]
-  done = {(r["row"], r["seed"]) for r in results}
-  task = wordnet.supersense_task(max_examples=None)
-  task = task._replace(
-      train=_head(task.train, scale["finetune_train"]),
-      validation=_head(task.validation, scale["finetune_eval"]))
-  # Seeds outermost: an interrupted sweep still has every row for the seeds it finished.
-  for seed in map(int, _SEEDS.value):
-    for name, overrides in ROWS:
-      if name not in _ROWS.value or (name, seed) in done:
-        continue
-      result = run_row(name, overrides, seed, scale, workdirs, task)
-      print(json.dumps(result), flush=True)
-      results.append(result)
-      with open(results_path, "a") as f:
-        f.write(json.dumps(result) + "\n")
-  table = summarise(results)
+  common.check_rows(_ROWS.value, ROWS)
+  task = common.supersense_task(scale)
+  results = common.run_sweep(
+      ROWS, _ROWS.value, list(map(int, _SEEDS.value)), os.path.join(out, "results.jsonl"),
+      lambda name, overrides, seed: run_row(name, overrides, seed, scale, workdirs, task))
+  table = common.summarise(results, [name for name, _ in ROWS])
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(markdown_table(table, _SCALE.value))
-  plot(table, os.path.join(out, "plot.png"), _SCALE.value)
+  common.plot(table, os.path.join(out, "plot.png"),
+              f"Masking schemes ({_SCALE.value}), mean ± std over seeds")
   print(markdown_table(table, _SCALE.value))
-
-
-def _head(examples: wordnet.Examples, limit: int | None) -> wordnet.Examples:
-  """The first `limit` examples (the split is already in a fixed hash order)."""
-  if limit is None:
-    return examples
-  return wordnet.Examples(examples.texts[:limit], examples.labels[:limit])
 
 
 if __name__ == "__main__":

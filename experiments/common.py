@@ -1,0 +1,215 @@
+"""Machinery shared by the pre-train → fine-tune experiments (masking_schemes, electra_ablation).
+
+An experiment is a list of rows (name, spec), a dict of scales and a `run_row(name, spec, seed)`
+that returns one result dict; this module provides the rest:
+
+  supersense_task(scale)            the offline downstream task at the scale's size
+  pretrain_and_score(...)           pre-train a config in a workdir (or not: the floor), then
+                                    fine-tune and probe its encoder on the task
+  run_sweep(...)                    seeds × rows, appending to results.jsonl, skipping finished rows
+  summarise / mean_std / plot       mean ± sample std over seeds, table cells and the bar chart
+
+A scale is a dict with at least finetune_train / finetune_eval (examples kept per split, None for
+all), finetune_seq_len, finetune_epochs and finetune_lr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable, Sequence
+
+from absl import app
+import jax
+import numpy as np
+
+from bertfam_jax.data import sources, tokenizers, wordnet
+from bertfam_jax.finetune import classify, probe
+from bertfam_jax.train import train
+
+NO_PRETRAINING = "No pre-training"
+# Reported scores: fine-tuned, and a linear probe on frozen mean-pooled features.
+SCORES = ("accuracy", "macro_f1", "mcc", "probe_accuracy", "probe_macro_f1")
+
+
+# ------------------------------------------------------------------------------- downstream task
+
+
+def head(examples: wordnet.Examples, limit: int | None) -> wordnet.Examples:
+  """The first `limit` examples (the split is already in a fixed hash order)."""
+  if limit is None:
+    return examples
+  return wordnet.Examples(examples.texts[:limit], examples.labels[:limit])
+
+
+def supersense_task(scale: dict) -> wordnet.ClassificationTask:
+  """WordNet gloss → supersense (45 classes), train / validation cut to the scale's size."""
+  task = wordnet.supersense_task(max_examples=None)
+  return task._replace(train=head(task.train, scale["finetune_train"]),
+                       validation=head(task.validation, scale["finetune_eval"]))
+
+
+def workdir_name(name: str, seed: int) -> str:
+  """A row's pre-training workdir name: 'Whole Words', 1 → 'whole_words-seed1'."""
+  return f"{name.lower().replace(' ', '_').replace('%', 'pct')}-seed{seed}"
+
+
+def downstream_scores(model_config, encoder_params, tokenizer, task: wordnet.ClassificationTask,
+                      scale: dict, seed: int) -> dict:
+  """Fine-tunes (BERT's classifier recipe) and linearly probes an encoder on `task`.
+
+  Args:
+    model_config: the encoder's `config.model`.
+    encoder_params: its 'encoder' parameters, or None for a random initialisation (the floor).
+    tokenizer: the tokenizer it was pre-trained with.
+    task: the classification task (texts and labels [examples] per split).
+    scale: the experiment's scale (fine-tuning length, rate, sequence length).
+    seed: fine-tuning initialisation, dropout and data order; the floor's probed encoder.
+
+  Returns:
+    SCORES (fractions in [0, 1], validation split) and finetune_steps.
+  """
+  encode = lambda examples: {**classify.encode_texts(tokenizer, examples.texts,  # noqa: E731
+                                                     scale["finetune_seq_len"]),
+                             "label": examples.labels}
+  train_data, eval_data = encode(task.train), encode(task.validation)
+  num_classes = len(task.label_names)
+  result = classify.fine_tune(model_config, encoder_params, train_data, eval_data,
+                              num_classes=num_classes, epochs=scale["finetune_epochs"],
+                              peak_lr=scale["finetune_lr"], seed=seed)
+  if encoder_params is None:  # the probe of the floor reads a randomly initialised encoder
+    encoder_params = classify.init_params(
+        classify.build_model(model_config, num_classes), scale["finetune_seq_len"],
+        jax.random.key(seed))["params"]["encoder"]
+  probed = probe.linear_probe(model_config, encoder_params, train_data, eval_data,
+                              num_classes=num_classes)
+  return dict(accuracy=result["accuracy"], macro_f1=result["macro_f1"], mcc=result["mcc"],
+              probe_accuracy=probed["accuracy"], probe_macro_f1=probed["macro_f1"],
+              finetune_steps=result["steps"])
+
+
+def pretrain_and_score(name: str, config, seed: int, scale: dict, workdir: str | None,
+                       task: wordnet.ClassificationTask) -> dict:
+  """Pre-trains `config` in `workdir` (resuming a checkpoint there), then fine-tunes and probes
+  the checkpoint's encoder on `task`. With `workdir` None nothing is pre-trained: the encoder of
+  `config.model` starts from a random initialisation, with the tokenizer `config` would train.
+
+  Returns:
+    row, seed, SCORES, finetune_steps, pretrain_seconds (setup, compile and training),
+    total_seconds.
+  """
+  start = time.time()
+  encoder_params, tokenizer, model_config = None, None, config.model
+  if workdir is not None:
+    train.run(config, workdir)
+    run_config, tokenizer, encoder_params = classify.load_pretrained_encoder(workdir)
+    model_config = run_config.model
+  pretrain_seconds = time.time() - start
+  if tokenizer is None:  # The floor uses the same tokenizer as the pre-trained rows.
+    tokenizer = tokenizers.load_or_train(config, sources.get_documents(config.data, "train"))
+  scores = downstream_scores(model_config, encoder_params, tokenizer, task, scale, seed)
+  return dict(row=name, seed=seed, **scores, pretrain_seconds=round(pretrain_seconds, 1),
+              total_seconds=round(time.time() - start, 1))
+
+
+# -------------------------------------------------------------------------------- results, sweep
+
+
+def check_rows(selected: Sequence[str], rows: Sequence[tuple]) -> None:
+  """Raises app.UsageError for a --rows name that is not a row."""
+  unknown = set(selected) - {name for name, _ in rows}
+  if unknown:
+    raise app.UsageError(f"Unknown rows {sorted(unknown)}; choose from {[n for n, _ in rows]}.")
+
+
+def read_results(path: str) -> list[dict]:
+  """The results.jsonl records at `path` ([] when there is no file)."""
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def run_sweep(rows: Sequence[tuple], selected: Sequence[str], seeds: Sequence[int],
+              results_path: str, run_row: Callable[[str, object, int], dict]) -> list[dict]:
+  """Runs `run_row(name, spec, seed)` for the selected rows and seeds not yet in results_path,
+  appending each result there as it finishes; returns every result (old and new).
+
+  Seeds are outermost: an interrupted sweep still has every row for the seeds it finished.
+  """
+  results = read_results(results_path)
+  done = {(r["row"], r["seed"]) for r in results}
+  for seed in seeds:
+    for name, spec in rows:
+      if name not in selected or (name, seed) in done:
+        continue
+      result = run_row(name, spec, seed)
+      print(json.dumps(result), flush=True)
+      results.append(result)
+      with open(results_path, "a") as f:
+        f.write(json.dumps(result) + "\n")
+  return results
+
+
+# ------------------------------------------------------------------------------ summary and plot
+
+
+def summarise(results: list[dict], row_names: Sequence[str],
+              scores: Sequence[str] = SCORES) -> list[dict]:
+  """Per row in `row_names` order (rows without results left out): row, seeds, and for each
+  score (mean, sample standard deviation) over seeds, ×100; the deviation is NaN for one seed."""
+  table = []
+  for name in row_names:
+    runs = [r for r in results if r["row"] == name]
+    if not runs:
+      continue
+    row = dict(row=name, seeds=len(runs))
+    for key in scores:
+      values = np.array([r[key] for r in runs]) * 100
+      row[key] = (values.mean(), values.std(ddof=1) if len(values) > 1 else float("nan"))
+    table.append(row)
+  return table
+
+
+def mean_std(value: tuple[float, float]) -> str:
+  """A table cell: '20.1 ± 3.6'."""
+  return f"{value[0]:.1f} ± {value[1]:.1f}"
+
+
+def plot(table: list[dict], path: str, title: str,
+         paper: tuple[str, dict[str, float]] | None = None) -> None:
+  """Bars of fine-tuned and probe accuracy per row (mean, error bars one std over seeds). With
+  `paper` = (label, {row: score}), a side panel shows those scores for the rows that have one."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  names = [row["row"] for row in table]
+  if paper is None:
+    fig, ax = plt.subplots(figsize=(8, 4))
+  else:
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(12, 4.5), width_ratios=(3, 2))
+  x = np.arange(len(names))
+  for offset, key in ((-0.2, "accuracy"), (0.2, "probe_accuracy")):
+    ax.bar(x + offset, [row[key][0] for row in table], 0.4,
+           yerr=[np.nan_to_num(row[key][1]) for row in table], capsize=3,
+           label=key.replace("_", " ").replace("accuracy", "accuracy (fine-tuned)"
+                                               if key == "accuracy" else "accuracy"))
+  ax.set_xticks(x, names, rotation=20, ha="right")
+  ax.set_ylabel("supersense validation (×100)")
+  ax.set_title(title)
+  ax.legend()
+  if paper is not None:
+    label, scores = paper
+    quoted = [name for name in names if name in scores]
+    values = [scores[name] for name in quoted]
+    side.bar(np.arange(len(quoted)), values, 0.6, color="tab:gray")
+    for i, value in enumerate(values):
+      side.annotate(f"{value:.1f}", (i, value), ha="center", va="bottom", fontsize=8)
+    side.set_xticks(np.arange(len(quoted)), quoted, rotation=20, ha="right")
+    side.set_ylim(min(values) - 2, max(values) + 1)
+    side.set_ylabel(label)
+    side.set_title("paper")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
