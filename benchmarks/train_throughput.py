@@ -44,7 +44,6 @@ from ml_collections import config_flags
 from bertfam_jax import config_lib, objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import flops as flops_lib
-from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
 from bertfam_jax.train import train as train_lib
@@ -178,14 +177,8 @@ def measure(config, mesh, result: Result, *, steps: int, warmup: int):
   the first (compiling) step alone, `warmup` untimed steps, then the mean of `steps` timed ones.
   Returns the last step's metrics."""
   batch_size = config.train.batch_size
-  objective = objectives.get(config.objective.name)
-  model = objective.build_model(config)
-  tx, schedule = optimizer_lib.make_optimizer(config)
-  with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
-  _, shardings = with_ctx(step_lib.abstract_state)(model, tx, config, mesh)
-  state = with_ctx(step_lib.init_state)(model, tx, config, shardings, config.seed)
-  train_step = step_lib.make_train_step(model, tx, schedule, objective.loss_fn, config, shardings,
-                                        mesh)
+  state, train_step = step_lib.fresh_train_step(config, mesh,
+                                                objectives.get(config.objective.name))
   batch = jax.block_until_ready(synthetic_batch(config, batch_size, mesh))
   jax.block_until_ready(state)
 

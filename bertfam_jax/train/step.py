@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 
 
@@ -58,6 +59,17 @@ def init_state(model, tx, config, shardings, seed: int) -> TrainState:
     return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
 
   return jax.jit(init, out_shardings=shardings)()
+
+
+def fresh_train_step(config, mesh, objective):
+  """A fresh sharded `TrainState` (seed `config.seed`) and the jitted train step of `objective`
+  (an objectives/ module) on `mesh`: what benchmarks and tests run without data or checkpoints.
+  Returns (state, train_step)."""
+  model = objective.build_model(config)
+  tx, schedule = optimizer_lib.make_optimizer(config)
+  _, shardings = with_mesh_context(abstract_state, mesh)(model, tx, config, mesh)
+  state = with_mesh_context(init_state, mesh)(model, tx, config, shardings, config.seed)
+  return state, make_train_step(model, tx, schedule, objective.loss_fn, config, shardings, mesh)
 
 
 def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardings, mesh):

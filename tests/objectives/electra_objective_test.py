@@ -17,7 +17,7 @@ import pytest
 from bertfam_jax import config_lib as cl
 from bertfam_jax.finetune import classify
 from bertfam_jax.objectives import electra
-from bertfam_jax.train import optimizer, sharding, step as step_lib, train
+from bertfam_jax.train import sharding, step as step_lib, train
 
 # The project tokenizer layout: <pad> 0, <unk> 1, [CLS] 2, [SEP] 3, [MASK] 4.
 VOCAB, LENGTH, BATCH = 61, 32, 8
@@ -290,18 +290,9 @@ def test_detection_metrics_count_replaced_tokens():
 # -- training ---------------------------------------------------------------------------------
 
 
-def _setup(config, devices=None):
-  mesh = sharding.make_mesh(config.mesh, devices)
-  model = electra.build_model(config)
-  tx, schedule = optimizer.make_optimizer(config)
-  _, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, config, mesh)
-  state = step_lib.with_mesh_context(step_lib.init_state, mesh)(model, tx, config, shardings, 0)
-  return mesh, state, step_lib.make_train_step(model, tx, schedule, electra.loss_fn, config,
-                                               shardings, mesh)
-
-
 def _run_steps(config, batches, devices=None):
-  mesh, state, train_step = _setup(config, devices)
+  mesh = sharding.make_mesh(config.mesh, devices)
+  state, train_step = step_lib.fresh_train_step(config, mesh, electra)
   losses = []
   for batch in batches:
     batch = {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}

@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from bertfam_jax import config_lib as cl
 from bertfam_jax.objectives import mlm
-from bertfam_jax.train import optimizer, sharding, step as step_lib
+from bertfam_jax.train import sharding, step as step_lib
 
 VOCAB, LENGTH, PREDICTIONS, BATCH = 97, 16, 4, 8
 
@@ -41,12 +41,7 @@ def random_batch(seed=0):
 
 def setup(config, devices=None):
   mesh = sharding.make_mesh(config.mesh, devices)
-  model = mlm.build_model(config)
-  tx, schedule = optimizer.make_optimizer(config)
-  _, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, config, mesh)
-  state = step_lib.with_mesh_context(step_lib.init_state, mesh)(model, tx, config, shardings, 0)
-  train_step = step_lib.make_train_step(model, tx, schedule, mlm.loss_fn, config, shardings, mesh)
-  return mesh, model, state, train_step
+  return (mesh,) + step_lib.fresh_train_step(config, mesh, mlm)
 
 
 def put(batch, mesh):
@@ -54,7 +49,7 @@ def put(batch, mesh):
 
 
 def run_steps(config, batches, devices=None):
-  mesh, _, state, train_step = setup(config, devices)
+  mesh, state, train_step = setup(config, devices)
   losses = []
   for batch in batches:
     state, metrics = train_step(state, put(batch, mesh))
@@ -81,7 +76,7 @@ def test_sharded_step_equals_single_device(single_device_run, mesh):
 
 def test_parameters_are_sharded_by_logical_rules():
   config = tiny_config(data=2, fsdp=2, tensor=2)
-  _, _, state, _ = setup(config)
+  _, state, _ = setup(config)
   layer = state.params["params"]["encoder"]["layer_0"]
   assert layer["mlp"]["intermediate"]["kernel"].sharding.spec == P("fsdp", "tensor")
   assert layer["attention"]["query"]["kernel"].sharding.spec == P("fsdp", "tensor", None)
