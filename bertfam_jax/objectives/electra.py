@@ -152,14 +152,6 @@ def _copy_mlm_loss(mlm_logits_BLV, copy_logits_BL, inputs_BL, originals_BL, weig
   return total / (count + _DENOMINATOR_EPS)
 
 
-def _mean_cross_entropy(logits, targets, weights, metrics, name):
-  total, correct, count = losses.weighted_cross_entropy(logits=logits, targets=targets,
-                                                        weights=weights)
-  metrics[f"{name}_loss"] = (total, count)
-  metrics[f"{name}_accuracy"] = (correct, count)
-  return total / (count + _DENOMINATOR_EPS)
-
-
 def loss_fn(model, params, batch, rng, config, *, deterministic=False):
   """Returns (generator_weight · L_MLM + discriminator_weight · L_D, metrics); see the module
   docstring. Metrics: generator_mlm_{loss,accuracy}, sampled_original (fraction of samples equal
@@ -167,15 +159,16 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
   precision,recall} or mlm_{loss,accuracy}."""
   o = config.objective
   generator_rng, sample_rng, discriminator_rng = jax.random.split(rng, 3)
-  masked_ids, input_mask, segment_ids = batch["input_ids"], batch["input_mask"], batch["segment_ids"]
+  masked_ids, input_mask = batch["input_ids"], batch["input_mask"]
+  segment_ids = batch["segment_ids"]
   positions, targets, weights = batch["mlm_positions"], batch["mlm_targets"], batch["mlm_weights"]
   metrics = {}
 
   generator_logits = model.apply(params, masked_ids, input_mask, segment_ids, positions,
                                  deterministic=deterministic, rngs={"dropout": generator_rng},
                                  method="generate")
-  loss = o.generator_weight * _mean_cross_entropy(generator_logits, targets, weights, metrics,
-                                                  "generator_mlm")
+  loss = o.generator_weight * losses.mean_cross_entropy(
+      generator_logits, targets, weights, metrics, "generator_mlm", _DENOMINATOR_EPS)
 
   sampled = sample_replacements(generator_logits, targets, sample_rng,
                                 temperature=o.temperature, disallow_correct=o.disallow_correct)
@@ -195,8 +188,8 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
                                weights) > 0
     discriminator_loss = _detection_loss(outputs["rtd_logits"], replaced, masked, metrics)
   elif o.variant == "replace_mlm":
-    discriminator_loss = _mean_cross_entropy(outputs["mlm_logits"], targets, weights, metrics,
-                                             "mlm")
+    discriminator_loss = losses.mean_cross_entropy(outputs["mlm_logits"], targets, weights,
+                                                   metrics, "mlm", _DENOMINATOR_EPS)
   else:
     discriminator_loss = _copy_mlm_loss(outputs["mlm_logits"], outputs["copy_logits"], fake_ids,
                                         originals, real, metrics)

@@ -172,15 +172,6 @@ def mlm_features(examples, rng: np.random.Generator, *, config, vocab_size: int,
   return features
 
 
-def _mean_loss(logits, targets, weights, metrics, name, denominator_offset=0.0):
-  """Adds `{name}_loss` / `{name}_accuracy` to metrics; returns Σ w·CE / (Σ w + offset)."""
-  total, correct, count = losses.weighted_cross_entropy(
-      logits=logits, targets=targets, weights=weights)
-  metrics[f"{name}_loss"] = (total, count)
-  metrics[f"{name}_accuracy"] = (correct, count)
-  return total / (count + denominator_offset)
-
-
 def loss_fn(model, params, batch, rng, config, *, deterministic=False):
   """Returns (MLM [+ sentence task] [+ SBO] [+ word structure] loss, {metric: (sum, count)})."""
   o = config.objective
@@ -194,16 +185,17 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
   mlm_logits = outputs["mlm_logits"]
   num_mlm = batch["mlm_positions"].shape[1]
   metrics = {}
-  loss = _mean_loss(mlm_logits[:, :num_mlm], batch["mlm_targets"], batch["mlm_weights"], metrics,
-                    "mlm", _MLM_DENOMINATOR_EPS)
+  mean_ce = losses.mean_cross_entropy
+  loss = mean_ce(mlm_logits[:, :num_mlm], batch["mlm_targets"], batch["mlm_weights"], metrics,
+                 "mlm", _MLM_DENOMINATOR_EPS)
   if o.sentence_task:
     labels = batch["sentence_label"]
-    loss += _mean_loss(outputs["sentence_logits"], labels, jnp.ones(labels.shape, jnp.float32),
-                       metrics, o.sentence_task)
+    loss += mean_ce(outputs["sentence_logits"], labels, jnp.ones(labels.shape, jnp.float32),
+                    metrics, o.sentence_task)
   if o.sbo:
-    loss += _mean_loss(outputs["sbo_logits"], batch["mlm_targets"], batch["sbo_weights"],
-                       metrics, "sbo", _SBO_DENOMINATOR_OFFSET)
+    loss += mean_ce(outputs["sbo_logits"], batch["mlm_targets"], batch["sbo_weights"], metrics,
+                    "sbo", _SBO_DENOMINATOR_OFFSET)
   if o.word_shuffle_rate:
-    loss += _mean_loss(mlm_logits[:, num_mlm:], batch["shuffle_targets"],
-                       batch["shuffle_weights"], metrics, "word_order", _MLM_DENOMINATOR_EPS)
+    loss += mean_ce(mlm_logits[:, num_mlm:], batch["shuffle_targets"], batch["shuffle_weights"],
+                    metrics, "word_order", _MLM_DENOMINATOR_EPS)
   return loss, metrics
