@@ -160,6 +160,7 @@ def encoder(size: str, *, sizes=ENCODER_SIZES, **overrides) -> ml_collections.Co
       embedding_size=0,        # ALBERT's factorised embedding width E (0: tables are `hidden` wide)
       share_layers="none",     # cross-layer sharing: none (BERT) | all (ALBERT) | attention | ffn
       hidden_groups=1,         # ALBERT num_hidden_groups: layer i uses shared group i·G // L
+      adapter_size=0,          # Houlsby adapters' bottleneck width in every layer (0: none)
   ))
   m.update(sizes[size])
   m.update(overrides)
@@ -362,7 +363,8 @@ SHARE_LAYERS = ("none", "all", "attention", "ffn")
 
 
 def _validate_model(m: ml_collections.ConfigDict) -> None:
-  """ALBERT's fields: factorised embedding width, sharing mode, groups, and what scan supports."""
+  """ALBERT's fields (factorised embedding width, sharing mode, groups, what scan supports) and the
+  adapter width."""
   if m.embedding_size < 0:
     raise ConfigError(f"model.embedding_size={m.embedding_size} must be >= 0 (0: as wide as "
                       "hidden).")
@@ -374,6 +376,8 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
   if m.share_layers == "none" and m.hidden_groups != 1:
     raise ConfigError(f"model.hidden_groups={m.hidden_groups} groups shared layers only; set "
                       "--config.model.share_layers=all (ALBERT) or --config.model.hidden_groups=1.")
+  if m.adapter_size < 0:
+    raise ConfigError(f"model.adapter_size={m.adapter_size} must be >= 0 (0: no adapters).")
   if m.scan_layers and m.share_layers in ("attention", "ffn"):
     raise ConfigError(f"model.scan_layers=True cannot scan share_layers={m.share_layers!r} (one "
                       "sublayer shared, the other per layer); set "
@@ -442,3 +446,81 @@ def effective_mask_rate(c: ml_collections.ConfigDict) -> float:
   budget = mask_budget(c.data.seq_len, c.objective.mask_rate)
   return min(budget, c.objective.max_predictions) / c.data.seq_len
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning (configs/finetune.py; bertfam_jax/finetune/run.py). The encoder's `model` and
+# `tokenizer` sections come from `finetune.init` at run time.
+# ---------------------------------------------------------------------------------------------
+
+FINETUNE_METHODS = ("full", "adapters")
+FINETUNE_FEATURES = ("last", "weighted_sum")
+
+
+def finetune_config() -> ml_collections.ConfigDict:
+  """The sections of a fine-tuning run: seed, finetune, train, mesh."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.finetune = ml_collections.ConfigDict(dict(
+      task="wordnet_supersense",
+      init="",                 # a workdir of ours (pre-trained or imported) or a transformers dir
+      from_scratch=False,      # keep init's shape and tokenizer, re-initialise every weight
+      data_dir="",             # TFDS data_dir for glue/*, super_glue/*, squad/*
+      train_split="",          # '' = the task's own (train)
+      eval_split="",           # '' = the task's own (validation; mnli: validation_matched)
+      max_train_examples=0,    # 0 = all
+      max_eval_examples=0,
+      max_seq_len=128,
+      doc_stride=128,          # extractive QA windows (run_squad.py)
+      max_query_len=64,
+      max_answer_len=30,
+      n_best=20,
+      null_threshold=0.0,      # SQuAD 2.0: predict no answer when null − best > threshold
+      method="full",           # full | adapters (Houlsby: only adapters, LayerNorms, head)
+      adapter_size=64,
+      features="last",         # last | weighted_sum (ELMo's scalar mix of every layer)
+      layer_decay=1.0,         # layer-wise lr decay (ELECTRA: 0.8 base, 0.9 large); 1 = off
+      freeze_layers=0,         # embeddings + the lowest N layers get no update
+      reuse_pooler=True,       # start the head's pooler from the pre-trained NSP pooler if any
+      epochs=3.0,
+      peak_lr=5e-5,
+      warmup_fraction=0.1,
+      weight_decay=0.01,
+      clip_norm=1.0,
+  ))
+  c.train = ml_collections.ConfigDict(dict(
+      batch_size=32,
+      eval_batch_size=64,
+      grad_accum_steps=1,
+      log_every=50,
+      keep_checkpoints=1,
+  ))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  return c
+
+
+def validate_finetune(c: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the fix for a fine-tuning config that cannot run."""
+  f, t = c.finetune, c.train
+  if not f.init:
+    raise ConfigError("finetune.init is empty: pass the pre-trained model, "
+                      "--config=configs/finetune.py:task=NAME,init=PATH (a workdir of ours, one "
+                      "from `python -m bertfam_jax.hf import`, or a transformers checkpoint dir).")
+  if not os.path.isdir(f.init):
+    raise ConfigError(f"finetune.init={f.init!r} is not a directory; pass a pre-training workdir "
+                      f"or a transformers checkpoint directory.")
+  if f.method not in FINETUNE_METHODS:
+    raise ConfigError(f"finetune.method={f.method!r}; choose one of {FINETUNE_METHODS}.")
+  if f.features not in FINETUNE_FEATURES:
+    raise ConfigError(f"finetune.features={f.features!r}; choose one of {FINETUNE_FEATURES}.")
+  if not 0 < f.layer_decay <= 1:
+    raise ConfigError(f"finetune.layer_decay={f.layer_decay} must be in (0, 1] (1 = off).")
+  if f.freeze_layers < 0 or f.epochs <= 0 or f.max_seq_len < 8 or f.adapter_size < 1:
+    raise ConfigError("finetune.freeze_layers must be >= 0, epochs > 0, max_seq_len >= 8 and "
+                      "adapter_size >= 1.")
+  if f.doc_stride < 1 or f.max_query_len < 1:
+    raise ConfigError(f"finetune.doc_stride={f.doc_stride} and max_query_len={f.max_query_len} "
+                      f"must be >= 1.")
+  if t.batch_size < 1 or t.eval_batch_size < 1 or t.batch_size % t.grad_accum_steps:
+    raise ConfigError(f"train.batch_size={t.batch_size} must be >= 1 and divisible by "
+                      f"train.grad_accum_steps={t.grad_accum_steps}.")

@@ -1,4 +1,6 @@
-"""The one entry point: `python -m bertfam_jax.main --config=configs/roberta.py:runlocal --workdir=DIR`.
+"""The one entry point: `python -m bertfam_jax.main --config=configs/roberta.py:runlocal --workdir=DIR`
+pre-trains; `--config=configs/finetune.py:task=NAME,init=PATH` (a config with a `finetune`
+section) fine-tunes and evaluates.
 
 Multi-host: on Cloud TPU and under SLURM `jax.distributed.initialize()` finds its settings in the
 environment; elsewhere pass --coordinator_address, --num_processes and --process_id.
@@ -58,7 +60,9 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     # orbax and absl log every checkpoint phase at INFO; the progress lines are printed anyway.
     logging.set_verbosity(logging.WARNING)
-  if _CONFIG.value.data.source == "tfds":
+  config = _CONFIG.value
+  finetuning = "finetune" in config
+  if config.finetune.data_dir if finetuning else config.data.source == "tfds":
     # TensorFlow (used only by the optional tf.data reader) must never take the GPUs from JAX.
     try:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -66,9 +70,10 @@ def main(argv):
     except ImportError:
       pass
   _maybe_initialize_distributed()
+  from bertfam_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
   from bertfam_jax.train import train  # pylint: disable=g-import-not-at-top
   try:
-    train.run(_CONFIG.value, _WORKDIR.value)
+    (finetune.run if finetuning else train.run)(config, _WORKDIR.value)
   except (ConfigError, train.NonFiniteLossError) as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(2)

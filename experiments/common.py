@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from bertfam_jax.data import sources, tokenizers, wordnet
-from bertfam_jax.finetune import classify, probe
+from bertfam_jax.finetune import classify, features, probe
 from bertfam_jax.train import train
 
 NO_PRETRAINING = "No pre-training"
@@ -70,7 +70,7 @@ def downstream_scores(model_config, encoder_params, tokenizer, task: wordnet.Cla
   Returns:
     SCORES (fractions in [0, 1], validation split) and finetune_steps.
   """
-  encode = lambda examples: {**classify.encode_texts(tokenizer, examples.texts,  # noqa: E731
+  encode = lambda examples: {**features.encode_pairs(tokenizer, examples.texts,  # noqa: E731
                                                      scale["finetune_seq_len"]),
                              "label": examples.labels}
   train_data, eval_data = encode(task.train), encode(task.validation)

@@ -61,7 +61,7 @@ import numpy as np
 
 from bertfam_jax import config_lib, objectives
 from bertfam_jax.data import sources, tokenizers, wordnet
-from bertfam_jax.finetune import classify
+from bertfam_jax.finetune import classify, features
 from bertfam_jax.models import encoder as encoder_lib
 from experiments import common
 
@@ -218,7 +218,7 @@ def token_cosine(model_config, encoder_params, tokenizer, texts: list[str], seq_
   real tokens of the first `examples` texts: ≈ 0.35-0.4 at random initialisation on glosses of
   32 tokens, 1.0 when every token maps to one vector (a collapsed encoder: nothing left to
   fine-tune from)."""
-  data = classify.encode_texts(tokenizer, texts[:examples], seq_len)
+  data = features.encode_pairs(tokenizer, texts[:examples], seq_len)
   x_NLD = jax.jit(lambda ids, mask, segments: encoder_lib.Encoder(model_config).apply(
       {"params": encoder_params}, ids, mask, segments, deterministic=True))(
           data["input_ids"], data["input_mask"], data["segment_ids"])

@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model_pb2
+from sentencepiece import sentencepiece_pb2
 
 from bertfam_jax import config_lib
 from bertfam_jax.data import sources
@@ -41,6 +42,8 @@ class Tokenizer:
     word_start: [vocab_size] bool, True where a piece begins a word: it starts with '▁', or is a
       special piece, or is punctuation (ALBERT's `_is_start_piece`, used by whole-word and n-gram
       masking).
+    pair_separator_ids: what separates the two segments of a pair, (sep_id,) as in BERT's
+      `[CLS] A [SEP] B [SEP]` (RoBERTa's `</s></s>` tokenizers have two).
   """
 
   def __init__(self, model_proto: bytes):
@@ -59,6 +62,7 @@ class Tokenizer:
     self.special_ids = np.asarray(
         [i for i, t in enumerate(piece_types) if t in special_types], np.int32)
     self.word_start = self._word_start_table()
+    self.pair_separator_ids = (self.sep_id,)
 
   @classmethod
   def from_file(cls, path: str) -> "Tokenizer":
@@ -92,9 +96,40 @@ class Tokenizer:
     ids = self._sp.encode(list(texts), out_type=int, num_threads=_NUM_THREADS)
     return [np.asarray(x, np.int32) for x in ids]
 
+  def encode_with_offsets(self, texts: Sequence[str]
+                          ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """`encode`, plus where each piece lies in its text.
+
+    Returns:
+      (ids, offsets): per text [len_i] int32 piece ids (as `encode`) and [len_i, 2] int32 character
+      offsets [start, end) into the ORIGINAL text, so that text[start:end] is the piece's surface
+      without the whitespace its '▁' marker stands for ('▁dog' -> 'dog'; a bare '▁' -> '', an
+      empty span where the next word begins). Normalisation is undone: a piece of a NFKC-expanded
+      character ('ﬁ' -> 'f', 'i') spans the original character or nothing.
+    """
+    protos = self._sp.encode(list(texts), out_type="serialized_proto", num_threads=_NUM_THREADS)
+    ids, offsets = [], []
+    for text, proto in zip(texts, protos):
+      pieces = sentencepiece_pb2.SentencePieceText.FromString(proto).pieces
+      byte_spans = np.asarray([(p.begin, p.end) for p in pieces], np.int64).reshape(-1, 2)
+      spans = np.searchsorted(_char_byte_starts(text), byte_spans).astype(np.int32)
+      for span in spans:   # SentencePiece's surface of '▁word' includes the space before it
+        while span[0] < span[1] and text[span[0]].isspace():
+          span[0] += 1
+      ids.append(np.asarray([p.id for p in pieces], np.int32))
+      offsets.append(spans)
+    return ids, offsets
+
   def decode(self, ids) -> str:
     """Detokenizes [len] ids; pad is dropped, [CLS]/[SEP]/[MASK] appear as text."""
     return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+
+
+def _char_byte_starts(text: str) -> np.ndarray:
+  """[len(text) + 1] int64: the UTF-8 byte offset where each character starts, then the length."""
+  code_points = np.frombuffer(text.encode("utf-32-le"), np.uint32)
+  byte_lengths = 1 + (code_points >= 0x80) + (code_points >= 0x800) + (code_points >= 0x10000)
+  return np.concatenate([[0], np.cumsum(byte_lengths, dtype=np.int64)])
 
 
 def training_sentences(documents: Sequence[str], max_sentences: int) -> list[str]:
@@ -151,7 +186,8 @@ def _check_vocab(tokenizer: Tokenizer, config: ml_collections.ConfigDict, origin
         f"--config.model.vocab_size={tokenizer.vocab_size} or use another tokenizer.")
 
 
-def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str]) -> Tokenizer:
+def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
+                  workdir: str = "") -> Tokenizer:
   """The configured tokenizer: `tokenizer.model_path` if set, else one trained and cached.
 
   Args:
@@ -163,12 +199,11 @@ def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str]) -
     A Tokenizer whose vocab size equals `model.vocab_size`.
   """
   kind = config.tokenizer.kind
-  if kind == "wordpiece":
-    raise config_lib.ConfigError(
-        "tokenizer.kind='wordpiece' arrives with checkpoint import (BERT's vocab.txt); use "
-        "tokenizer.kind='sentencepiece' for now.")
+  if kind == "hf":
+    return _load_hf(config, workdir)
   if kind != "sentencepiece":
-    raise config_lib.ConfigError(f"tokenizer.kind={kind!r}; choose sentencepiece.")
+    raise config_lib.ConfigError(f"tokenizer.kind={kind!r}; choose sentencepiece (trained or "
+                                 f"loaded here) or hf (a checkpoint's tokenizer files).")
 
   path = config.tokenizer.model_path or cache_path(config)
   if config.tokenizer.model_path and not os.path.exists(path):
@@ -187,4 +222,26 @@ def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str]) -
                  time.time() - start, path)
     tokenizer = Tokenizer(proto)
   _check_vocab(tokenizer, config, path)
+  return tokenizer
+
+
+def _load_hf(config: ml_collections.ConfigDict, workdir: str):
+  """`tokenizer.kind='hf'`: the transformers tokenizer files in the directory
+  `tokenizer.model_path` (WordPiece, byte-level BPE or SentencePiece; `bertfam_jax.hf`), e.g.
+  `<imported workdir>/tokenizer` to continue pre-training an imported checkpoint. A relative
+  path is looked up in `workdir` first (an imported workdir names its own 'tokenizer')."""
+  path = config.tokenizer.model_path
+  if path and workdir and not os.path.isabs(path) and os.path.isdir(os.path.join(workdir, path)):
+    path = os.path.join(workdir, path)
+  if not path or not os.path.isdir(path):
+    raise config_lib.ConfigError(
+        f"tokenizer.kind='hf' needs tokenizer.model_path to be a directory of tokenizer files; "
+        f"got {path!r}. For an imported checkpoint pass --config.tokenizer.model_path="
+        f"<its workdir>/tokenizer.")
+  from bertfam_jax.hf import tokenizer as hf_tokenizer  # pylint: disable=g-import-not-at-top
+  tokenizer = hf_tokenizer.from_dir(path)
+  if tokenizer.vocab_size > config.model.vocab_size:
+    raise config_lib.ConfigError(
+        f"The tokenizer at {path} has {tokenizer.vocab_size} pieces, more than "
+        f"model.vocab_size={config.model.vocab_size}; use the checkpoint's own model section.")
   return tokenizer

@@ -3,17 +3,18 @@
 The seam an experiment calls after pre-training:
 
   config, tokenizer, encoder_params = classify.load_pretrained_encoder(workdir)
-  train = dict(classify.encode_texts(tokenizer, texts, seq_len=128), label=labels)
-  evaluation = dict(classify.encode_texts(tokenizer, eval_texts, seq_len=128), label=eval_labels)
+  train = dict(features.encode_pairs(tokenizer, texts, seq_len=128), label=labels)
+  evaluation = dict(features.encode_pairs(tokenizer, eval_texts, seq_len=128), label=eval_labels)
   result = classify.fine_tune(config.model, encoder_params, train, evaluation, num_classes=2)
   result['accuracy'], result['macro_f1'], result['mcc']
 
 A data set is a dict of numpy arrays: input_ids, input_mask, segment_ids [examples, length] int32
-(as `encode_texts` returns) and label [examples] int.
+(as `features.encode_pairs` returns) and label [examples] int.
 
-Everything runs on one device with a plain `jax.jit`: GLUE-sized batches do not need more.
-Multi-device sharding (the `train/step.py` machinery), a command-line entry, further heads
-(span extraction for QA) and adapters come with the fine-tuning issue.
+Everything runs on one device with a plain `jax.jit`: the small, fast loop the experiments'
+sweeps call many times. The command-line fine-tuning (every task kind, sharded, adapters,
+layer-wise decay, checkpoints) is `finetune/run.py`; this module also holds the loading of
+pre-trained workdirs both use.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import flax.linen as nn
 import jax
@@ -47,25 +48,39 @@ INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 # ----------------------------------------------------------------------------- pre-trained encoder
 
 
-def load_pretrained_encoder(workdir: str, *, tokenizer_path: str = ""
-                            ) -> tuple[ml_collections.ConfigDict, tokenizers.Tokenizer, Any]:
-  """Reads a pre-training workdir (read-only): its config.json, its tokenizer and the encoder
-  parameters of its latest checkpoint.
+def load_pretrained(path: str, *, tokenizer_path: str = ""
+                    ) -> tuple[ml_collections.ConfigDict, Any, Any]:
+  """Reads a pre-trained model (read-only): a workdir of ours (its config.json, tokenizer and
+  latest checkpoint, as `bertfam_jax.main` or `python -m bertfam_jax.hf import` write them) or a
+  transformers checkpoint directory (config.json with a `model_type`, imported in memory).
 
   Args:
-    workdir: the --workdir of a `bertfam_jax.main` / `train.run` pre-training run.
-    tokenizer_path: a SentencePiece model to use instead of the run's (`tokenizer.model_path`, or
-      the model the run trained and cached, which is looked up in this machine's cache).
+    path: the workdir or the transformers checkpoint directory.
+    tokenizer_path: a tokenizer to use instead of the run's (see `load_run_tokenizer`).
 
   Returns:
-    (config, tokenizer, encoder_params): the run's full config (pass `config.model` to
-    `fine_tune`), the loaded `Tokenizer`, and the 'encoder' subtree of the parameters as host
-    numpy arrays (the optimizer state is restored too, then dropped). For ELECTRA that subtree
-    is the discriminator (models/electra.py); the generator is left behind.
+    (config, tokenizer, params): the run's full config, its tokenizer (`data.tokenizers.Tokenizer`
+    or `hf.tokenizer.HFTokenizer`, same interface) and the parameters of its model as host numpy
+    arrays ({'encoder', heads...}; the optimizer state is restored too, then dropped).
   """
-  config = _read_run_config(workdir)
-  tokenizer = _load_run_tokenizer(config, workdir, tokenizer_path)
-  params = _restore_params(config, workdir)
+  if is_transformers_checkpoint(path):
+    from bertfam_jax import hf  # pylint: disable=g-import-not-at-top
+    imported = hf.from_pretrained(path)
+    if imported.tokenizer is None:
+      raise ConfigError(f"{path} holds no tokenizer files (tokenizer.json, vocab.txt, "
+                        f"vocab.json + merges.txt or spiece.model); copy the checkpoint's "
+                        f"tokenizer into it.")
+    return imported.config, imported.tokenizer, jax.device_get(imported.params)
+  config = read_run_config(path)
+  tokenizer = load_run_tokenizer(config, path, tokenizer_path)
+  return config, tokenizer, restore_params(config, path)
+
+
+def load_pretrained_encoder(workdir: str, *, tokenizer_path: str = ""
+                            ) -> tuple[ml_collections.ConfigDict, Any, Any]:
+  """`load_pretrained`, keeping only the 'encoder' subtree of the parameters. For ELECTRA that
+  subtree is the discriminator (models/electra.py); the generator is left behind."""
+  config, tokenizer, params = load_pretrained(workdir, tokenizer_path=tokenizer_path)
   if "encoder" not in params:
     raise ConfigError(f"The checkpoint in {workdir} has no 'encoder' parameters (it has "
                       f"{sorted(params)}); fine-tuning expects a run whose model keeps its encoder "
@@ -73,32 +88,77 @@ def load_pretrained_encoder(workdir: str, *, tokenizer_path: str = ""
   return config, tokenizer, params["encoder"]
 
 
-def _read_run_config(workdir: str) -> ml_collections.ConfigDict:
+def is_transformers_checkpoint(path: str) -> bool:
+  """Whether `path` is a transformers checkpoint directory (its config.json has a model_type)
+  rather than a workdir of ours."""
+  config_path = os.path.join(path, "config.json")
+  if not os.path.exists(config_path):
+    return False
+  with open(config_path) as f:
+    return "model_type" in json.load(f)
+
+
+def read_run_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    raise ConfigError(f"{workdir} has no config.json, so it is not a pre-training workdir; pass "
-                      f"the --workdir of a `python -m bertfam_jax.main` run.")
+    raise ConfigError(f"{workdir} has no config.json, so it is neither a workdir of ours nor a "
+                      f"transformers checkpoint; pass the --workdir of a `python -m "
+                      f"bertfam_jax.main` run or of `python -m bertfam_jax.hf import`.")
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    saved = json.load(f)
+  # Model fields added to the codebase after the run was written hold their defaults, the
+  # behaviour the run had (e.g. `adapter_size`).
+  saved["model"] = {**config_lib.encoder("base").to_dict(), **saved.get("model", {})}
+  return ml_collections.ConfigDict(saved)
 
 
-def _load_run_tokenizer(config, workdir: str, tokenizer_path: str) -> tokenizers.Tokenizer:
-  path = tokenizer_path or config.tokenizer.model_path or tokenizers.cache_path(config)
+def tokenizer_location(config, workdir: str, tokenizer_path: str = "") -> str:
+  """Where the tokenizer of the run in `workdir` is: `tokenizer_path`, else the run's
+  `tokenizer.model_path` (relative paths, as imported workdirs write them, are relative to the
+  workdir), else the model the run trained and cached on this machine. For a transformers
+  checkpoint directory, that directory."""
+  if tokenizer_path:
+    return tokenizer_path
+  if is_transformers_checkpoint(workdir):
+    return os.path.abspath(workdir)
+  path = config.tokenizer.model_path
+  if path and not os.path.isabs(path):
+    path = os.path.join(workdir, path)
+  return os.path.abspath(path or tokenizers.cache_path(config))
+
+
+def load_run_tokenizer(config, workdir: str, tokenizer_path: str = ""):
+  """The tokenizer at `tokenizer_location`: a SentencePiece model file, or a directory of
+  transformers tokenizer files (`hf.tokenizer.from_dir`)."""
+  path = tokenizer_location(config, workdir, tokenizer_path)
   if not os.path.exists(path):
     raise ConfigError(
         f"The tokenizer of {workdir} is not at {path} (it is cached under data.cache_dir or "
         f"$BERTFAM_CACHE of the machine that pre-trained it, and the cache key changes with the "
         f"corpus files). On that machine `python -m bertfam_jax.train_tokenizer --config=<the "
         f"run's config> --output=PATH` copies it; then pass tokenizer_path=PATH.")
-  tokenizer = tokenizers.Tokenizer.from_file(path)
-  if tokenizer.vocab_size != config.model.vocab_size:
+  if os.path.isdir(path):
+    from bertfam_jax.hf import tokenizer as hf_tokenizer  # pylint: disable=g-import-not-at-top
+    tokenizer = hf_tokenizer.from_dir(path)
+  else:
+    tokenizer = tokenizers.Tokenizer.from_file(path)
+  if tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(f"The tokenizer at {path} has {tokenizer.vocab_size} pieces but {workdir} "
                       f"was trained with model.vocab_size={config.model.vocab_size}; pass that "
                       f"run's tokenizer as tokenizer_path.")
   return tokenizer
 
 
-def _restore_params(config, workdir: str):
+def _build_run_model(config):
+  """The model whose parameters a workdir's checkpoints hold: a fine-tuning run's
+  `FineTuneModel` (config.finetune) or its pre-training objective's model."""
+  if "finetune" in config:
+    from bertfam_jax.finetune import run  # pylint: disable=g-import-not-at-top
+    return run.build_model(config)
+  return objectives.get(config.objective.name).build_model(config), None
+
+
+def restore_params(config, workdir: str):
   """The latest checkpoint's parameters ({'encoder': ..., heads...}) as host numpy arrays."""
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=1,
                                              read_only=True)
@@ -108,9 +168,14 @@ def _restore_params(config, workdir: str):
       raise ConfigError(f"{workdir} holds no checkpoint yet; let its pre-training run reach "
                         f"train.checkpoint_every steps, or pass the workdir of a finished run.")
     mesh = sharding_lib.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-    model = objectives.get(config.objective.name).build_model(config)
-    tx, _ = optimizer_lib.make_optimizer(config)
-    abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, config, mesh)
+    model, inputs = _build_run_model(config)
+    if "finetune" in config:
+      from bertfam_jax.finetune import run  # pylint: disable=g-import-not-at-top
+      tx = run.checkpoint_optimizer(config, model, inputs)
+    else:
+      tx, _ = optimizer_lib.make_optimizer(config)
+    abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
+        model, tx, config, mesh, inputs)
     try:
       state, _ = checkpointer.restore(step, abstract)
     except ConfigError as e:
@@ -125,54 +190,11 @@ def _restore_params(config, workdir: str):
 # ----------------------------------------------------------------------------------------- inputs
 
 
-def truncated_pair_lengths(length_a: int, length_b: int, max_tokens: int) -> tuple[int, int]:
-  """The lengths BERT's `_truncate_seq_pair` leaves: it drops the last token of the longer segment
-  (of B on a tie) until both fit in `max_tokens`; computed in closed form."""
-  if length_a + length_b <= max_tokens:
-    return length_a, length_b
-  kept_a = min(length_a, max(max_tokens - length_b, (max_tokens + 1) // 2))
-  return kept_a, max_tokens - kept_a
-
-
-def encode_texts(tokenizer: tokenizers.Tokenizer, texts: Sequence[str], seq_len: int,
-                 texts_b: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-  """BERT's `convert_single_example`: `[CLS] A [SEP]`, or `[CLS] A [SEP] B [SEP]` with segment 1
-  on B and its [SEP], truncated to `seq_len` (pairs as `truncated_pair_lengths`) and padded.
-
-  Returns:
-    input_ids (pad_id beyond the text), input_mask (1 on tokens), segment_ids: [examples, seq_len]
-    int32.
-  """
-  specials = 2 if texts_b is None else 3
-  if seq_len <= specials:
-    raise ConfigError(f"seq_len={seq_len} leaves no room for text after {specials} special tokens.")
-  if texts_b is not None and len(texts_b) != len(texts):
-    raise ValueError(f"{len(texts)} first texts but {len(texts_b)} second texts.")
-  pieces_a = tokenizer.encode(texts)
-  pieces_b = tokenizer.encode(texts_b) if texts_b is not None else [None] * len(pieces_a)
-  input_ids = np.full((len(pieces_a), seq_len), tokenizer.pad_id, np.int32)
-  input_mask = np.zeros((len(pieces_a), seq_len), np.int32)
-  segment_ids = np.zeros((len(pieces_a), seq_len), np.int32)
-  cls, sep = [tokenizer.cls_id], [tokenizer.sep_id]
-  for row, (a, b) in enumerate(zip(pieces_a, pieces_b)):
-    if b is None:
-      ids = np.concatenate([cls, a[:seq_len - 2], sep])
-      length_a = len(ids)
-    else:
-      kept_a, kept_b = truncated_pair_lengths(len(a), len(b), seq_len - 3)
-      ids = np.concatenate([cls, a[:kept_a], sep, b[:kept_b], sep])
-      length_a = kept_a + 2
-    input_ids[row, :len(ids)] = ids
-    input_mask[row, :len(ids)] = 1
-    segment_ids[row, length_a:len(ids)] = 1
-  return dict(input_ids=input_ids, input_mask=input_mask, segment_ids=segment_ids)
-
-
 def _check_data(data: dict[str, np.ndarray], name: str, num_classes: int, config_model) -> int:
   """Returns the number of examples after checking keys, shapes and labels."""
   missing = [k for k in INPUT_KEYS + ("label",) if k not in data]
   if missing:
-    raise ValueError(f"{name} lacks {missing}; build it as dict(encode_texts(...), label=labels).")
+    raise ValueError(f"{name} lacks {missing}; build it as dict(features.encode_pairs(...), label=labels).")
   shapes = {k: np.shape(data[k]) for k in INPUT_KEYS + ("label",)}
   shape = shapes["input_ids"]
   if (len(shape) != 2 or any(shapes[k] != shape for k in INPUT_KEYS) or

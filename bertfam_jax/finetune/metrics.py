@@ -1,12 +1,20 @@
-"""Classification metrics in numpy (GLUE reports accuracy, F1 and Matthews correlation).
+"""Fine-tuning metrics in numpy: the ones GLUE, SuperGLUE, SQuAD and tagging tasks report.
 
-Every function takes `labels` and `predictions`, [examples] integer class ids, and returns a float.
-Conventions follow scikit-learn's defaults so numbers compare with published GLUE scripts.
+Classification functions take `labels` and `predictions`, [examples] integer class ids, and return
+a float; conventions follow scikit-learn's defaults so numbers compare with published GLUE scripts.
+Regression: Pearson / Spearman (STS-B). SQuAD: the official evaluate-v1.1 / v2.0 scripts' answer
+normalisation, exact match and token F1. Tagging: seqeval's exact BIO spans and token accuracy.
 """
 
 from __future__ import annotations
 
+import collections
+import re
+import string
+from typing import Mapping, Sequence
+
 import numpy as np
+from scipy import stats
 
 
 def confusion_matrix(labels, predictions, num_classes: int) -> np.ndarray:
@@ -59,3 +67,167 @@ def classification_metrics(labels, predictions, num_classes: int) -> dict[str, f
   return dict(accuracy=accuracy(labels, predictions),
               macro_f1=macro_f1(labels, predictions, num_classes),
               mcc=matthews_corrcoef(labels, predictions, num_classes))
+
+
+def binary_f1(labels, predictions) -> float:
+  """F1 of the positive class 1, 2·TP / (2·TP + FP + FN) (scikit-learn's `f1_score` default, the
+  GLUE F1 of MRPC and QQP); 0 when there is no positive label or prediction."""
+  labels, predictions = np.asarray(labels), np.asarray(predictions)
+  true_positives = np.sum((labels == 1) & (predictions == 1))
+  denominator = np.sum(labels == 1) + np.sum(predictions == 1)
+  return float(2 * true_positives / denominator) if denominator else 0.0
+
+
+# ------------------------------------------------------------------------------------ regression
+
+
+def pearson(labels, predictions) -> float:
+  """Pearson correlation of [examples] floats (STS-B); 0 when either side is constant."""
+  labels, predictions = np.asarray(labels, np.float64), np.asarray(predictions, np.float64)
+  if np.ptp(labels) == 0 or np.ptp(predictions) == 0:
+    return 0.0
+  return float(stats.pearsonr(labels, predictions)[0])
+
+
+def spearman(labels, predictions) -> float:
+  """Spearman rank correlation (ties get their average rank); 0 when either side is constant."""
+  labels, predictions = np.asarray(labels, np.float64), np.asarray(predictions, np.float64)
+  if np.ptp(labels) == 0 or np.ptp(predictions) == 0:
+    return 0.0
+  return float(stats.spearmanr(labels, predictions)[0])
+
+
+def regression_metrics(labels, predictions) -> dict[str, float]:
+  """{'pearson', 'spearman'}: STS-B's two numbers."""
+  return dict(pearson=pearson(labels, predictions), spearman=spearman(labels, predictions))
+
+
+# ------------------------------------------------------------------------- SQuAD (official scripts)
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+  """SQuAD's evaluate-v1.1/v2.0 normalisation: lower case, drop ASCII punctuation, drop the
+  articles a/an/the, collapse whitespace."""
+  text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+  return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(gold: str, prediction: str) -> float:
+  return float(normalize_answer(gold) == normalize_answer(prediction))
+
+
+def f1(gold: str, prediction: str) -> float:
+  """Bag-of-tokens F1 of the normalised answers (evaluate-v2.0.py `compute_f1`): when either side
+  is empty (no answer) it is 1 if both are, else 0."""
+  gold_tokens = normalize_answer(gold).split()
+  predicted_tokens = normalize_answer(prediction).split()
+  if not gold_tokens or not predicted_tokens:
+    return float(gold_tokens == predicted_tokens)
+  same = sum((collections.Counter(gold_tokens) & collections.Counter(predicted_tokens)).values())
+  if same == 0:
+    return 0.0
+  precision, recall = same / len(predicted_tokens), same / len(gold_tokens)
+  return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(predictions: Mapping[str, str],
+                 answers: Mapping[str, Sequence[str]]) -> dict[str, float]:
+  """The official SQuAD evaluation (evaluate-v2.0.py, which equals v1.1 on answerable questions).
+
+  Each question scores the maximum over its gold answers that do not normalise to empty; a
+  question with none of those (SQuAD 2.0's unanswerable) has the one gold answer "", so only an
+  empty prediction scores. A question missing from `predictions` scores 0 (evaluate-v1.1.py).
+
+  Args:
+    predictions: question id -> predicted answer text ("" = no answer).
+    answers: question id -> its gold answer texts ([] when unanswerable).
+
+  Returns:
+    exact, f1: percentages (0-100, as the official scripts print them) over all questions, and
+    total; when some question is unanswerable also HasAns_exact, HasAns_f1, HasAns_total,
+    NoAns_exact, NoAns_f1, NoAns_total.
+  """
+  if not answers:
+    raise ValueError("squad_scores needs at least one question.")
+  exact_scores, f1_scores, has_answer = {}, {}, {}
+  for qid, texts in answers.items():
+    golds = [t for t in texts if normalize_answer(t)] or [""]
+    has_answer[qid] = golds != [""]
+    if qid not in predictions:
+      exact_scores[qid] = f1_scores[qid] = 0.0
+      continue
+    exact_scores[qid] = max(exact_match(g, predictions[qid]) for g in golds)
+    f1_scores[qid] = max(f1(g, predictions[qid]) for g in golds)
+
+  def summary(qids, prefix=""):
+    return {f"{prefix}exact": 100.0 * sum(exact_scores[q] for q in qids) / len(qids),
+            f"{prefix}f1": 100.0 * sum(f1_scores[q] for q in qids) / len(qids),
+            f"{prefix}total": float(len(qids))}
+
+  scores = summary(list(answers))
+  if not all(has_answer.values()):
+    for prefix, wanted in (("HasAns_", True), ("NoAns_", False)):
+      qids = [q for q, has in has_answer.items() if has == wanted]
+      if qids:
+        scores.update(summary(qids, prefix))
+  return scores
+
+
+# ------------------------------------------------------------------ token classification (BIO)
+
+
+def bio_spans(tags: Sequence[str]) -> list[tuple[str, int, int]]:
+  """The entity spans (type, first, last) of one BIO-tagged sentence, as seqeval's default
+  (lenient) `get_entities`: a span starts at B-X, or at I-X after O or after a tag of another
+  type, and runs over the following I-X."""
+  spans = []
+  kind, begin = None, 0
+  for i, tag in enumerate(list(tags) + ["O"]):
+    prefix, _, tag_kind = tag.partition("-")
+    if prefix not in ("B", "I", "O"):
+      raise ValueError(f"Tag {tag!r} is not BIO (O, B-TYPE, I-TYPE).")
+    continues = prefix == "I" and tag_kind == kind
+    if kind is not None and not continues:
+      spans.append((kind, begin, i - 1))
+      kind = None
+    if prefix in ("B", "I") and not continues:
+      kind, begin = tag_kind, i
+  return spans
+
+
+def span_f1(true_tags: Sequence[Sequence[str]],
+            predicted_tags: Sequence[Sequence[str]]) -> dict[str, float]:
+  """Micro-averaged exact-span precision, recall and F1 over sentences of BIO tags (seqeval's
+  default mode, `classification_report`'s micro avg); each is 0 when its denominator is."""
+  _check_tag_lengths(true_tags, predicted_tags)
+  true_spans = {(s, *span) for s, tags in enumerate(true_tags) for span in bio_spans(tags)}
+  predicted = {(s, *span) for s, tags in enumerate(predicted_tags) for span in bio_spans(tags)}
+  correct = len(true_spans & predicted)
+  precision = correct / len(predicted) if predicted else 0.0
+  recall = correct / len(true_spans) if true_spans else 0.0
+  f1_score = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+  return dict(span_precision=precision, span_recall=recall, span_f1=f1_score)
+
+
+def token_accuracy(true_tags: Sequence[Sequence], predicted_tags: Sequence[Sequence]) -> float:
+  """The fraction of words whose tag is right, over all sentences (seqeval `accuracy_score`)."""
+  _check_tag_lengths(true_tags, predicted_tags)
+  pairs = [(t, p) for ts, ps in zip(true_tags, predicted_tags) for t, p in zip(ts, ps)]
+  return sum(t == p for t, p in pairs) / len(pairs) if pairs else 0.0
+
+
+def tagging_metrics(true_tags: Sequence[Sequence[str]],
+                    predicted_tags: Sequence[Sequence[str]]) -> dict[str, float]:
+  """{'span_precision', 'span_recall', 'span_f1', 'token_accuracy'}."""
+  return dict(span_f1(true_tags, predicted_tags),
+              token_accuracy=token_accuracy(true_tags, predicted_tags))
+
+
+def _check_tag_lengths(true_tags, predicted_tags) -> None:
+  lengths = [len(t) for t in true_tags], [len(p) for p in predicted_tags]
+  if lengths[0] != lengths[1]:
+    raise ValueError("true_tags and predicted_tags must hold the same number of sentences with "
+                     "the same number of tags each.")

@@ -9,6 +9,11 @@ ALBERT (Lan et al., 2020; google-research/albert modeling.py):
   `share_layers`: 'all' applies one parameter set at every layer ('attention' / 'ffn' share only
     that sublayer, the paper's Table 4 ablations); `hidden_groups` G splits the layers into G
     consecutive groups, each with its own parameters (`layer_plan`).
+
+Houlsby adapters (Houlsby et al., 2019; google-research/adapter-bert modeling.py): `adapter_size`
+A > 0 inserts a bottleneck adapter (`layers.Adapter`) after each sublayer's output projection and
+dropout, before the residual + LayerNorm ('attention_adapter', 'ffn_adapter' in each layer module,
+so shared layers share their adapters too). 0 adds no parameters and changes nothing.
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ def layer_plan(c) -> list[tuple[tuple[str, str], ...]]:
 
 
 class TransformerLayer(nn.Module):
-  """x = LN(x + Drop(Attn(x))); x = LN(x + Drop(MLP(x)))  (post-LN, BERT).
+  """x = LN(x + Drop(Attn(x))); x = LN(x + Drop(MLP(x)))  (post-LN, BERT); with adapters
+  x = LN(x + Adapter(Drop(Attn(x)))) and likewise for the MLP (adapter-bert transformer_model).
 
   `sublayers='attention'` or `'ffn'` holds and applies only that residual block, for sharing one
   of the two across layers while the other stays per layer (`layer_plan`).
@@ -84,30 +90,38 @@ class TransformerLayer(nn.Module):
           initializer_range=c.initializer_range, attention_impl=c.attention_impl, dtype=dtype,
           name="attention")(x_BLD, mask_B11L, deterministic=deterministic)
       attn = nn.Dropout(c.dropout)(attn, deterministic=deterministic)
+      if c.adapter_size:
+        attn = layers.Adapter(c.adapter_size, dtype=dtype, name="attention_adapter")(attn)
       x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="attention_ln")(x_BLD + attn)
       x_BLD = nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
     if self.sublayers != "attention":
       mlp = layers.MLP(c.mlp, c.activation, c.initializer_range, dtype, name="mlp")(x_BLD)
       mlp = nn.Dropout(c.dropout)(mlp, deterministic=deterministic)
+      if c.adapter_size:
+        mlp = layers.Adapter(c.adapter_size, dtype=dtype, name="ffn_adapter")(mlp)
       x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="output_ln")(x_BLD + mlp)
       x_BLD = nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
     return x_BLD
 
 
 class ScannedLayer(TransformerLayer):
-  """TransformerLayer with the (carry, x) → (carry, y) signature `nn.scan` needs."""
+  """TransformerLayer with the (carry, x) → (carry, y) signature `nn.scan` needs; y is the layer's
+  output when `collect` (stacked by the scan into [layers, batch, length, hidden]), else None."""
 
-  def __call__(self, x_BLD, mask_B11L, deterministic: bool):
-    return super().__call__(x_BLD, mask_B11L, deterministic), None
+  def __call__(self, x_BLD, mask_B11L, deterministic: bool, collect: bool):
+    x_BLD = super().__call__(x_BLD, mask_B11L, deterministic)
+    return x_BLD, (x_BLD if collect else None)
 
 
 class Encoder(nn.Module):
   """Embeddings + `layers` Transformer layers.
 
   `__call__(input_ids [batch, length], input_mask [batch, length], segment_ids [batch, length])`
-  returns hidden states [batch, length, hidden]. `attend(h [..., E])` projects onto the
-  word-embedding table ([..., vocab]) for heads tied to the input embedding (E = embedding_size
-  when factorised, else hidden).
+  returns hidden states [batch, length, hidden]; with `return_all_layers=True` the pair (those,
+  [layers + 1, batch, length, hidden]: the embedding output (after dropout and the factorised
+  projection) then every layer's output, bert modeling.py's all_encoder_layers with the input).
+  `attend(h [..., E])` projects onto the word-embedding table ([..., vocab]) for heads tied to the
+  input embedding (E = embedding_size when factorised, else hidden).
 
   `embeddings_from`: another Encoder whose embedding tables and embedding LayerNorm this one
   uses (and owns no copy of), ELECTRA's generator reading the discriminator's; `config.
@@ -149,7 +163,8 @@ class Encoder(nn.Module):
       if c.remat_policy not in REMAT_POLICIES:
         raise ValueError(f"model.remat_policy={c.remat_policy!r}; choose none or one of "
                          f"{sorted(REMAT_POLICIES)}.")
-      layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[c.remat_policy], static_argnums=(3,))
+      static = (3, 4) if c.scan_layers else (3,)  # deterministic (and collect); self is 0
+      layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[c.remat_policy], static_argnums=static)
     plan = layer_plan(c)
     if not c.scan_layers:
       modules = dict(step for layer in plan for step in layer)  # name → sublayers, deduplicated
@@ -157,14 +172,14 @@ class Encoder(nn.Module):
     if c.share_layers == "none":
       scanned = nn.scan(layer_cls, variable_axes={"params": 0},
                         split_rngs={"params": True, "dropout": True},
-                        in_axes=(nn.broadcast, nn.broadcast), length=c.layers,
+                        in_axes=(nn.broadcast,) * 3, length=c.layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
       return [scanned(c, name="layers")]
     if c.share_layers == "all":
       runs = collections.Counter(name for ((name, _),) in plan)  # groups are consecutive
       return [nn.scan(layer_cls, variable_broadcast="params",
                       split_rngs={"params": False, "dropout": True},
-                      in_axes=(nn.broadcast, nn.broadcast), length=run)(c, name=name)
+                      in_axes=(nn.broadcast,) * 3, length=run)(c, name=name)
               for name, run in runs.items()]
     raise ValueError(f"model.scan_layers cannot scan share_layers={c.share_layers!r}; set "
                      "--config.model.scan_layers=False.")
@@ -180,7 +195,8 @@ class Encoder(nn.Module):
       x_BLE = x_BLE + self.type_embeddings(ids)
     return self.embeddings_ln(x_BLE)
 
-  def __call__(self, input_ids, input_mask, segment_ids=None, *, deterministic: bool):
+  def __call__(self, input_ids, input_mask, segment_ids=None, *, deterministic: bool,
+               return_all_layers: bool = False):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     owner = self if self.embeddings_from is None else self.embeddings_from
@@ -189,14 +205,19 @@ class Encoder(nn.Module):
     x_BLD = self.embeddings_projection(x_BLE) if factorized_embedding(c) else x_BLE
     x_BLD = nn.with_logical_constraint(x_BLD.astype(dtype), ("batch", "length", "act_embed"))
     mask_B11L = layers.attention_mask_from_input_mask(input_mask)
+    hidden = [x_BLD[None]]  # [1 or run, batch, length, hidden] pieces, in layer order
     if c.scan_layers:
       for scanned in self.layers:
-        x_BLD, _ = scanned(x_BLD, mask_B11L, deterministic)
+        x_BLD, outputs = scanned(x_BLD, mask_B11L, deterministic, return_all_layers)
+        hidden.append(outputs)
     else:
       for layer in layer_plan(c):
         for name, _ in layer:
           x_BLD = self.layers[name](x_BLD, mask_B11L, deterministic)
-    return x_BLD
+        hidden.append(x_BLD[None])
+    if not return_all_layers:
+      return x_BLD
+    return x_BLD, jnp.concatenate(hidden, axis=0)
 
   def attend(self, h):
     """[..., E] → logits over the vocabulary [..., vocab] with the tied embedding table, in the

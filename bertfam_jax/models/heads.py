@@ -1,10 +1,12 @@
-"""Pre-training heads, separate from the encoder and chosen by the objective."""
+"""Pre-training heads, chosen by the objective, and fine-tuning heads, chosen by the task kind
+(models/finetune.py); all separate from the encoder."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from bertfam_jax.models import encoder, layers
@@ -13,6 +15,20 @@ from bertfam_jax.models import encoder, layers
 def gather_positions(x_BLD, positions_BP):
   """[batch, length, hidden] at [batch, predictions] positions → [batch, predictions, hidden]."""
   return jnp.take_along_axis(x_BLD, positions_BP[..., None], axis=1)
+
+
+def _pooler(c, dtype):
+  """BERT's pooler dense H→H (modeling.py); callers apply it to the first token, then tanh."""
+  return nn.Dense(c.hidden, dtype=dtype, param_dtype=jnp.float32,
+                  kernel_init=layers.param_init(c.initializer_range, ("embed", "embed_out")),
+                  bias_init=layers.zeros_init(("embed_out",)), name="pooler")
+
+
+def _classifier(c, dtype, features: int, in_axis: str):
+  """The task's output layer: dense → `features`, truncated normal(initializer_range), bias 0."""
+  return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32,
+                  kernel_init=layers.param_init(c.initializer_range, (in_axis, None)),
+                  bias_init=layers.zeros_init((None,)), name="classifier")
 
 
 class MLMHead(nn.Module):
@@ -51,13 +67,8 @@ class SentenceHead(nn.Module):
   def __call__(self, x_BLD):
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    pooled_BD = nn.tanh(nn.Dense(
-        c.hidden, dtype=dtype, param_dtype=jnp.float32,
-        kernel_init=layers.param_init(c.initializer_range, ("embed", "embed_out")),
-        bias_init=layers.zeros_init(("embed_out",)), name="pooler")(x_BLD[:, 0]))
-    return nn.Dense(self.num_classes, dtype=dtype, param_dtype=jnp.float32,
-                    kernel_init=layers.param_init(c.initializer_range, ("embed_out", None)),
-                    bias_init=layers.zeros_init((None,)), name="classifier")(pooled_BD)
+    pooled_BD = nn.tanh(_pooler(c, dtype)(x_BLD[:, 0]))
+    return _classifier(c, dtype, self.num_classes, "embed_out")(pooled_BD)
 
 
 class SpanBoundaryHead(nn.Module):
@@ -114,3 +125,76 @@ class ReplacedTokenHead(nn.Module):
     return nn.Dense(1, dtype=dtype, param_dtype=jnp.float32,
                     kernel_init=layers.param_init(c.initializer_range, ("embed_out", None)),
                     bias_init=layers.zeros_init((None,)), name="prediction")(h_BLD)[..., 0]
+
+
+# ------------------------------------------------------------------------------- fine-tuning heads
+
+
+class ClassificationHead(nn.Module):
+  """BERT's run_classifier.py create_model on the pooled output: pooler (tanh dense on token 0,
+  named 'pooler' as in SentenceHead, so a pre-trained NSP pooler can be copied in), dropout
+  (`config.dropout`, run_classifier's keep_prob 0.9), dense → `num_outputs` ('classifier').
+  Returns [batch, num_outputs]."""
+  config: Any  # the `config.model` section
+  num_outputs: int
+
+  @nn.compact
+  def __call__(self, x_BLD, *, deterministic: bool):
+    c = self.config
+    dtype = jnp.dtype(c.dtype)
+    pooled_BD = nn.tanh(_pooler(c, dtype)(x_BLD[:, 0]))
+    pooled_BD = nn.Dropout(c.dropout)(pooled_BD, deterministic=deterministic)
+    return _classifier(c, dtype, self.num_outputs, "embed_out")(pooled_BD)
+
+
+class MultipleChoiceHead(ClassificationHead):
+  """One score per row: a one-output ClassificationHead (pooler, dropout, dense → 1), squeezed to
+  [rows]. Multiple choice (HF BertForMultipleChoice) scores every (context, choice) row with the
+  choices folded into the batch, [batch · choices, length, hidden] → [batch · choices], unfolded to
+  [batch, choices] by the caller; regression (HF's num_labels=1) reads [batch] values."""
+  num_outputs: int = 1
+
+  def __call__(self, x_BLD, *, deterministic: bool):
+    return super().__call__(x_BLD, deterministic=deterministic)[:, 0]
+
+
+class TokenClassificationHead(nn.Module):
+  """Dropout then dense → `num_labels` at every position (HF BertForTokenClassification).
+  Returns [batch, length, num_labels]."""
+  config: Any  # the `config.model` section
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, x_BLD, *, deterministic: bool):
+    c = self.config
+    x_BLD = nn.Dropout(c.dropout)(x_BLD, deterministic=deterministic)
+    return _classifier(c, jnp.dtype(c.dtype), self.num_labels, "embed")(x_BLD)
+
+
+class SpanHead(nn.Module):
+  """Extractive QA (bert run_squad.py create_model): one dense H→2 at every position, no dropout.
+  Returns [batch, length, 2]: start logits in [..., 0], end logits in [..., 1]."""
+  config: Any  # the `config.model` section
+
+  @nn.compact
+  def __call__(self, x_BLD, *, deterministic: bool):
+    del deterministic  # run_squad.py applies no dropout before the span logits
+    c = self.config
+    return _classifier(c, jnp.dtype(c.dtype), 2, "embed")(x_BLD)
+
+
+class ScalarMix(nn.Module):
+  """ELMo's scalar mix (Peters et al., 2018, eq. 1; allennlp ScalarMix without layer norm):
+  γ · Σ_j softmax(w)_j · h_j over the `num_layers` hidden states, w = 0 (an average) and γ = 1 at
+  initialisation. [num_layers, batch, length, hidden] → [batch, length, hidden]."""
+  num_layers: int
+
+  @nn.compact
+  def __call__(self, hidden_NBLD):
+    if hidden_NBLD.shape[0] != self.num_layers:
+      raise ValueError(f"ScalarMix of {self.num_layers} layers got {hidden_NBLD.shape[0]}.")
+    weights = self.param("weights", layers.zeros_init((None,)), (self.num_layers,), jnp.float32)
+    gamma = self.param("gamma", nn.with_logical_partitioning(nn.initializers.ones_init(), ()),
+                       (), jnp.float32)
+    mix_N = (gamma * jax.nn.softmax(weights)).astype(hidden_NBLD.dtype)
+    return jnp.einsum("n,nbld->bld", mix_N, hidden_NBLD)

@@ -1,8 +1,8 @@
 """Transformer building blocks with logical axis names on every parameter and block activation.
 
 Parameters use the logical names `vocab, embed, embed_factor, mlp, heads, kv, positions, types,
-layers` (`embed_factor`: the width of ALBERT's factorised embedding tables when it differs from
-the hidden size);
+layers, adapter` (`embed_factor`: the width of ALBERT's factorised embedding tables when it differs
+from the hidden size; `adapter`: the bottleneck of Houlsby adapters, unsharded);
 activations use `batch, length, act_embed, act_mlp, act_heads, act_kv`. The mapping to mesh axes
 lives in `bertfam_jax.train.sharding.LOGICAL_AXIS_RULES`; no module here names a mesh axis.
 """
@@ -179,3 +179,23 @@ class MLP(nn.Module):
         x_BLD.shape[-1], dtype=self.dtype, param_dtype=jnp.float32,
         kernel_init=param_init(self.initializer_range, ("mlp", "embed")),
         bias_init=zeros_init(("embed",)), name="output")(h_BLF)
+
+
+class Adapter(nn.Module):
+  """Houlsby et al. (2019) bottleneck adapter (google-research/adapter-bert modeling.py
+  `feedforward_adapter`): x + W_up·gelu(W_down·x + b_down) + b_up, with the tanh GELU of that code.
+  Weights ~ truncated normal(`init_scale`), biases 0, so it starts near the identity."""
+  size: int  # bottleneck width (adapter-bert's hidden_size, 64 in its README)
+  init_scale: float = 1e-3  # adapter-bert's adapter_init_scale
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BLD):
+    """[batch, length, embed] → [batch, length, embed]."""
+    h_BLA = nn.Dense(self.size, dtype=self.dtype, param_dtype=jnp.float32,
+                     kernel_init=param_init(self.init_scale, ("embed", "adapter")),
+                     bias_init=zeros_init(("adapter",)), name="down")(x_BLD)
+    h_BLA = activation_fn("gelu_tanh")(h_BLA)
+    return x_BLD + nn.Dense(x_BLD.shape[-1], dtype=self.dtype, param_dtype=jnp.float32,
+                            kernel_init=param_init(self.init_scale, ("adapter", "embed")),
+                            bias_init=zeros_init(("embed",)), name="up")(h_BLA)

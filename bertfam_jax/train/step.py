@@ -32,11 +32,13 @@ def init_batch(config, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
               mlm_positions=jnp.zeros((batch_size, preds), i32))
 
 
-def abstract_state(model, tx, config, mesh):
-  """Shapes and NamedShardings of the train state, computed without allocating anything."""
+def abstract_state(model, tx, config, mesh, inputs=None):
+  """Shapes and NamedShardings of the train state, computed without allocating anything.
+  `inputs`: the keyword inputs that trace `model.init` (default `init_batch(config, 1)`)."""
   rng = jax.random.key(0)
+  inputs = init_batch(config, 1) if inputs is None else inputs
   boxed = jax.eval_shape(lambda: model.init(
-      {"params": rng, "dropout": rng}, **init_batch(config, 1), deterministic=True))
+      {"params": rng, "dropout": rng}, **inputs, deterministic=True))
   param_sh = sharding_lib.logical_to_shardings(boxed, mesh)
   params = jax.tree.map(lambda x: x.unbox(apply_constraint=False), boxed,
                         is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
@@ -49,13 +51,15 @@ def abstract_state(model, tx, config, mesh):
                       shapes, shardings), shardings
 
 
-def init_state(model, tx, config, shardings, seed: int) -> TrainState:
-  """Initialises parameters directly into their shardings (never materialised on one device)."""
+def init_state(model, tx, config, shardings, seed: int, inputs=None) -> TrainState:
+  """Initialises parameters directly into their shardings (never materialised on one device);
+  `inputs` as for `abstract_state`."""
+  inputs = init_batch(config, 1) if inputs is None else inputs
 
   def init():
     rng = jax.random.key(seed)
-    params = nn.meta.unbox(model.init({"params": rng, "dropout": rng},
-                                      **init_batch(config, 1), deterministic=True))
+    params = nn.meta.unbox(model.init({"params": rng, "dropout": rng}, **inputs,
+                                      deterministic=True))
     return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
 
   return jax.jit(init, out_shardings=shardings)()

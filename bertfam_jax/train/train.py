@@ -79,16 +79,16 @@ class _SigtermFlag:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _load_tokenizer(config, train_docs):
+def _load_tokenizer(config, train_docs, workdir):
   """Process 0 trains (or loads) the tokenizer first; the others then find it in a shared cache,
   or train the identical model themselves where hosts have separate disks."""
   if jax.process_count() == 1:
-    return tokenizers.load_or_train(config, train_docs)
+    return tokenizers.load_or_train(config, train_docs, workdir)
   if jax.process_index() == 0:
-    tokenizer = tokenizers.load_or_train(config, train_docs)
+    tokenizer = tokenizers.load_or_train(config, train_docs, workdir)
   multihost_utils.sync_global_devices("bertfam_jax:tokenizer")
   if jax.process_index() != 0:
-    tokenizer = tokenizers.load_or_train(config, train_docs)
+    tokenizer = tokenizers.load_or_train(config, train_docs, workdir)
   return tokenizer
 
 
@@ -125,7 +125,7 @@ def run(config, workdir: str) -> dict[str, float]:
 
   train_docs = sources.get_documents(config.data, "train")
   eval_docs = sources.get_documents(config.data, "eval")
-  tokenizer = _load_tokenizer(config, train_docs)
+  tokenizer = _load_tokenizer(config, train_docs, workdir)
   checkpoint_lib.check_or_write_config(workdir, config)
   metrics_lib.print_progress(
       f"Effective mask rate: {100 * config_lib.effective_mask_rate(config):.2f}% of "

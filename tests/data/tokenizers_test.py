@@ -108,3 +108,26 @@ def test_missing_model_path_and_wordpiece(config, documents):
 def test_vocab_too_large_for_corpus(config):
   with pytest.raises(config_lib.ConfigError, match="Lower --config.model.vocab_size"):
     tokenizers.train_sentencepiece(["A tiny corpus.", "Two sentences only."], 5000, "unigram")
+
+
+def test_encode_with_offsets_maps_pieces_to_the_original_text(tokenizer):
+  texts = ["  The café   costs naïve Zürich",
+           "日本語 and ﬁne ５ dollars",   # NFKC: the ligature and the fullwidth digit change
+           "x\u0301y e\u0301 😀 end", "", "plain ascii text, with punctuation."]
+  ids, offsets = tokenizer.encode_with_offsets(texts)
+  for text, piece_ids, spans, expected in zip(texts, ids, offsets, tokenizer.encode(texts)):
+    np.testing.assert_array_equal(piece_ids, expected)
+    assert spans.shape == (len(piece_ids), 2) and spans.dtype == np.int32
+    assert (spans[:, 0] <= spans[:, 1]).all() and (np.diff(spans[:, 0]) >= 0).all()
+    surfaces = [text[s:e] for s, e in spans]
+    assert not any(s[:1].isspace() for s in surfaces)
+    # Every non-space character is covered by exactly one piece.
+    covered = sorted(i for s, e in spans for i in range(s, e))
+    assert covered == [i for i, ch in enumerate(text) if not ch.isspace()] or "\u0301" in text
+    pieces = [tokenizer._sp.id_to_piece(int(i)) for i in piece_ids]
+    for piece, surface, piece_id in zip(pieces, surfaces, piece_ids):
+      if text.isascii() and piece_id != tokenizer.unk_id:
+        assert surface == piece.lstrip("▁")
+  first = offsets[0]
+  assert texts[0][first[-1][0]:first[-1][1]] in "Zürich" and texts[0][:first[0][1]].strip() in "The"
+  assert tokenizer.pair_separator_ids == (tokenizer.sep_id,)

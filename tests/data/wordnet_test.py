@@ -111,3 +111,72 @@ def test_lexicon():
   assert 7_730 <= len(lexicon.entity_names) < 20_000
   assert {"ice_cream", "new_york", "carry_out"} <= lexicon.multiword_lemmas
   assert wordnet.load_lexicon() is lexicon   # cached
+
+
+@pytest.fixture(scope="module")
+def qa_task():
+  return wordnet.definition_qa_task()
+
+
+def test_lemma_finder(synsets):
+  dog = next(s for s in synsets if s.words[:2] == ("dog", "domestic_dog"))
+  find = wordnet.lemma_finder(dog)
+  words = wordnet.split_words("Dogs chase the dog's dogma; domestic  dogs bark")
+  assert [w for w, _, _ in words][:5] == ["Dogs", "chase", "the", "dog", "'"]
+  assert [" ".join(w for w, _, _ in words[a:b]) for a, b in find(words)] == [
+      "Dogs", "dog", "domestic dogs"]
+  assert "ice creams" in wordnet.lemma_forms(
+      next(s for s in synsets if "ice_cream" in s.words))
+
+
+def test_definition_qa(qa_task, synsets):
+  splits = [qa_task.train, qa_task.validation, qa_task.test]
+  examples = [e for split in splits for e in split]
+  assert len(examples) == sum(bool(s.examples) for s in synsets) == 32_923
+  impossible = sum(e["is_impossible"] for e in examples)
+  assert impossible == 1_497   # 95.5% answerable
+  by_id = {wordnet.synset_id(s): s for s in synsets}
+  for example in examples[::50]:
+    assert example["is_impossible"] == (not example["answers"])
+    for answer in example["answers"]:
+      start = answer["answer_start"]
+      assert example["context"][start:start + len(answer["text"])] == answer["text"]
+    synset = by_id[example["id"]]
+    assert example["question"] == synset.definition
+    assert all(sentence in example["context"] for sentence in synset.examples)
+    assert example["context"].count("; ") >= len(synset.examples) + 2   # 3 distractors
+  # The same definition lands in the same split as in the supersense task.
+  supersense = wordnet.supersense_task()
+  assert {e["question"] for e in qa_task.test} <= set(supersense.test.texts)
+  small = wordnet.definition_qa_task(max_examples=10)
+  assert small.train == qa_task.train[:10]
+
+
+def test_lemma_tagging():
+  task = wordnet.lemma_tagging_task(max_examples=2000)
+  assert task.label_names == wordnet.bio_label_names() and len(task.label_names) == 91
+  assert task.label_names[1 + 2 * 5] == "B-noun.animal"
+  for example in task.train + task.test:
+    labels = example["labels"]
+    assert len(labels) == len(example["words"]) and any(labels)
+    for previous, label in zip([0] + labels, labels):
+      if label and label % 2 == 0:   # an I- tag continues the span of its B- tag
+        assert previous in (label - 1, label)
+  dog = next(e for e in wordnet.lemma_tagging_task().train + wordnet.lemma_tagging_task().test +
+             wordnet.lemma_tagging_task().validation
+             if e["words"] == ["the", "dog", "barked", "all", "night"])
+  assert [task.label_names[i] for i in dog["labels"]] == ["O", "B-noun.animal", "O", "O", "O"]
+
+
+def test_lemma_choice(synsets):
+  task = wordnet.lemma_choice_task()
+  examples = task.train + task.validation + task.test
+  assert len(examples) == len(synsets)
+  labels = np.asarray([e["label"] for e in examples])
+  np.testing.assert_allclose(np.bincount(labels) / len(labels), 0.25, atol=0.01)
+  dog = next(e for e in examples if e["question"].startswith("a member of the genus Canis"))
+  assert dog["choices"][dog["label"]] == "dog" and len(set(dog["choices"])) == 4
+  lexicon = wordnet.load_lexicon()
+  for choice in dog["choices"]:
+    assert "noun" in lexicon.parts_of_speech[choice.replace(" ", "_").lower()] or \
+        "noun" in lexicon.parts_of_speech.get(choice.replace(" ", "_"), ())

@@ -12,7 +12,7 @@ import pytest
 from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import tokenizers
-from bertfam_jax.finetune import classify
+from bertfam_jax.finetune import classify, features
 from bertfam_jax.train import train
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda omicron".split()
@@ -66,7 +66,7 @@ def test_fine_tune_starts_from_the_pretrained_encoder(loaded):
   """With a zero learning rate the fine-tuned encoder is exactly the pre-trained one."""
   config, tokenizer, encoder_params = loaded
   texts = [" ".join(WORDS[i:i + 3]) for i in range(10)]
-  data = dict(classify.encode_texts(tokenizer, texts, seq_len=32), label=np.arange(10) % 2)
+  data = dict(features.encode_pairs(tokenizer, texts, seq_len=32), label=np.arange(10) % 2)
   result = classify.fine_tune(config.model, encoder_params, data, data, num_classes=2,
                               batch_size=4, steps=2, peak_lr=0.0)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(result["params"]["params"]["encoder"]),
@@ -79,7 +79,7 @@ def test_encoder_params_must_fit_the_model(loaded):
   config, tokenizer, encoder_params = loaded
   wider = config.model.copy_and_resolve_references()
   wider.update(hidden=64, mlp=128)
-  data = dict(classify.encode_texts(tokenizer, WORDS, seq_len=8), label=np.zeros(len(WORDS), int))
+  data = dict(features.encode_pairs(tokenizer, WORDS, seq_len=8), label=np.zeros(len(WORDS), int))
   with pytest.raises(ConfigError, match=r"do not fit config_model.*\(32,\) given, \(64,\) exp"):
     classify.fine_tune(wider, encoder_params, data, data, num_classes=2, batch_size=4)
 
@@ -110,44 +110,6 @@ def test_a_config_that_does_not_match_the_checkpoint(pretrained, tmp_path):
     classify.load_pretrained_encoder(edited)
 
 
-def test_encode_texts(loaded):
-  _, tokenizer, _ = loaded
-  short, long = "alpha beta.", " ".join(WORDS * 3)
-  a_ids, b_ids = tokenizer.encode([short, long])
-  cls, sep, pad = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
-  seq_len = 2 * len(a_ids) + 6
-  single = classify.encode_texts(tokenizer, [short, long], seq_len)
-  np.testing.assert_array_equal(single["input_ids"][0],
-                                [cls, *a_ids, sep] + [pad] * (seq_len - len(a_ids) - 2))
-  np.testing.assert_array_equal(single["input_ids"][1], [cls, *b_ids[:seq_len - 2], sep])
-  np.testing.assert_array_equal(single["input_mask"].sum(1), [len(a_ids) + 2, seq_len])
-  assert not single["segment_ids"].any()
-
-  pair = classify.encode_texts(tokenizer, [short], seq_len, texts_b=[long])
-  kept_a, kept_b = classify.truncated_pair_lengths(len(a_ids), len(b_ids), seq_len - 3)
-  assert (kept_a, kept_b) == (len(a_ids), seq_len - 3 - len(a_ids))  # only the long B is cut
-  np.testing.assert_array_equal(pair["input_ids"][0], [cls, *a_ids, sep, *b_ids[:kept_b], sep])
-  np.testing.assert_array_equal(pair["segment_ids"][0],
-                                [0] * (len(a_ids) + 2) + [1] * (kept_b + 1))
-  assert pair["input_mask"].all()
-
-
-def bert_truncate_seq_pair(length_a, length_b, max_tokens):
-  """google-research/bert run_classifier.py `_truncate_seq_pair`, on lengths."""
-  while length_a + length_b > max_tokens:
-    if length_a > length_b:
-      length_a -= 1
-    else:
-      length_b -= 1
-  return length_a, length_b
-
-
-def test_truncated_pair_lengths_match_bert():
-  for length_a in range(14):
-    for length_b in range(14):
-      for max_tokens in range(16):
-        assert (classify.truncated_pair_lengths(length_a, length_b, max_tokens) ==
-                bert_truncate_seq_pair(length_a, length_b, max_tokens))
 
 
 def test_epoch_batches_permute_every_epoch_and_drop_the_remainder():

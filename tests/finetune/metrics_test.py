@@ -61,3 +61,74 @@ def test_rejects_bad_inputs():
     metrics.confusion_matrix([0, 2], [0, 1], 2)
   with pytest.raises(ValueError, match="must both be"):
     metrics.confusion_matrix([0, 1], [0], 2)
+
+
+def test_binary_f1():
+  # TP 3, FP 1, FN 1 → 6 / 8.
+  assert metrics.binary_f1(BINARY_LABELS, BINARY_PREDICTIONS) == 0.75
+  assert metrics.binary_f1([0, 0], [0, 0]) == 0.0
+
+
+def test_pearson_spearman_by_hand():
+  # x = 1..4, y = (1, 3, 2, 4): Pearson = cov / (sd sd) = 4 / 5; ranks equal the values, so
+  # Spearman is 0.8 too. A monotone, non-linear y keeps Spearman at 1.
+  assert metrics.pearson([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+  assert metrics.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+  assert metrics.spearman([1, 2, 3, 4], [1, 10, 100, 1000]) == pytest.approx(1.0)
+  assert metrics.pearson([1, 2, 3, 4], [1, 10, 100, 1000]) < 0.9
+  # Ties take their average rank: ranks (1.5, 1.5, 3) vs (1, 2, 3) → Pearson of the ranks.
+  assert metrics.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(np.sqrt(3) / 2)
+  assert metrics.regression_metrics([1, 2, 3], [5, 5, 5]) == dict(pearson=0.0, spearman=0.0)
+
+
+def test_squad_normalisation_and_scores():
+  assert metrics.normalize_answer("  The  Cat's, (a) hat!") == "cats hat"
+  assert metrics.normalize_answer("Theatre an") == "theatre"
+  # 'the cat sat' → {cat, sat}; 'cat sat on' → {cat, sat, on}: P 2/3, R 1, F1 0.8.
+  assert metrics.f1("the cat sat", "cat sat on") == pytest.approx(0.8)
+  assert metrics.exact_match("The Cat sat.", "cat  sat") == 1.0
+  # Tokens count with multiplicity: {x, b, b} & {b, b, b} = {b, b}: P = R = 2/3.
+  assert metrics.f1("x b b", "b b b") == pytest.approx(2 / 3)
+  assert metrics.f1("a b b", "b b b") == pytest.approx(0.8)   # 'a' is an article: gold is 'b b'
+  # evaluate-v2.0.py: an empty side scores 1 only if both are empty.
+  assert metrics.f1("", "") == 1.0 and metrics.f1("the", "") == 1.0 and metrics.f1("", "x") == 0.0
+
+
+def test_squad_scores_v1_and_v2():
+  answers = {"q1": ["Denver Broncos", "the Broncos"], "q2": ["1966"], "q3": ["Santa Clara"]}
+  predictions = {"q1": "Broncos", "q2": "1966", "q3": "Clara, California"}
+  # q1: max(F1 vs 'denver broncos' = 2/3, vs 'broncos' = 1) = 1, EM 1 (the article is dropped);
+  # q2 exact; q3 F1 2·(1/2)(1/2)/1 = 0.5.
+  assert metrics.squad_scores(predictions, answers) == pytest.approx(
+      dict(exact=200 / 3, f1=250 / 3, total=3))
+  answers["q4"], answers["q5"] = [], ["the"]   # both unanswerable ('the' normalises to empty)
+  predictions.update(q4="", q5="something")
+  scores = metrics.squad_scores(predictions, answers)
+  assert scores == pytest.approx(dict(
+      exact=300 / 5, f1=350 / 5, total=5, HasAns_exact=200 / 3, HasAns_f1=250 / 3,
+      HasAns_total=3, NoAns_exact=50, NoAns_f1=50, NoAns_total=2))
+  del predictions["q2"]   # a missing prediction scores 0 (evaluate-v1.1.py)
+  assert metrics.squad_scores(predictions, answers)["HasAns_exact"] == pytest.approx(100 / 3)
+
+
+def test_bio_spans_follow_seqeval():
+  tags = ["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-LOC", "I-PER", "B-ORG", "B-ORG"]
+  # I- after O starts a span; I- of another type starts a new span; B- after B- splits.
+  assert metrics.bio_spans(tags) == [("PER", 0, 1), ("LOC", 3, 4), ("LOC", 5, 5), ("PER", 6, 6),
+                                     ("ORG", 7, 7), ("ORG", 8, 8)]
+  assert metrics.bio_spans(["B-noun.animal", "I-noun.animal"]) == [("noun.animal", 0, 1)]
+  with pytest.raises(ValueError, match="not BIO"):
+    metrics.bio_spans(["E-PER"])
+
+
+def test_span_f1_and_token_accuracy_by_hand():
+  true = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-ORG"]]
+  predicted = [["B-PER", "I-PER", "O", "O"], ["B-ORG", "I-ORG"]]
+  # True spans: PER(0-1), LOC(3), ORG(1). Predicted: PER(0-1), ORG(0-1). Correct 1 of 2
+  # predicted and of 3 true: P 1/2, R 1/3, F1 0.4. Tokens right: 3 of 4 and 0 of 2.
+  scores = metrics.tagging_metrics(true, predicted)
+  assert scores == pytest.approx(dict(span_precision=0.5, span_recall=1 / 3, span_f1=0.4,
+                                      token_accuracy=0.5))
+  assert metrics.span_f1([["O"]], [["O"]])["span_f1"] == 0.0
+  with pytest.raises(ValueError, match="same number"):
+    metrics.token_accuracy([["O", "O"]], [["O"]])

@@ -3,6 +3,7 @@ classes; STACK.md §5): random HF weights mapped onto our parameter tree give th
 NSP/SOP logits (and ALBERT's hidden states), ELECTRA's discriminator and generator checkpoints give
 the same detection logits, generator MLM logits and hidden states in our one `Electra` (whose
 generator reads the discriminator's tables), and the parameter counts of the released models agree.
+The name mapping under test is the package's (bertfam_jax/hf/mapping.py, families.py).
 
 Needs torch and transformers (e.g. a venv with `pip install torch==2.13.0 transformers`); skipped
 without them.
@@ -19,186 +20,46 @@ import numpy as np
 import pytest
 
 from bertfam_jax import config_lib
+from bertfam_jax.hf import families, mapping
+from bertfam_jax.hf.mapping import SHARED_EMBEDDINGS
 from bertfam_jax.models import electra, pretraining
-from bertfam_jax.models.encoder import factorized_embedding
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-def _load_beside(name):
-  """A test module beside this file, loaded by path under a name of its own: a bare `import` by
-  basename would meet a same-named module of another test folder."""
-  spec = importlib.util.spec_from_file_location(f"hf_parity_{name}",
-                                                pathlib.Path(__file__).with_name(f"{name}.py"))
+def _load(path):
+  """A test module loaded by path under a name of its own: a bare `import` by basename would
+  meet a same-named module of another test folder."""
+  spec = importlib.util.spec_from_file_location(f"hf_parity_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
 
 
 # The exact HF counts and the released configs, from the torch-free ELECTRA tests.
-electra_test = _load_beside("electra_test")
+electra_test = _load(pathlib.Path(__file__).with_name("electra_test.py"))
+randomised = _load(pathlib.Path(__file__).parents[1] / "hf" / "hf_reference.py").randomised
 
 BATCH, LENGTH, VOCAB, HIDDEN, LAYERS, HEADS, MLP = 2, 16, 101, 32, 2, 4, 64
 REAL_TOKENS = (LENGTH, 11)  # the second row ends in 5 padding positions
 MLM_POSITIONS = np.array([[0, 5, 15], [3, 7, 10]], np.int64)  # all at real tokens
 TOL = dict(rtol=1e-5, atol=1e-5)
 
-# Our Transformer-layer parameters → HF's names inside one layer module.
-BERT_LAYER = dict(query="attention.self.query", key="attention.self.key",
-                  value="attention.self.value", output="attention.output.dense",
-                  attention_ln="attention.output.LayerNorm", intermediate="intermediate.dense",
-                  mlp_output="output.dense", output_ln="output.LayerNorm")
-ALBERT_LAYER = dict(query="attention.query", key="attention.key", value="attention.value",
-                    output="attention.dense", attention_ln="attention.LayerNorm",
-                    intermediate="ffn", mlp_output="ffn_output",
-                    output_ln="full_layer_layer_norm")
-
-
-def dense(sd, name):  # torch Linear weight [out, in] → kernel [in, out]
-  return {"kernel": sd[f"{name}.weight"].T, "bias": sd[f"{name}.bias"]}
-
-
-def layer_norm(sd, name):
-  return {"norm": {"scale": sd[f"{name}.weight"], "bias": sd[f"{name}.bias"]}}
-
-
-def head_params(sd, names):
-  """{our parameter: HF name} of a head → its tree: our '*_ln' are LayerNorms, 'output_bias' a
-  bare vector, the rest Linear layers."""
-  return {ours: (sd[theirs] if ours == "output_bias" else
-                 layer_norm(sd, theirs) if ours.endswith("_ln") else dense(sd, theirs))
-          for ours, theirs in names.items()}
-
-
-def mlm_head_names(transform, transform_ln, output_bias):
-  return dict(transform=transform, transform_ln=transform_ln, output_bias=output_bias)
-
-
-def encoder_params_from_hf(sd, config, *, prefix, position_offset=0, layers=None,
-                           layer_names=BERT_LAYER, projection=None):
-  """An HF BERT-style encoder's state_dict entries → our `Encoder`'s parameter tree (numpy).
-
-  Args:
-    sd: HF parameter name → numpy array.
-    config: our `config.model` section (hidden, heads, layers, max_positions).
-    prefix: the encoder's name, 'bert', 'roberta', 'albert' or 'electra'.
-    position_offset: the first row of HF's position table that a real token uses (RoBERTa: its
-      padding_idx + 1 = 2); our table is the `max_positions` rows from there.
-    layers: {our layer module: HF layer module}; default BERT's `layer_{i}` ←
-      `{prefix}.encoder.layer.{i}`.
-    layer_names: the parameter names inside an HF layer module (BERT_LAYER or ALBERT_LAYER).
-    projection: HF name of the embedding → hidden projection of a factorised embedding (ALBERT's
-      `albert.encoder.embedding_hidden_mapping_in`, ELECTRA's `electra.embeddings_project`), or
-      None.
-  """
-  hidden, heads = config.hidden, config.heads
-
-  def qkv(name):  # [heads·head_dim, hidden] → [hidden, heads, head_dim] (HF splits head-major)
-    return {"kernel": sd[f"{name}.weight"].T.reshape(hidden, heads, -1),
-            "bias": sd[f"{name}.bias"].reshape(heads, -1)}
-
-  def attention_output(name):  # [hidden, heads·head_dim] → [heads, head_dim, hidden]
-    return {"kernel": sd[f"{name}.weight"].T.reshape(heads, -1, hidden),
-            "bias": sd[f"{name}.bias"]}
-
-  embeddings = f"{prefix}.embeddings"
-  positions = sd[f"{embeddings}.position_embeddings.weight"]
-  encoder = {
-      "word_embeddings": {"embedding": sd[f"{embeddings}.word_embeddings.weight"]},
-      "position_embeddings": {
-          "embedding": positions[position_offset:position_offset + config.max_positions]},
-      "type_embeddings": {"embedding": sd[f"{embeddings}.token_type_embeddings.weight"]},
-      "embeddings_ln": layer_norm(sd, f"{embeddings}.LayerNorm"),
-  }
-  if projection:
-    encoder["embeddings_projection"] = dense(sd, projection)
-  if layers is None:
-    layers = {f"layer_{i}": f"{prefix}.encoder.layer.{i}" for i in range(config.layers)}
-  for ours, theirs in layers.items():
-    name = {k: f"{theirs}.{v}" for k, v in layer_names.items()}
-    encoder[ours] = {
-        "attention": {
-            "query": qkv(name["query"]),
-            "key": qkv(name["key"]),
-            "value": qkv(name["value"]),
-            "output": attention_output(name["output"]),
-        },
-        "attention_ln": layer_norm(sd, name["attention_ln"]),
-        "mlp": {"intermediate": dense(sd, name["intermediate"]),
-                "output": dense(sd, name["mlp_output"])},
-        "output_ln": layer_norm(sd, name["output_ln"]),
-    }
-  return encoder
-
-
-def flax_params_from_hf(state_dict, config, *, prefix, mlm_head, sentence_head=None,
-                        **encoder_kwargs):
-  """Maps an HF BERT-style PyTorch state_dict onto our MaskedLM parameter tree.
-
-  Args:
-    state_dict: HF parameter name → numpy array.
-    config: our `config.model` section.
-    prefix: the encoder's name, 'bert', 'roberta' or 'albert'.
-    mlm_head: names of the MLM head's (dense, LayerNorm, output bias), e.g.
-      ('lm_head.dense', 'lm_head.layer_norm', 'lm_head.bias').
-    sentence_head: names of (pooler dense, classifier), or None when the model has neither.
-    **encoder_kwargs: position_offset, layers, layer_names, projection of
-      `encoder_params_from_hf`.
-
-  Returns:
-    The parameter tree {'encoder', 'mlm_head'[, 'sentence_head']} of jnp arrays.
-  """
-  params = {"encoder": encoder_params_from_hf(state_dict, config, prefix=prefix,
-                                              **encoder_kwargs),
-            "mlm_head": head_params(state_dict, mlm_head_names(*mlm_head))}
-  if sentence_head:
-    pooler, classifier = sentence_head
-    params["sentence_head"] = head_params(state_dict, dict(pooler=pooler, classifier=classifier))
-  return jax.tree.map(jnp.asarray, params)
-
-
-# ELECTRA (spec §10): HF's discriminator and generator are separate checkpoints, each an
-# `electra.*` encoder with its own head; ours is one `Electra` whose generator reads the
-# discriminator's embedding tables and LayerNorm (SHARED_EMBEDDINGS).
-ELECTRA_HEADS = {
-    "discriminator": {"rtd_head": dict(transform="discriminator_predictions.dense",
-                                       prediction="discriminator_predictions.dense_prediction")},
-    "generator": {"generator_head": mlm_head_names("generator_predictions.dense",
-                                                   "generator_predictions.LayerNorm",
-                                                   "generator_lm_head.bias")},
-}
-SHARED_EMBEDDINGS = ("word_embeddings", "position_embeddings", "type_embeddings", "embeddings_ln")
+def params_from_hf(state_dict, config, hf_config, architecture):
+  """An HF state_dict → our parameter tree (jnp) of `architecture`, through the package's
+  mapping (bertfam_jax/hf/families.py)."""
+  family = families.get(hf_config.model_type)
+  hf = families.full_hf_config(family, hf_config.to_dict())
+  entries = families.entries(family, family.architecture(architecture), config, hf)
+  return jax.tree.map(jnp.asarray, mapping.params_from_hf(state_dict, entries))
 
 
 def electra_params_from_hf(state_dict, config, network):
-  """An HF ElectraForPreTraining (network='discriminator') or ElectraForMaskedLM ('generator')
-  state_dict → the part of our Electra's parameter tree it holds, as jnp arrays:
-    discriminator  {'encoder', 'rtd_head'}
-    generator      {'encoder': the SHARED_EMBEDDINGS only, 'generator', 'generator_head'}
-  `config` is that network's `model` section (the generator's from config_lib.electra_generator)."""
-  network_params = encoder_params_from_hf(
-      state_dict, config, prefix="electra",
-      projection="electra.embeddings_project" if factorized_embedding(config) else None)
-  params = {name: head_params(state_dict, names) for name, names in ELECTRA_HEADS[network].items()}
-  if network == "discriminator":
-    params["encoder"] = network_params
-  else:
-    params["encoder"] = {k: network_params.pop(k) for k in SHARED_EMBEDDINGS}
-    params["generator"] = network_params
-  return jax.tree.map(jnp.asarray, params)
-
-
-def randomised(hf_model, seed=0):
-  """`hf_model` in eval mode with N(0, 0.2²) added to every parameter (HF's init leaves biases at
-  0 and LayerNorm at 1/0, under which a misplaced bias would go unnoticed); tied weights stay
-  tied. Returns (model, state_dict as numpy)."""
-  generator = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for p in hf_model.parameters():
-      p.add_(0.2 * torch.randn(p.shape, generator=generator))
-  hf_model.eval()
-  return hf_model, {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
+  """An HF ElectraForPreTraining ('discriminator') or ElectraForMaskedLM ('generator')
+  state_dict → its part of our Electra's parameter tree (mapping.electra_entries)."""
+  return jax.tree.map(jnp.asarray,
+                      mapping.params_from_hf(state_dict, mapping.electra_entries(config, network)))
 
 
 def make_inputs(*, pad_id, first_id):
@@ -251,11 +112,7 @@ def test_bert_for_pretraining_parity(activation, hidden_act):
                               vocab_size=VOCAB, max_positions=LENGTH, activation=activation,
                               layer_norm_eps=1e-12)
   model = pretraining.MaskedLM(config, sentence_classes=2)
-  params = flax_params_from_hf(
-      sd, config, prefix="bert",
-      mlm_head=("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
-                "cls.predictions.bias"),
-      sentence_head=("bert.pooler.dense", "cls.seq_relationship"))
+  params = params_from_hf(sd, config, hf_config, "BertForPreTraining")
   check_tree_and_count(params, model, hf_model)
 
   input_ids, input_mask, segment_ids = make_inputs(pad_id=0, first_id=1)
@@ -283,9 +140,7 @@ def test_roberta_for_masked_lm_parity():
                               vocab_size=VOCAB, max_positions=LENGTH, activation="gelu",
                               layer_norm_eps=1e-5, type_vocab_size=1)
   model = pretraining.MaskedLM(config)
-  params = flax_params_from_hf(
-      sd, config, prefix="roberta",
-      mlm_head=("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"), position_offset=pad_id + 1)
+  params = params_from_hf(sd, config, hf_config, "RobertaForMaskedLM")
   # HF's position rows 0 and 1 are never used by a real token.
   check_tree_and_count(params, model, hf_model, extra_hf_params=(pad_id + 1) * HIDDEN)
 
@@ -316,13 +171,7 @@ def test_albert_for_pretraining_parity(groups):
                                      embedding_size=embedding, vocab_size=VOCAB,
                                      max_positions=LENGTH, hidden_groups=groups)
   model = pretraining.MaskedLM(config, sentence_classes=2)
-  params = flax_params_from_hf(
-      sd, config, prefix="albert",
-      mlm_head=("predictions.dense", "predictions.LayerNorm", "predictions.bias"),
-      sentence_head=("albert.pooler", "sop_classifier.classifier"),
-      layers={f"group_{g}": f"albert.encoder.albert_layer_groups.{g}.albert_layers.0"
-              for g in range(groups)},
-      layer_names=ALBERT_LAYER, projection="albert.encoder.embedding_hidden_mapping_in")
+  params = params_from_hf(sd, config, hf_config, "AlbertForPreTraining")
   check_tree_and_count(params, model, hf_model)
 
   input_ids, input_mask, segment_ids = make_inputs(pad_id=0, first_id=1)

@@ -366,4 +366,4 @@ def test_resume_restores_generator_discriminator_and_optimizer_exactly(tmp_path)
 
 def checkpoint_params(workdir):
   """The latest checkpoint's parameters, restored without the train loop."""
-  return classify._restore_params(classify._read_run_config(workdir), workdir)
+  return classify.restore_params(classify.read_run_config(workdir), workdir)

@@ -1,0 +1,80 @@
+"""Fine-tuning losses, one per task kind of models/finetune.py, in the objectives' convention:
+`task_loss(kind, outputs, batch) -> (loss to differentiate, {metric: (sum, count)})`, so metrics
+aggregate exactly over batches (train/metrics.py). Every loss is in float32.
+
+Batch keys (numpy or jax arrays):
+  classification, multiple_choice  label [batch] int
+  regression                       label [batch] float
+  token_classification             labels [batch, length] int, label_weights [batch, length] float
+                                   (1 on the first sub-token of each word, 0 elsewhere)
+  extractive_qa                    start_position, end_position [batch] int (0 = no answer)
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import optax
+
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.objectives import losses
+
+
+def _cross_entropy(logits, targets, weights):
+  """Σ w·CE / Σ w (0 when Σ w = 0) with 'loss' and 'accuracy' as (weighted sum, Σ w)."""
+  total, correct, count = losses.weighted_cross_entropy(logits=logits, targets=targets,
+                                                        weights=weights)
+  return total / jnp.maximum(count, 1.0), {"loss": (total, count), "accuracy": (correct, count)}
+
+
+def classification_loss(outputs, batch):
+  """Mean softmax cross-entropy of logits [batch, classes] (or choice scores [batch, choices]) on
+  `label` (run_classifier.py create_model)."""
+  return _cross_entropy(outputs, batch["label"], jnp.ones(batch["label"].shape, jnp.float32))
+
+
+def regression_loss(outputs, batch):
+  """Mean squared error of predictions [batch] against float `label` (HF's num_labels=1 MSELoss;
+  the STS-B recipe)."""
+  errors = jnp.square(outputs.astype(jnp.float32) - batch["label"].astype(jnp.float32))
+  count = jnp.asarray(errors.size, jnp.float32)
+  return jnp.mean(errors), {"loss": (jnp.sum(errors), count)}
+
+
+def token_classification_loss(outputs, batch):
+  """Cross-entropy of logits [batch, length, labels] on `labels`, averaged over the positions with
+  `label_weights` 1 (the first sub-token of each word); 0 when a batch has none."""
+  return _cross_entropy(outputs, batch["labels"], batch["label_weights"])
+
+
+def extractive_qa_loss(outputs, batch):
+  """bert run_squad.py create_model's loss: (CE(start logits, start_position) + CE(end logits,
+  end_position)) / 2, each the batch mean of a softmax over every position; outputs [batch,
+  length, 2] hold the start logits in [..., 0] and the end logits in [..., 1]."""
+  logits = outputs.astype(jnp.float32)
+  start = optax.softmax_cross_entropy_with_integer_labels(logits[..., 0], batch["start_position"])
+  end = optax.softmax_cross_entropy_with_integer_labels(logits[..., 1], batch["end_position"])
+  count = jnp.asarray(start.size, jnp.float32)
+  hit = lambda i, key: jnp.sum(jnp.argmax(logits[..., i], -1) == batch[key]).astype(  # noqa: E731
+      jnp.float32)
+  metrics = {"loss": (jnp.sum(start + end) / 2, count),
+             "start_accuracy": (hit(0, "start_position"), count),
+             "end_accuracy": (hit(1, "end_position"), count)}
+  return jnp.mean(start + end) / 2, metrics
+
+
+TASK_LOSSES = {
+    "classification": classification_loss,
+    "regression": regression_loss,
+    "token_classification": token_classification_loss,
+    "extractive_qa": extractive_qa_loss,
+    "multiple_choice": classification_loss,
+}
+
+
+def task_loss(kind: str, outputs, batch):
+  """(scalar loss, {metric: (sum, count)}) for the outputs of `FineTuneModel(kind=kind)`. Every
+  kind reports 'loss'; classification, multiple_choice and token_classification 'accuracy';
+  extractive_qa 'start_accuracy' and 'end_accuracy'."""
+  if kind not in TASK_LOSSES:
+    raise ConfigError(f"Fine-tuning kind {kind!r}; choose one of {sorted(TASK_LOSSES)}.")
+  return TASK_LOSSES[kind](outputs, batch)

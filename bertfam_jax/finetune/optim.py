@@ -1,0 +1,193 @@
+"""The fine-tuning optimizer: BERT's AdamW with layer-wise learning-rate decay, frozen layers and
+adapter-only training.
+
+  tx, schedule = make_finetune_optimizer(config.finetune, config.model, params, total_steps)
+
+`ft` is the `config.finetune` section; the fields read are peak_lr, warmup_fraction,
+weight_decay, clip_norm, layer_decay, freeze_layers and method.
+
+- Update (bert run_classifier.py → optimization.py create_optimizer, via train/optimizer.py
+  make_optimizer): clip the global gradient norm at `clip_norm`, Adam without bias correction,
+  decay `weight_decay`·θ on all but LayerNorm and biases, linear warmup over
+  int(total_steps · warmup_fraction) steps (run_classifier's num_warmup_steps) and linear decay to
+  0 at `total_steps` counted from step 0.
+- `layer_decay` d < 1 (ELECTRA model/optimization.py `_get_layer_lrs`): a parameter at depth k has
+  learning rate lr · d^(L + 2 − k), L = model.layers; depth 0 for the embeddings (tables, their
+  LayerNorm, ALBERT's projection: ELECTRA's "/embeddings/" and "/embeddings_project/"), i + 1 for
+  layer i (its adapters and LayerNorms included), L + 2 for everything outside the encoder: the
+  heads, their pooler and the scalar mix, which ELECTRA's fine-tuning creates under
+  "task_specific/" (its pooler has no weights). A scanned stack ('layers', [L, ...]) gets one
+  multiplier per slice. Layers that share parameters (ALBERT) have no single depth, so d < 1
+  is refused for them, as ELECTRA raises for a variable no key matches.
+- `freeze_layers` N: the embeddings and layers 0..N−1 get no update; frozen leaves go through
+  optax.set_to_zero (no optimizer state) and are left out of the clipped norm. A scanned stack
+  is one array: its frozen slices get zero gradients and updates, its optimizer state covers
+  the whole stack.
+- method 'adapters' (Houlsby et al., 2019; adapter-bert optimization.py trains the collections
+  "adapters", "layer_norm", "head"): only adapters, every LayerNorm (embeddings' included), and
+  everything outside the encoder are trained. Deviation: adapter-bert's head is the output layer
+  alone, its pooler the frozen pre-trained one; here the whole head trains, pooler included, since
+  runs without a sentence task (RoBERTa, ELECTRA) have no pre-trained pooler.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+
+from bertfam_jax import config_lib
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.models import encoder
+from bertfam_jax.train import optimizer
+
+ADAPTERS = ("attention_adapter", "ffn_adapter")
+
+# Where a parameter sits: outside the encoder, in its embeddings, in a scanned [layers, ...] stack,
+# or in a layer module applied at some layers (`Layers`).
+TASK, EMBEDDINGS, STACK = "task", "embeddings", "stack"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layers:
+  """The layers (indices) that apply a layer module: one, or several when they share it."""
+  indices: tuple[int, ...]
+
+
+def _names(path) -> list[str]:
+  return [getattr(k, "key", str(k)) for k in path]
+
+
+def _positions(config_model, params):
+  """A tree like `params` of TASK / EMBEDDINGS / STACK / Layers."""
+  modules = collections.defaultdict(list)  # layer module name → the layers that apply it
+  for i, layer in enumerate(encoder.layer_plan(config_model)):
+    for name, _ in layer:
+      modules[name].append(i)
+
+  def position(path, _):
+    names = _names(path)
+    if "encoder" not in names:
+      return TASK
+    module = names[names.index("encoder") + 1]
+    if module == "layers":
+      return STACK
+    return Layers(tuple(modules[module])) if module in modules else EMBEDDINGS
+
+  return jax.tree_util.tree_map_with_path(position, params)
+
+
+def _per_slice(values, leaf):
+  """[layers] values → [layers, 1, ...] broadcasting against a stacked leaf."""
+  return np.asarray(values).reshape((-1,) + (1,) * (len(leaf.shape) - 1))
+
+
+def _check(ft, config_model) -> None:
+  if ft.method not in config_lib.FINETUNE_METHODS:
+    raise ConfigError(f"finetune.method={ft.method!r}; choose one of "
+                      f"{config_lib.FINETUNE_METHODS}.")
+  if not 0 < ft.layer_decay <= 1:
+    raise ConfigError(f"finetune.layer_decay={ft.layer_decay} must be in (0, 1] (1 = off).")
+  if not 0 <= ft.freeze_layers <= config_model.layers:
+    raise ConfigError(f"finetune.freeze_layers={ft.freeze_layers} must be in [0, model.layers="
+                      f"{config_model.layers}].")
+
+
+def layer_multipliers(ft, config_model, params):
+  """ELECTRA's per-parameter learning-rate factor d^(L + 2 − depth): a tree like `params` of
+  float32 numpy arrays, 0-d or [layers, 1, ...] for a scanned stack."""
+  _check(ft, config_model)
+  n, decay = config_model.layers, ft.layer_decay
+
+  def depth(position, leaf):
+    if position == TASK:
+      return np.float32(n + 2)
+    if position == EMBEDDINGS:
+      return np.float32(0)
+    if position == STACK:
+      return _per_slice(np.arange(1, n + 1, dtype=np.float32), leaf)
+    if len(position.indices) > 1 and decay != 1:
+      raise ConfigError(f"finetune.layer_decay={decay} needs one parameter set per layer, but "
+                        f"model.share_layers={config_model.share_layers!r} applies one at layers "
+                        f"{list(position.indices)}; set --config.finetune.layer_decay=1.0.")
+    return np.float32(position.indices[0] + 1)
+
+  depths = jax.tree.map(depth, _positions(config_model, params), params)
+  return jax.tree.map(lambda k: np.float32(decay) ** (n + 2 - k), depths)
+
+
+def trainable_mask(ft, config_model, params):
+  """A tree like `params` of numpy bools: 0-d, or [layers, 1, ...] for a scanned stack."""
+  _check(ft, config_model)
+  frozen = ft.freeze_layers
+  adapters_only = ft.method == "adapters"
+  if adapters_only and not any(
+      a in _names(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+      for a in ADAPTERS):
+    raise ConfigError("finetune.method='adapters' needs a model with adapters: set "
+                      "model.adapter_size > 0 (finetune.adapter_size) or "
+                      "--config.finetune.method=full.")
+
+  def trainable(path, position, leaf):
+    names = _names(path)
+    if position == TASK:
+      return np.bool_(True)
+    if adapters_only and not any(a in names for a in ADAPTERS + ("norm",)):
+      return np.bool_(False)
+    if position == EMBEDDINGS:
+      return np.bool_(frozen == 0)
+    if position == STACK:
+      return _per_slice(np.arange(config_model.layers) >= frozen, leaf)
+    if len({i < frozen for i in position.indices}) > 1:
+      raise ConfigError(f"finetune.freeze_layers={frozen} splits the layers "
+                        f"{list(position.indices)} "
+                        f"that share '{names[names.index('encoder') + 1]}' (model.share_layers="
+                        f"{config_model.share_layers!r}); freeze all of them or none.")
+    return np.bool_(position.indices[0] >= frozen)
+
+  return jax.tree_util.tree_map_with_path(trainable, _positions(config_model, params), params)
+
+
+def trainable_fraction(ft, config_model, params) -> float:
+  """The fraction of parameter entries that `make_finetune_optimizer` updates (`params` may be
+  abstract: jax.eval_shape's ShapeDtypeStructs)."""
+  mask = trainable_mask(ft, config_model, params)
+  sizes = jax.tree.map(lambda leaf: np.prod(leaf.shape, dtype=np.float64), params)
+  trained = jax.tree.map(lambda m, leaf: np.prod(leaf.shape) * np.mean(m), mask, params)
+  return float(sum(jax.tree.leaves(trained)) / sum(jax.tree.leaves(sizes)))
+
+
+def _scale_by(factors) -> optax.GradientTransformation:
+  """Multiplies each update leaf by its factor (a 0-d or broadcasting numpy array)."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u, f: u * f, updates, factors), state
+
+  return optax.GradientTransformation(lambda _: optax.EmptyState(), update_fn)
+
+
+def make_finetune_optimizer(ft, config_model, params, total_steps: int
+                            ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """(transformation, schedule) for fine-tuning `params` (concrete or abstract, with or without
+  the outer {'params': ...}) of a models/finetune.py FineTuneModel over `total_steps` updates."""
+  mask = trainable_mask(ft, config_model, params)
+  bert = ml_collections.ConfigDict(dict(
+      optimizer=config_lib.bert_adamw(
+          peak_lr=ft.peak_lr, weight_decay=ft.weight_decay, clip_norm=ft.clip_norm,
+          warmup_steps=int(total_steps * ft.warmup_fraction)),
+      train=dict(total_steps=total_steps)))
+  adamw, schedule = optimizer.make_optimizer(bert)
+  labels = jax.tree.map(lambda m: "trainable" if m.any() else "frozen", mask)
+  as_float = lambda m: m.astype(np.float32)  # noqa: E731
+  multipliers = jax.tree.map(lambda m, k: as_float(m) * k, mask,
+                             layer_multipliers(ft, config_model, params))
+  tx = optax.chain(
+      _scale_by(jax.tree.map(as_float, mask)),  # zero gradients of frozen stack slices (unclipped)
+      optax.multi_transform({"trainable": adamw, "frozen": optax.set_to_zero()}, labels),
+      _scale_by(multipliers))
+  return tx, schedule

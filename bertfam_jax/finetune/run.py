@@ -1,0 +1,380 @@
+"""The fine-tuning run behind `python -m bertfam_jax.main --config=configs/finetune.py:task=NAME,
+init=PATH --workdir=W`: one task, one pre-trained encoder, one head.
+
+  init      a pre-training workdir of ours, one written by `python -m bertfam_jax.hf import`, or a
+            transformers checkpoint directory (imported in memory)
+  task      `finetune/tasks.py` (raw examples) → `finetune/features.py` (arrays) →
+            `models/finetune.py` (encoder + the task's head) → `finetune/losses.py`
+  optimizer `finetune/optim.py`: BERT's AdamW, warmup + linear decay, layer-wise decay, frozen
+            layers, adapters
+
+Training runs on the configured mesh with the train loop's sharded step (`train/step.py`);
+checkpoints after every epoch make a killed run resume exactly (batches are a pure function of
+seed and step). After every epoch the evaluation split is predicted and scored; the workdir gets
+
+  config.json          the resolved config (the encoder's `model` and `tokenizer` included)
+  metrics.jsonl        training records every `train.log_every` steps and eval_* per epoch
+  eval_results.json    the last evaluation: task, split, step, examples, scores, trained fraction
+  predictions.jsonl    one line per evaluation example: its id / index, prediction and gold label
+  checkpoints/<step>/  the fine-tuned state (latest `train.keep_checkpoints`)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from bertfam_jax import config_lib
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.data import pipeline as pipeline_lib
+from bertfam_jax.finetune import classify, features, optim, tasks
+from bertfam_jax.finetune import losses as finetune_losses
+from bertfam_jax.models import finetune as finetune_models
+from bertfam_jax.train import checkpoint as checkpoint_lib
+from bertfam_jax.train import metrics as train_metrics
+from bertfam_jax.train import sharding as sharding_lib
+from bertfam_jax.train import step as step_lib
+from bertfam_jax.train import train as train_lib
+
+INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
+LABEL_KEYS = ("label", "labels", "label_weights", "start_position", "end_position")
+
+
+# ------------------------------------------------------------------------------------ the encoder
+
+
+def model_config(init_model: ml_collections.ConfigDict, ft) -> ml_collections.ConfigDict:
+  """The pre-trained `model` section with the fine-tuning changes: adapters when
+  `method='adapters'`."""
+  m = ml_collections.ConfigDict(init_model.to_dict())
+  if ft.method == "adapters":
+    m.adapter_size = ft.adapter_size
+  return m
+
+
+def transfer_pretrained(fresh, pretrained, *, reuse_pooler: bool):
+  """The fresh fine-tuning parameters with every pre-trained encoder leaf copied in.
+
+  Args:
+    fresh: {'encoder', <head>, ['scalar_mix']} of the fine-tuning model.
+    pretrained: the pre-trained run's parameters ({'encoder', 'mlm_head', ['sentence_head']...}).
+    reuse_pooler: copy the pre-trained pooler (`sentence_head/pooler`, BERT's NSP pooler) into
+      the head's pooler, as run_classifier.py and HF's *ForSequenceClassification do.
+
+  Leaves the fresh encoder has and the pre-trained one lacks must be adapters (added for
+  fine-tuning); any other difference is a ConfigError.
+  """
+  flat_fresh = _flatten(fresh["encoder"])
+  flat_given = _flatten(pretrained["encoder"])
+  unexpected = sorted(set(flat_given) - set(flat_fresh))
+  missing = sorted(k for k in set(flat_fresh) - set(flat_given) if "adapter" not in k)
+  wrong = sorted(k for k in set(flat_fresh) & set(flat_given)
+                 if np.shape(flat_fresh[k]) != np.shape(flat_given[k]))
+  if unexpected or missing or wrong:
+    detail = "; ".join(f"{name}: {keys[:3]}" for name, keys in
+                       (("unexpected", unexpected), ("missing", missing), ("shape", wrong)) if keys)
+    raise ConfigError(f"The pre-trained encoder does not fit the fine-tuning model ({detail}); "
+                      f"the model section comes from `finetune.init`, do not override it.")
+  merged = dict(fresh)
+  merged["encoder"] = _unflatten({k: jnp.asarray(flat_given.get(k, v), dtype=v.dtype)
+                                  for k, v in flat_fresh.items()})
+  pooler = pretrained.get("sentence_head", {}).get("pooler")
+  for head in ("classification_head", "choice_head"):
+    if reuse_pooler and pooler is not None and head in merged:
+      merged[head] = dict(merged[head], pooler=jax.tree.map(jnp.asarray, pooler))
+  return merged
+
+
+def _flatten(tree) -> dict[str, Any]:
+  return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _unflatten(flat: dict[str, Any]):
+  tree: dict[str, Any] = {}
+  for key, leaf in flat.items():
+    *parents, name = key.split("/")
+    node = tree
+    for parent in parents:
+      node = node.setdefault(parent, {})
+    node[name] = leaf
+  return tree
+
+
+# ---------------------------------------------------------------------------------------- batches
+
+
+def epoch_order(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+  """The [batch_size] example indices of global step `step` (0-based): epoch e = step // per_epoch
+  is a fresh permutation from (seed, e), its last partial batch dropped (run_classifier.py's
+  shuffle + drop_remainder). A pure function of (seed, step), so a resumed run sees the batches an
+  uninterrupted one would."""
+  per_epoch = num_examples // batch_size
+  epoch, index = divmod(step, per_epoch)
+  order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+  return order[index * batch_size:(index + 1) * batch_size]
+
+
+def local_rows(global_rows: np.ndarray) -> np.ndarray:
+  """This process's contiguous share of a global batch's rows."""
+  share = len(global_rows) // jax.process_count()
+  return global_rows[jax.process_index() * share:(jax.process_index() + 1) * share]
+
+
+def take(data: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+  return {k: v[rows] for k, v in data.items()}
+
+
+# ------------------------------------------------------------------------------------------- run
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Fine-tunes and evaluates `config.finetune` in `workdir`; returns the last eval_results."""
+  ft = config.finetune
+  config_lib.validate_finetune(config)
+  task = tasks.get(ft.task)
+  train_lib.prepare_workdir(workdir)
+  init_config, tokenizer, pretrained = classify.load_pretrained(ft.init)
+  resolved = _resolved_config(config, init_config)
+  if ft.max_seq_len > resolved.model.max_positions:
+    raise ConfigError(f"finetune.max_seq_len={ft.max_seq_len} exceeds the encoder's "
+                      f"max_positions={resolved.model.max_positions}; pass "
+                      f"--config.finetune.max_seq_len={resolved.model.max_positions} or less.")
+  checkpoint_lib.check_or_write_config(workdir, resolved)
+
+  mesh = sharding_lib.make_mesh(config.mesh)
+  train_lib.check_batch(resolved, mesh)
+  start = time.time()
+  load = lambda split, limit: task.load(split, data_dir=ft.data_dir,  # noqa: E731
+                                        max_examples=limit or None)
+  train_examples = load(ft.train_split or task.train_split, ft.max_train_examples)
+  eval_examples = load(ft.eval_split or task.eval_split, ft.max_eval_examples)
+  train_data = featurize(task, tokenizer, train_examples, resolved, training=True)
+  eval_data = featurize(task, tokenizer, eval_examples, resolved, training=False)
+  num_train = len(train_data["input_ids"])
+  batch_size = config.train.batch_size
+  if num_train < batch_size:
+    raise ConfigError(f"{ft.task} has {num_train} training rows, fewer than train.batch_size="
+                      f"{batch_size}; lower the batch size or raise finetune.max_train_examples.")
+  total_steps = max(1, int(num_train / batch_size * ft.epochs))
+  steps_per_epoch = num_train // batch_size
+  train_metrics.print_progress(
+      f"{ft.task} ({task.kind}): {len(train_examples)} train examples → {num_train} rows, "
+      f"{len(eval_examples)} {ft.eval_split or task.eval_split} examples; {total_steps} steps of "
+      f"{batch_size} ({ft.epochs:g} epochs); data ready in {time.time() - start:.1f} s.")
+
+  model, example = build_model(resolved)
+  tx, schedule = make_optimizer(resolved, model, example, total_steps)
+  fraction = optim.trainable_fraction(ft, resolved.model, _abstract_params(model, example))
+  train_metrics.print_progress(f"method {ft.method}: {100 * fraction:.2f}% of the parameters "
+                               f"are trained.")
+
+  with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
+  abstract, shardings = with_ctx(step_lib.abstract_state)(model, tx, resolved, mesh, example)
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                             config.train.keep_checkpoints)
+  writer = None
+  try:
+    latest = checkpointer.latest_step()
+    if latest is not None:
+      state, _ = checkpointer.restore(latest, abstract)
+      train_metrics.print_progress(f"Resumed from step {latest}.")
+    else:
+      state = with_ctx(step_lib.init_state)(model, tx, resolved, shardings, config.seed, example)
+      if not ft.from_scratch:
+        params = transfer_pretrained(jax.device_get(state.params["params"]), pretrained,
+                                     reuse_pooler=ft.reuse_pooler)
+        state = with_ctx(_fresh_optimizer_state)(tx, {"params": params}, shardings)
+    writer = train_metrics.MetricsWriter(workdir, resume_step=latest)
+    loss_fn = _make_loss_fn(task.kind)
+    train_step = step_lib.make_train_step(model, tx, schedule, loss_fn, resolved, shardings, mesh)
+    predict = _make_predict(model, shardings, mesh)
+    results = _loop(resolved, task, state, train_step, predict, checkpointer, writer, mesh,
+                    train_data, eval_data, eval_examples, tokenizer, total_steps,
+                    steps_per_epoch, workdir, dict(trained_fraction=fraction))
+  finally:
+    checkpointer.close()
+    if writer is not None:
+      writer.close()
+  return results
+
+
+def featurize(task, tokenizer, examples, config, training: bool) -> dict[str, np.ndarray]:
+  """`features.featurize`, then every array the train step does not read dropped from training
+  data, and the segment ids zeroed for encoders with one token type (RoBERTa: its pairs are
+  `<s> A </s></s> B </s>`, all type 0)."""
+  data = features.featurize(task, tokenizer, examples, config.finetune, training)
+  if config.model.type_vocab_size <= 1:
+    data["segment_ids"] = np.zeros_like(data["segment_ids"])
+  if training:
+    data = {k: v for k, v in data.items() if k in INPUT_KEYS + LABEL_KEYS}
+  return data
+
+
+def _resolved_config(config, init_config) -> ml_collections.ConfigDict:
+  """The fine-tuning config plus the pre-trained run's model, tokenizer and objective sections
+  (the tokenizer path made absolute), as written to config.json."""
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  resolved.model = model_config(init_config.model, config.finetune)
+  resolved.tokenizer = ml_collections.ConfigDict(init_config.tokenizer.to_dict())
+  resolved.tokenizer.model_path = classify.tokenizer_location(init_config, config.finetune.init)
+  resolved.objective = ml_collections.ConfigDict(init_config.objective.to_dict())
+  return resolved
+
+
+def build_model(config) -> tuple[finetune_models.FineTuneModel, dict[str, np.ndarray]]:
+  """The fine-tuning model of a resolved config and inputs that trace its `init` ([1, 8] rows;
+  [1, 2, 8] for multiple choice): parameter shapes depend on neither length."""
+  task = tasks.get(config.finetune.task)
+  model = finetune_models.FineTuneModel(
+      ml_collections.FrozenConfigDict(config.model), task.kind, task.num_outputs,
+      features=config.finetune.features)
+  shape = (1, 2, 8) if task.kind == "multiple_choice" else (1, 8)
+  example = dict(input_ids=np.zeros(shape, np.int32), input_mask=np.ones(shape, np.int32),
+                 segment_ids=np.zeros(shape, np.int32))
+  return model, example
+
+
+def make_optimizer(config, model, example, total_steps: int):
+  """(tx, schedule) of `finetune/optim.py` for the model's parameter tree."""
+  return optim.make_finetune_optimizer(config.finetune, config.model,
+                                       _abstract_params(model, example), total_steps)
+
+
+def checkpoint_optimizer(config, model, example):
+  """The optimizer whose state a fine-tuning checkpoint holds (its structure does not depend on
+  the schedule's length)."""
+  return make_optimizer(config, model, example, total_steps=1)[0]
+
+
+def _abstract_params(model, example):
+  rng = jax.random.key(0)
+  boxed = jax.eval_shape(lambda: model.init({"params": rng}, *(example[k] for k in INPUT_KEYS),
+                                            deterministic=True))
+  return nn.meta.unbox(boxed)
+
+
+def _fresh_optimizer_state(tx, params, shardings) -> step_lib.TrainState:
+  return jax.jit(lambda p: step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=p,
+                                               opt_state=tx.init(p)),
+                 out_shardings=shardings)(params)
+
+
+def _make_loss_fn(kind: str) -> Callable:
+  def loss_fn(model, params, batch, rng, config, *, deterministic=False):
+    del config
+    outputs = model.apply(params, *(batch[k] for k in INPUT_KEYS), deterministic=deterministic,
+                          rngs={"dropout": rng})
+    return finetune_losses.task_loss(kind, outputs, batch)
+  return loss_fn
+
+
+def _make_predict(model, shardings, mesh):
+  """Jitted `predict(params, inputs) -> outputs`, replicated on every device (and process)."""
+  def predict(params, inputs):
+    return model.apply(params, *(inputs[k] for k in INPUT_KEYS), deterministic=True)
+  return step_lib.with_mesh_context(jax.jit(
+      predict, in_shardings=(shardings.params, sharding_lib.batch_sharding(mesh)),
+      out_shardings=NamedSharding(mesh, P())), mesh)
+
+
+def _loop(config, task, state, train_step, predict, checkpointer, writer, mesh, train_data,
+          eval_data, eval_examples, tokenizer, total_steps, steps_per_epoch, workdir, extra):
+  ft, t = config.finetune, config.train
+  step = int(jax.device_get(state.step))
+  results, window, timer = {}, None, time.perf_counter()
+  num_train = len(train_data["input_ids"])
+  while step < total_steps:
+    rows = local_rows(epoch_order(num_train, t.batch_size, config.seed, step))
+    batch = pipeline_lib.make_global_batch(take(train_data, rows), mesh, sharding_lib.BATCH_SPEC)
+    state, metrics = train_step(state, batch)
+    step += 1
+    window = metrics if window is None else step_lib.accumulate_metrics(window, metrics)
+    if step % t.log_every == 0 or step == total_steps:
+      scalars = step_lib.finalize_metrics(jax.device_get(window))
+      seconds = time.perf_counter() - timer
+      writer.write(step, scalars)
+      train_metrics.print_progress(
+          f"step {step}/{total_steps} | loss {scalars['loss']:.4f} | lr "
+          f"{scalars['learning_rate']:.2e} | ETA "
+          f"{train_metrics.format_duration(seconds / t.log_every * (total_steps - step))}")
+      window, timer = None, time.perf_counter()
+    if step % steps_per_epoch == 0 or step == total_steps:
+      results = evaluate(task, predict, state.params, eval_data, eval_examples, tokenizer, config,
+                         mesh)
+      results.update(step=step, **extra)
+      writer.write(step, {k: v for k, v in results["scores"].items()}, prefix="eval_")
+      train_metrics.print_progress(f"eval @ {step}: " + ", ".join(
+          f"{k} {v:.4f}" for k, v in sorted(results["scores"].items())))
+      _write_results(workdir, results)
+      checkpointer.save(step, state, {"step": step})
+  if not results:  # resumed after the last step: score the restored state again
+    results = evaluate(task, predict, state.params, eval_data, eval_examples, tokenizer, config,
+                       mesh)
+    results.update(step=step, **extra)
+    _write_results(workdir, results)
+  return {k: v for k, v in results.items() if k != "predictions"}
+
+
+# ------------------------------------------------------------------------------------ evaluation
+
+
+def predict_all(predict, params, data: dict[str, np.ndarray], batch_size: int, mesh):
+  """Model outputs for every row of `data` (INPUT_KEYS), as host numpy [rows, ...]. Each call
+  has the same global shape: the last batch is padded by repeating its final row."""
+  rows = len(data["input_ids"])
+  outputs = []
+  for start in range(0, rows, batch_size):
+    index = np.arange(start, start + batch_size).clip(max=rows - 1)
+    batch = pipeline_lib.make_global_batch(take({k: data[k] for k in INPUT_KEYS},
+                                                local_rows(index)), mesh, sharding_lib.BATCH_SPEC)
+    outputs.append(predict(params, batch))
+  outputs = jax.device_get(outputs)
+  return np.concatenate(outputs)[:rows]
+
+
+def evaluate(task, predict, params, eval_data, eval_examples, tokenizer, config, mesh
+             ) -> dict[str, Any]:
+  """Predicts the evaluation split and scores it with the task's metrics.
+
+  Returns: task, split, examples, scores {metric: value}, main_metric, predictions (one dict per
+  example: id or index, prediction, label)."""
+  ft = config.finetune
+  outputs = predict_all(predict, params, eval_data, config.train.eval_batch_size, mesh)
+  predictions = features.decode_predictions(task, outputs, eval_data, eval_examples, tokenizer, ft)
+  scores = task.score(eval_examples, predictions)
+  return dict(task=ft.task, split=ft.eval_split or task.eval_split, examples=len(eval_examples),
+              main_metric=task.main_metric, scores=scores,
+              predictions=[dict(index=i, prediction=_jsonable(p), label=_jsonable(g))
+                           for i, (p, g) in enumerate(zip(predictions,
+                                                          task.gold(eval_examples)))])
+
+
+def _jsonable(value):
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  if isinstance(value, np.generic):
+    return value.item()
+  return value
+
+
+def _write_results(workdir: str, results: dict) -> None:
+  if jax.process_index() != 0:
+    return
+  summary = {k: v for k, v in results.items() if k != "predictions"}
+  for name, payload in (("eval_results.json", json.dumps(summary, indent=2) + "\n"),
+                        ("predictions.jsonl", "".join(json.dumps(p) + "\n"
+                                                      for p in results["predictions"]))):
+    path = os.path.join(workdir, name)
+    with open(path + ".tmp", "w") as f:
+      f.write(payload)
+    os.replace(path + ".tmp", path)

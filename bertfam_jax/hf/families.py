@@ -1,0 +1,416 @@
+"""The HF model families we read and write: config translation and which heads each HF class holds.
+
+`FAMILIES[model_type]` is a `Family`; XLNet and T5 are registered as unavailable (their issues add
+the networks), so `get(model_type)` names the reason instead of failing later. A family lists its
+`Architecture`s (HF classes) most heads first; `detect` picks the first whose head parameters the
+checkpoint holds, so e.g. bert-base-uncased (config says BertForMaskedLM, weights hold NSP too)
+imports with both heads.
+
+Fine-tuned checkpoints are a family's task classes (`Family.tasks`: *ForSequenceClassification,
+*ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), whose heads are our
+`models.finetune.FineTuneModel` heads; config.json's `architectures` names them (their weights
+alone cannot tell sequence classification from multiple choice). A class whose HF head computes
+something else than ours says why in `Architecture.mismatch` and is refused both ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import ml_collections
+
+from bertfam_jax import config_lib
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.hf import mapping
+from bertfam_jax.models import finetune as finetune_models
+from bertfam_jax.models.encoder import factorized_embedding
+
+# HF hidden_act → our model.activation: HF 'gelu' is exact erf; 'gelu_new' and
+# 'gelu_pytorch_tanh' are the tanh approximation of TF BERT / ALBERT.
+ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                       "relu": "relu"}
+ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "max_position_embeddings")
+# HF's config defaults (BertConfig) for the keys an older config.json may omit.
+COMMON_DEFAULTS = dict(hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                       type_vocab_size=2, initializer_range=0.02, layer_norm_eps=1e-12,
+                       pad_token_id=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+  """An HF class of a family and the part of our model its checkpoint holds.
+
+  name: the HF class (config.json `architectures`); objective: our objective ('mlm' or
+  'electra'; '' for a task class); sentence_task: 'nsp' / 'sop' / ''; heads: {our head module:
+  {our parameter: HF name}}; gelu_head: HF hard-wires exact GELU in this class's MLM head
+  (RoBERTa, ELECTRA's generator) where ours uses model.activation, so the model must use 'gelu'.
+  Task classes: kind, the FineTuneModel kind of the head ('classification' also stands for
+  regression, HF's num_labels=1 / problem_type='regression'); hf_fields, HF config values under
+  which HF's head computes ours (written on export, required on import); mismatch, why HF's head
+  differs from ours when no config makes it equal."""
+  name: str
+  objective: str
+  sentence_task: str
+  heads: dict[str, dict[str, str]]
+  gelu_head: bool = False
+  kind: str = ""
+  hf_fields: dict = dataclasses.field(default_factory=dict)
+  mismatch: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """model_type: HF's; architectures: the pre-training classes, most heads first; base: the one
+  whose objective describes a task class's encoder (it receives that encoder when the task head
+  is left out); tasks: the task classes; defaults: HF config defaults beyond COMMON_DEFAULTS; model_from_hf(hf) / model_to_hf(model): the family's own config fields;
+  encoder(model, hf): the encoder's mapping entries; objective: our objective fields for a
+  checkpoint of this family (the paper's recipe); packing: data.packing without a sentence task;
+  unavailable: set for families that cannot be imported yet (the ConfigError message)."""
+  model_type: str
+  architectures: tuple[Architecture, ...] = ()
+  base: str = ""
+  tasks: tuple[Architecture, ...] = ()
+  defaults: dict = dataclasses.field(default_factory=dict)
+  model_from_hf: Callable[[dict], dict] = lambda hf: {}
+  model_to_hf: Callable[[ml_collections.ConfigDict], dict] = lambda model: {}
+  encoder: Callable = None
+  objective: dict = dataclasses.field(default_factory=dict)
+  packing: str = "full_sentences"
+  position_offset: Callable[[dict], int] = lambda hf: 0
+  unavailable: str = ""
+
+  def architecture(self, name: str) -> Architecture:
+    for arch in self.architectures + self.tasks:
+      if arch.name == name:
+        return arch
+    raise ConfigError(f"{name} is not a {self.model_type} class we map; choose one of "
+                      f"{[a.name for a in self.architectures + self.tasks]}.")
+
+  def task(self, name: str) -> Architecture | None:
+    """The task class called `name`, or None."""
+    return next((arch for arch in self.tasks if arch.name == name), None)
+
+  def task_architecture(self, kind: str) -> Architecture:
+    """The task class of a FineTuneModel `kind` (regression: *ForSequenceClassification)."""
+    head_kind = "classification" if kind == "regression" else kind
+    return next(arch for arch in self.tasks if arch.kind == head_kind)
+
+  def detect(self, state_dict) -> tuple[Architecture, tuple[str, ...]]:
+    """(the first architecture whose head parameters are all in `state_dict`, or the last one,
+    the heads `state_dict` lacks, which are then freshly initialised)."""
+    for arch in self.architectures:
+      if all(e.theirs in state_dict for e in head_entries(arch)):
+        return arch, ()
+    arch = self.architectures[-1]
+    return arch, tuple(arch.heads)
+
+
+def head_entries(arch: Architecture) -> list[mapping.Entry]:
+  return [e for root, names in arch.heads.items() for e in mapping.head_entries(root, names)]
+
+
+def entries(family: Family, arch: Architecture, model, hf: dict,
+            heads: bool = True) -> list[mapping.Entry]:
+  """Every parameter of `arch` for our `model` (its encoder under 'encoder'), without the heads
+  when `heads` is False; `hf` is the full HF config (full_hf_config)."""
+  encoder = [dataclasses.replace(e, ours=("encoder",) + e.ours) for e in family.encoder(model, hf)]
+  return encoder + (head_entries(arch) if heads else [])
+
+
+# --------------------------------------------------------------------------------------- families
+
+
+def _albert_from_hf(hf: dict) -> dict:
+  if hf["inner_group_num"] != 1:
+    raise ConfigError(f"ALBERT inner_group_num={hf['inner_group_num']}: our encoder has one layer "
+                      "per group (every released ALBERT); only inner_group_num=1 can be imported.")
+  if hf["embedding_size"] == hf["hidden_size"]:
+    raise ConfigError("ALBERT with embedding_size == hidden_size keeps a square "
+                      "embedding_hidden_mapping_in that our encoder omits; only factorised "
+                      "ALBERT checkpoints (embedding_size < hidden_size) can be imported.")
+  return dict(embedding_size=hf["embedding_size"], share_layers="all",
+              hidden_groups=hf["num_hidden_groups"])
+
+
+def _albert_to_hf(model) -> dict:
+  if model.share_layers != "all" or not factorized_embedding(model):
+    raise ConfigError("An ALBERT export needs model.share_layers='all' and a factorised "
+                      "embedding (model.embedding_size < hidden).")
+  return dict(embedding_size=model.embedding_size, num_hidden_groups=model.hidden_groups,
+              inner_group_num=1)
+
+
+def _albert_encoder(model, hf):
+  return mapping.encoder_entries(
+      model, prefix="albert", layer_names=mapping.ALBERT_LAYER,
+      projection="albert.encoder.embedding_hidden_mapping_in",
+      layers={f"group_{g}": f"albert.encoder.albert_layer_groups.{g}.albert_layers.0"
+              for g in range(model.hidden_groups)})
+
+
+def _electra_from_hf(hf: dict) -> dict:
+  width = hf["embedding_size"] or hf["hidden_size"]
+  return dict(embedding_size=0 if width == hf["hidden_size"] else width)
+
+
+def _electra_to_hf(model) -> dict:
+  return dict(embedding_size=model.embedding_size or model.hidden)
+
+
+def _electra_encoder(model, hf):
+  return mapping.encoder_entries(
+      model, prefix="electra",
+      projection="electra.embeddings_project" if factorized_embedding(model) else None)
+
+
+def _bert_encoder(prefix):
+  def encoder(model, hf):
+    return mapping.encoder_entries(model, prefix=prefix,
+                                   position_offset=FAMILIES[prefix].position_offset(hf))
+  return encoder
+
+
+def _roberta_offset(hf: dict) -> int:
+  """RoBERTa's positions start at padding_idx + 1 (fairseq's make_positions)."""
+  return hf["pad_token_id"] + 1
+
+
+BERT_MLM = mapping.mlm_head_names("cls.predictions.transform.dense",
+                                  "cls.predictions.transform.LayerNorm", "cls.predictions.bias")
+ALBERT_MLM = mapping.mlm_head_names("predictions.dense", "predictions.LayerNorm",
+                                    "predictions.bias")
+# The pooler (tanh dense on the first token) and classifier of BERT's / ALBERT's sequence
+# classification and multiple-choice heads.
+BERT_POOLED = mapping.sentence_head_names("bert.pooler.dense", "classifier")
+ALBERT_POOLED = mapping.sentence_head_names("albert.pooler", "classifier")
+
+
+
+def _task_classes(prefix: str, sequence: dict[str, str], choice: dict[str, str],
+                  sequence_mismatch: str = "", choice_fields: dict | None = None
+                  ) -> tuple[Architecture, ...]:
+  """HF's {prefix}For{SequenceClassification, TokenClassification, QuestionAnswering,
+  MultipleChoice}: `sequence` / `choice` name the pooler (tanh dense on the first token) and
+  classifier of the sentence-level heads; the token and span heads are HF's `classifier` and
+  `qa_outputs` in every family."""
+  return (
+      Architecture(f"{prefix}ForSequenceClassification", "", "", {"classification_head": sequence},
+                   kind="classification", mismatch=sequence_mismatch),
+      Architecture(f"{prefix}ForTokenClassification", "", "",
+                   {"token_head": dict(classifier="classifier")}, kind="token_classification"),
+      Architecture(f"{prefix}ForQuestionAnswering", "", "",
+                   {"span_head": dict(classifier="qa_outputs")}, kind="extractive_qa"),
+      Architecture(f"{prefix}ForMultipleChoice", "", "", {"choice_head": choice},
+                   kind="multiple_choice", hf_fields=choice_fields or {}))
+
+
+FAMILIES = {
+    "bert": Family(
+        "bert",
+        architectures=(
+            Architecture("BertForPreTraining", "mlm", "nsp", {
+                "mlm_head": BERT_MLM,
+                "sentence_head": mapping.sentence_head_names("bert.pooler.dense",
+                                                             "cls.seq_relationship")}),
+            Architecture("BertForMaskedLM", "mlm", "", {"mlm_head": BERT_MLM})),
+        base="BertForMaskedLM",
+        tasks=_task_classes("Bert", BERT_POOLED, BERT_POOLED),
+        encoder=_bert_encoder("bert")),
+    "roberta": Family(
+        "roberta",
+        architectures=(Architecture("RobertaForMaskedLM", "mlm", "", {
+            "mlm_head": mapping.mlm_head_names("lm_head.dense", "lm_head.layer_norm",
+                                               "lm_head.bias")}, gelu_head=True),),
+        base="RobertaForMaskedLM",
+        # RobertaClassificationHead: dense + tanh + out_proj on <s>, our pooler + classifier.
+        tasks=_task_classes(
+            "Roberta", mapping.sentence_head_names("classifier.dense", "classifier.out_proj"),
+            mapping.sentence_head_names("roberta.pooler.dense", "classifier")),
+        defaults=dict(pad_token_id=1, bos_token_id=0, eos_token_id=2),
+        encoder=_bert_encoder("roberta"),
+        objective=dict(mask_style="fairseq", masking="dynamic"),
+        position_offset=_roberta_offset),
+    "albert": Family(
+        "albert",
+        architectures=(
+            Architecture("AlbertForPreTraining", "mlm", "sop", {
+                "mlm_head": ALBERT_MLM,
+                "sentence_head": mapping.sentence_head_names("albert.pooler",
+                                                             "sop_classifier.classifier")}),
+            Architecture("AlbertForMaskedLM", "mlm", "", {"mlm_head": ALBERT_MLM})),
+        base="AlbertForMaskedLM",
+        tasks=_task_classes("Albert", ALBERT_POOLED, ALBERT_POOLED),
+        defaults=dict(hidden_act="gelu_new", hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0, embedding_size=128, num_hidden_groups=1,
+                      inner_group_num=1, bos_token_id=2, eos_token_id=3),
+        model_from_hf=_albert_from_hf, model_to_hf=_albert_to_hf, encoder=_albert_encoder,
+        objective=dict(mask_scheme="ngram")),
+    "electra": Family(
+        "electra",
+        architectures=(
+            Architecture("ElectraForPreTraining", "electra", "",
+                         mapping.ELECTRA_HEADS["discriminator"]),
+            # A generator checkpoint alone is a masked LM of its own width.
+            Architecture("ElectraForMaskedLM", "mlm", "",
+                         {"mlm_head": mapping.ELECTRA_HEADS["generator"]["generator_head"]},
+                         gelu_head=True)),
+        base="ElectraForPreTraining",
+        tasks=_task_classes(
+            "Electra", mapping.sentence_head_names("classifier.dense", "classifier.out_proj"),
+            mapping.sentence_head_names("sequence_summary.summary", "classifier"),
+            sequence_mismatch="HF's ElectraClassificationHead applies GELU between its dense and "
+            "out_proj (hard-wired, no config field changes it) where our classification and "
+            "regression heads apply tanh (BERT's pooler), so their logits differ",
+            # ElectraSequenceSummary is our pooler when told to take the first token and tanh.
+            choice_fields=dict(summary_type="first", summary_use_proj=True,
+                               summary_activation="tanh")),
+        # ElectraConfig's own defaults of the fields its task heads read.
+        defaults=dict(embedding_size=128, summary_type="first", summary_use_proj=True,
+                      summary_activation="gelu"),
+        model_from_hf=_electra_from_hf, model_to_hf=_electra_to_hf, encoder=_electra_encoder,
+        packing="electra_segments"),
+    "xlnet": Family("xlnet", unavailable="XLNet checkpoints arrive with the XLNet issue (its "
+                    "two-stream network is not in bertfam_jax yet)."),
+    "t5": Family("t5", unavailable="T5 checkpoints arrive with the T5 issue (the "
+                 "encoder-decoder is not in bertfam_jax yet)."),
+}
+
+
+def get(model_type: str) -> Family:
+  if model_type not in FAMILIES:
+    raise ConfigError(f"HF model_type {model_type!r} is not supported; choose one of "
+                      f"{sorted(k for k, f in FAMILIES.items() if not f.unavailable)}.")
+  family = FAMILIES[model_type]
+  if family.unavailable:
+    raise ConfigError(family.unavailable)
+  return family
+
+
+# ------------------------------------------------------------------------------ config translation
+
+
+def full_hf_config(family: Family, hf_config: dict) -> dict:
+  """`hf_config` with HF's defaults filled in; ConfigError when a size is missing."""
+  missing = [k for k in REQUIRED_KEYS if k not in hf_config]
+  if missing:
+    raise ConfigError(f"The HF config.json lacks {missing}; it is not a BERT-style encoder config.")
+  return {**COMMON_DEFAULTS, **family.defaults, **hf_config}
+
+
+def model_from_hf(family: Family, hf_config: dict) -> ml_collections.ConfigDict:
+  """Our `config.model` section for an HF config.json of `family`."""
+  hf = full_hf_config(family, hf_config)
+  if hf["hidden_act"] not in ACTIVATIONS_FROM_HF:
+    raise ConfigError(f"HF hidden_act={hf['hidden_act']!r} has no counterpart here; supported: "
+                      f"{sorted(ACTIVATIONS_FROM_HF)}.")
+  return config_lib.encoder(
+      "base", vocab_size=hf["vocab_size"], hidden=hf["hidden_size"],
+      layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
+      mlp=hf["intermediate_size"],
+      max_positions=hf["max_position_embeddings"] - family.position_offset(hf),
+      type_vocab_size=hf["type_vocab_size"], dropout=hf["hidden_dropout_prob"],
+      attention_dropout=hf["attention_probs_dropout_prob"], layer_norm_eps=hf["layer_norm_eps"],
+      activation=ACTIVATIONS_FROM_HF[hf["hidden_act"]], initializer_range=hf["initializer_range"],
+      **family.model_from_hf(hf))
+
+
+def model_to_hf(family: Family, arch: Architecture, model, base: dict) -> dict:
+  """The HF config.json of our `model` as `arch`; `base` holds the other HF fields (token ids,
+  those of an imported config, a task class's labels) and is updated."""
+  check_exportable(arch, model)
+  if model.activation not in ACTIVATIONS_TO_HF:
+    raise ConfigError(f"model.activation={model.activation!r} has no HF hidden_act.")
+  if not model.type_vocab_size:
+    raise ConfigError("HF encoders always have token types; export needs model.type_vocab_size "
+                      ">= 1.")
+  hf = {**COMMON_DEFAULTS, **family.defaults, **base}
+  hf.update(
+      model_type=family.model_type, architectures=[arch.name], vocab_size=model.vocab_size,
+      hidden_size=model.hidden, num_hidden_layers=model.layers, num_attention_heads=model.heads,
+      intermediate_size=model.mlp, hidden_act=ACTIVATIONS_TO_HF[model.activation],
+      hidden_dropout_prob=model.dropout, attention_probs_dropout_prob=model.attention_dropout,
+      type_vocab_size=model.type_vocab_size, initializer_range=model.initializer_range,
+      layer_norm_eps=model.layer_norm_eps, tie_word_embeddings=True, **family.model_to_hf(model),
+      **arch.hf_fields)
+  hf["max_position_embeddings"] = model.max_positions + family.position_offset(hf)
+  return hf
+
+
+def check_exportable(arch: Architecture, model) -> None:
+  """ConfigError when our `model` (its `model` section) with `arch`'s head has no HF
+  counterpart: adapters, or a task class whose HF head differs from ours."""
+  if model.get("adapter_size", 0):
+    raise ConfigError(f"model.adapter_size={model.adapter_size}: HF's {arch.name} has no "
+                      "adapter layers, so a model with adapters (finetune.method='adapters') "
+                      "cannot be exported; fine-tune with method='full' to export.")
+  if arch.mismatch:
+    raise ConfigError(f"Cannot export as {arch.name}: {arch.mismatch}.")
+
+
+def check_task_class(arch: Architecture, hf: dict) -> None:
+  """ConfigError when the checkpoint of task class `arch` with full HF config `hf` has a head
+  that ours does not compute."""
+  differ = {k: hf.get(k) for k, v in arch.hf_fields.items() if hf.get(k) != v}
+  if arch.mismatch or differ:
+    why = arch.mismatch or (f"its config has {differ}, and HF's head equals ours only with "
+                            f"{arch.hf_fields}")
+    raise ConfigError(f"The {arch.name} head cannot be imported: {why}. Pass task_head=False "
+                      "to import its encoder alone (`python -m bertfam_jax.hf import` does).")
+
+
+def task_head(arch: Architecture, hf: dict) -> tuple[str, int]:
+  """(FineTuneModel kind, num_outputs) of a checkpoint of task class `arch` with HF config `hf`:
+  num_outputs is the number of labels (classification, token classification), 1 for regression
+  (HF: problem_type 'regression', or num_labels=1 without a problem_type) and multiple choice,
+  2 for extractive QA (HF's qa_outputs: start, end)."""
+  labels = len(hf["id2label"]) if hf.get("id2label") else hf.get("num_labels", 2)
+  kind = arch.kind
+  if kind == "classification" and (hf.get("problem_type") == "regression" or
+                                   (not hf.get("problem_type") and labels == 1)):
+    kind = "regression"
+  if kind == "extractive_qa" and labels != 2:
+    raise ConfigError(f"{arch.name} with num_labels={labels}: its span logits are start and end, "
+                      "num_labels=2.")
+  fixed = finetune_models.KINDS[kind][2]
+  return kind, labels if fixed is None else fixed
+
+
+def task_config(kind: str, num_outputs: int, label_names=()) -> dict:
+  """The HF config fields of a FineTuneModel head of `kind` with `num_outputs` (task_head's
+  inverse): num_labels, id2label / label2id (`label_names`, else HF's LABEL_i) and problem_type
+  (single-label classification, regression, else None)."""
+  names = list(label_names) or [f"LABEL_{i}" for i in range(num_outputs)]
+  problem = dict(classification="single_label_classification", regression="regression")
+  return dict(num_labels=len(names), id2label={str(i): n for i, n in enumerate(names)},
+              label2id={n: i for i, n in enumerate(names)}, problem_type=problem.get(kind))
+
+
+def check_head_activation(arch: Architecture, model) -> None:
+  if arch.gelu_head and model.activation != "gelu":
+    raise ConfigError(f"HF's {arch.name} applies exact GELU in its MLM head whatever hidden_act "
+                      f"says, and ours applies model.activation={model.activation!r}; only "
+                      "hidden_act='gelu' checkpoints of this class map exactly.")
+
+
+def run_config(family: Family, arch: Architecture, model,
+               tokenizer_path: str) -> ml_collections.ConfigDict:
+  """A full bertfam config (config_lib.base_config) for a checkpoint: `model`, the objective of
+  its heads with the family's recipe, a sequence length within its positions, tokenizer kind
+  'hf' at `tokenizer_path` ('' when the checkpoint has none)."""
+  config = config_lib.base_config()
+  config.model = model
+  config.data.seq_len = min(config.data.seq_len, model.max_positions)
+  if arch.objective == "electra":
+    config.objective = config_lib.electra_objective(
+        max_predictions=config_lib.electra_max_predictions(config.data.seq_len, 0.15))
+  else:
+    config.objective = config_lib.mlm_objective(sentence_task=arch.sentence_task,
+                                                **family.objective)
+  if not arch.sentence_task:
+    config.data.packing = family.packing
+  config.tokenizer.update(kind="hf", model_path=tokenizer_path)
+  return config

@@ -1,0 +1,365 @@
+"""transformers checkpoint directories ↔ `HFModel` (our config, our parameters, HF's names).
+
+  m = from_pretrained("bert-dir")               # config.json + model.safetensors (or .bin)
+  out = m(input_ids, attention_mask, token_type_ids)
+  out["hidden_states"], out["logits"], out.get("sentence_logits")
+  save_pretrained(m, "out-dir")                 # transformers' from_pretrained loads it
+
+A fine-tuned checkpoint (a task class: *ForSequenceClassification, *ForTokenClassification,
+*ForQuestionAnswering, *ForMultipleChoice) reads as our `models.finetune.FineTuneModel`: `m.kind`
+and `m.num_outputs` say which, `m.params` is its tree and `m(...)["logits"]` its output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import traverse_util
+from safetensors import numpy as safetensors_numpy
+
+from bertfam_jax import config_lib, objectives
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.hf import families, mapping
+from bertfam_jax.hf import tokenizer as tokenizer_lib
+from bertfam_jax.models import finetune as finetune_models
+from bertfam_jax.objectives import electra as electra_objective
+from bertfam_jax.train import step as step_lib
+
+SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"
+GENERATOR_DIR = "generator"  # where an ELECTRA export puts its generator checkpoint
+
+
+@dataclasses.dataclass
+class HFModel:
+  """An HF checkpoint in our terms.
+
+  config: a full bertfam config (config_lib.base_config) whose `model`, `objective` (the
+    checkpoint's heads; for a task class the family's pre-training recipe, Family.base) and
+    `tokenizer` (kind 'hf') describe the checkpoint.
+  params: the parameter tree of `build_model(config, kind, num_outputs)`: the objective's model,
+    or for a task class our FineTuneModel ({'encoder', and 'classification_head', 'token_head',
+    'span_head' or 'choice_head'}).
+  tokenizer: an HFTokenizer, or None when the directory has no tokenizer files.
+  hf_config: the HF config.json (dict); architecture: its HF class, e.g. 'BertForPreTraining'.
+  fresh: our top-level parameter modules the checkpoint did not hold, freshly initialised (an
+    ELECTRA discriminator's generator, the MLM head of a bare BertModel).
+  notes: facts of the import worth recording (hf_import.json).
+  kind: for a task class, its FineTuneModel kind (classification, regression,
+    token_classification, extractive_qa, multiple_choice); '' for a pre-training class.
+  num_outputs: the FineTuneModel's num_outputs (labels; 1 regression / multiple choice; 2 QA).
+  """
+  config: ml_collections.ConfigDict
+  params: Any
+  tokenizer: Any
+  hf_config: dict
+  architecture: str
+  fresh: tuple[str, ...] = ()
+  notes: dict = dataclasses.field(default_factory=dict)
+  kind: str = ""
+  num_outputs: int = 0
+  _apply: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
+
+  @property
+  def family(self) -> families.Family:
+    return families.get(self.hf_config["model_type"])
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+               **family_inputs) -> dict[str, jax.Array]:
+    """input_ids, attention_mask (1 = token), token_type_ids: [batch, length] (defaults: all
+    ones, all zeros). Returns hidden_states [batch, length, hidden] (the last layer) and the
+    pre-training head's logits: MLM [batch, length, vocab] at every position, or ELECTRA's
+    replaced-token logits [batch, length]; plus sentence_logits [batch, 2] with NSP / SOP.
+    A task class returns its FineTuneModel's output as logits (`kind`: classification [batch,
+    labels], regression [batch], token_classification [batch, length, labels], extractive_qa
+    [batch, length, 2] start / end); multiple choice takes [batch, choices, length] inputs and
+    returns logits [batch, choices], hidden_states [batch, choices, length, hidden].
+    RoBERTa derives positions from padding; right-padded rows match HF at their real tokens."""
+    if family_inputs:
+      raise TypeError(f"{self.architecture} takes no inputs {sorted(family_inputs)}.")
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
+    types = jnp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+    if self._apply is None:
+      model = build_model(self.config, self.kind, self.num_outputs)
+      self._apply = jax.jit(functools.partial(
+          _task_outputs if self.kind else _pretraining_outputs, model))
+    return self._apply(self.params, input_ids, jnp.asarray(mask, jnp.int32),
+                       jnp.asarray(types, jnp.int32))
+
+
+def build_model(config, kind: str = "", num_outputs: int = 0):
+  """The model of an HFModel: our FineTuneModel for a task class (`kind`), else the objective's."""
+  if kind:
+    return finetune_models.FineTuneModel(ml_collections.FrozenConfigDict(config.model), kind,
+                                         num_outputs)
+  return objectives.get(config.objective.name).build_model(config)
+
+
+def _init_inputs(config, kind: str) -> dict[str, jax.Array]:
+  """Inputs that trace `build_model(config, kind, ...).init` (one [1, 8] row; a FineTuneModel's
+  parameter shapes depend on neither length, multiple choice takes [1, 2, 8])."""
+  if not kind:
+    return step_lib.init_batch(config, 1)
+  zeros = jnp.zeros((1, 2, 8) if kind == "multiple_choice" else (1, 8), jnp.int32)
+  return dict(input_ids=zeros, input_mask=jnp.ones_like(zeros), segment_ids=zeros)
+
+
+def _task_outputs(model, params, input_ids, mask, types):
+  """A FineTuneModel's output (`logits`) and its encoder's last layer (`hidden_states`, captured
+  on the way: [..., length, hidden] with the inputs' leading axes)."""
+  logits, state = model.apply(
+      {"params": params}, input_ids, mask, types, deterministic=True, mutable=["intermediates"],
+      capture_intermediates=lambda m, method: m.scope.path == ("encoder",) and method == "__call__")
+  x_BLD = state["intermediates"]["encoder"]["__call__"][0]
+  return {"hidden_states": x_BLD.reshape(input_ids.shape + x_BLD.shape[-1:]), "logits": logits}
+
+
+def _pretraining_outputs(model, params, input_ids, mask, types):
+  return model.apply({"params": params}, input_ids, mask, types, method=_pretraining_heads)
+
+
+def _pretraining_heads(m, input_ids, mask, types):
+  """The encoder and the pre-training head of a MaskedLM or an Electra (discriminator)."""
+  x_BLD = m.encoder(input_ids, mask, types, deterministic=True)
+  out = {"hidden_states": x_BLD}
+  if hasattr(m, "rtd_head"):
+    out["logits"] = m.rtd_head(x_BLD)
+  else:
+    every_BL = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+    out["logits"] = m.mlm_head(x_BLD, every_BL, m.encoder.attend)
+  if getattr(m, "sentence_classes", 0):
+    out["sentence_logits"] = m.sentence_head(x_BLD)
+  return out
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+def read_hf_config(path: str) -> dict:
+  config_path = os.path.join(path, "config.json")
+  if not os.path.exists(config_path):
+    raise ConfigError(f"{path} has no config.json; pass a transformers checkpoint directory "
+                      f"(save_pretrained's output).")
+  with open(config_path) as f:
+    return json.load(f)
+
+
+def _weight_files(path: str) -> tuple[str, list[str]]:
+  """(format, files) of the checkpoint's weights, sharded (an *.index.json) or not."""
+  for name in (SAFETENSORS, TORCH_BIN):
+    index = os.path.join(path, f"{name}.index.json")
+    if os.path.exists(index):
+      with open(index) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+      return name, [os.path.join(path, s) for s in shards]
+    if os.path.exists(os.path.join(path, name)):
+      return name, [os.path.join(path, name)]
+  raise ConfigError(f"{path} holds no {SAFETENSORS} or {TORCH_BIN}.")
+
+
+def _read_torch(file: str) -> dict[str, np.ndarray]:
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ConfigError(f"{file} is a PyTorch pickle, which needs torch: pip install torch, or "
+                      f"convert the checkpoint to {SAFETENSORS} (transformers' save_pretrained "
+                      f"writes it).") from e
+  state = torch.load(file, map_location="cpu", weights_only=True)
+  return {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
+
+
+def read_state_dict(path: str, prefix: str) -> dict[str, np.ndarray]:
+  """The checkpoint's parameters, HF name → numpy (floats as float32). Legacy LayerNorm names
+  (gamma/beta) are renamed and a bare encoder's names (BertModel) get the model's `prefix`."""
+  kind, files = _weight_files(path)
+  state_dict = {}
+  for file in files:
+    state_dict.update(safetensors_numpy.load_file(file) if kind == SAFETENSORS
+                      else _read_torch(file))
+  state_dict = {_modern_name(k): (v.astype(np.float32) if v.dtype.kind == "f" else v)
+                for k, v in state_dict.items()}
+  if f"{prefix}.embeddings.word_embeddings.weight" not in state_dict:
+    state_dict = {f"{prefix}.{k}": v for k, v in state_dict.items()}
+  return state_dict
+
+
+def _modern_name(name: str) -> str:
+  for old, new in ((".gamma", ".weight"), (".beta", ".bias")):
+    if name.endswith(old):
+      return name[:-len(old)] + new
+  return name
+
+
+def _complete(config, imported: dict, kind: str = "", num_outputs: int = 0
+              ) -> tuple[dict, tuple[str, ...]]:
+  """The full parameter tree of `build_model(config, kind, num_outputs)`: `imported` where it
+  holds a module, fresh initialisation (seed config.seed) of the others, which alone are
+  computed. Returns (params, the fresh top-level modules)."""
+  model = build_model(config, kind, num_outputs)
+  rng = jax.random.key(config.seed)
+
+  def init():
+    return nn.meta.unbox(model.init({"params": rng, "dropout": rng},
+                                    **_init_inputs(config, kind), deterministic=True))["params"]
+
+  shapes = traverse_util.flatten_dict(jax.eval_shape(init))
+  flat = traverse_util.flatten_dict(imported)
+  fresh = tuple(sorted({path[0] for path in shapes} - {path[0] for path in flat}))
+  expected = {path: x.shape for path, x in shapes.items() if path[0] not in fresh}
+  got = {path: x.shape for path, x in flat.items()}
+  if expected != got:
+    differ = sorted(set(expected.items()) ^ set(got.items()))[:5]
+    raise ConfigError(f"The mapped checkpoint does not fit the model its config describes "
+                      f"(first differences: {differ}); is config.json the checkpoint's own?")
+  if fresh:
+    initialised = jax.jit(lambda: {k: v for k, v in init().items() if k in fresh})()
+    flat.update(traverse_util.flatten_dict(jax.device_get(initialised)))
+  return traverse_util.unflatten_dict(flat), fresh
+
+
+def _generator(generator_path: str, config) -> tuple[dict, dict]:
+  """An ElectraForMaskedLM checkpoint as our Electra's generator. Sets the generator fractions of
+  `config.objective`; returns (its parameters, notes)."""
+  family = families.get("electra")
+  hf_config = read_hf_config(generator_path)
+  state_dict = read_state_dict(generator_path, "electra")
+  arch, missing = family.detect(state_dict)
+  if hf_config.get("model_type") != "electra" or arch.name != "ElectraForMaskedLM" or missing:
+    raise ConfigError(f"generator_path={generator_path} is not an ElectraForMaskedLM checkpoint.")
+  theirs = families.model_from_hf(family, hf_config)
+  families.check_head_activation(arch, theirs)
+  d = config.model
+  fractions = dict(generator_hidden_fraction=theirs.hidden / d.hidden,
+                   generator_layers_fraction=theirs.layers / d.layers)
+  ours = config_lib.electra_generator(d, *fractions.values())
+  fields = ("hidden", "layers", "heads", "mlp", "vocab_size", "max_positions", "type_vocab_size",
+            "activation")
+  differ = [f"{k}: {theirs[k]} vs {ours[k]}" for k in fields if theirs[k] != ours[k]]
+  if (theirs.embedding_size or theirs.hidden) != ours.embedding_size:
+    differ.append(f"embedding width: {theirs.embedding_size or theirs.hidden} vs "
+                  f"{ours.embedding_size}")
+  if differ:
+    raise ConfigError(f"The generator at {generator_path} is not the generator our ELECTRA "
+                      f"derives from the discriminator (hidden·fraction, heads hidden/64, FFN "
+                      f"4·hidden, the discriminator's embeddings): {'; '.join(differ)}.")
+  config.objective.update(fractions)
+  params = mapping.params_from_hf(state_dict, mapping.electra_entries(ours, "generator"))
+  return params, {"generator_path": os.path.abspath(generator_path)}
+
+
+def from_pretrained(path: str, generator_path: str | None = None, *,
+                    task_head: bool = True) -> HFModel:
+  """Reads a transformers checkpoint directory (config.json + model.safetensors, or
+  pytorch_model.bin when torch is installed; tokenizer files if present).
+
+  A task class (config.json's `architectures`, e.g. BertForSequenceClassification) reads as our
+  FineTuneModel (`kind`, `num_outputs`); a head that differs from ours (ELECTRA's GELU
+  classification head) is a ConfigError. With `task_head=False` a task class's head is left
+  out instead: the encoder goes into the family's pre-training model (Family.base) with fresh
+  heads, as a pre-training workdir (import_to_workdir) needs.
+
+  For an ELECTRA discriminator the generator is freshly initialised, or read from
+  `generator_path` (an ElectraForMaskedLM checkpoint whose shape our ELECTRA derives from the
+  discriminator's; the discriminator's copy of the shared embeddings is kept)."""
+  hf_config = read_hf_config(path)
+  family = families.get(hf_config.get("model_type"))
+  hf = families.full_hf_config(family, hf_config)
+  state_dict = read_state_dict(path, family.model_type)
+  task = family.task((hf_config.get("architectures") or [""])[0])
+  kind, num_outputs, notes = "", 0, {}
+  if task is None:
+    arch, missing_heads = family.detect(state_dict)
+  elif task_head:
+    families.check_task_class(task, hf)
+    arch, missing_heads = task, ()
+    kind, num_outputs = families.task_head(task, hf)
+  else:
+    arch = family.architecture(family.base)
+    missing_heads = tuple(arch.heads)
+    notes["task_head_left_out"] = task.name
+  model = families.model_from_hf(family, hf_config)
+  families.check_head_activation(arch, model)
+  tokenizer = tokenizer_lib.from_dir(path) if tokenizer_lib.has_tokenizer(path) else None
+  config = families.run_config(family, family.architecture(family.base) if kind else arch, model,
+                               os.path.abspath(path) if tokenizer else "")
+  imported = mapping.params_from_hf(
+      state_dict, families.entries(family, arch, model, hf, heads=not missing_heads))
+  if generator_path:
+    if arch.objective != "electra":
+      raise ConfigError(f"generator_path is for ELECTRA discriminators; {path} is {arch.name}.")
+    generator, generator_notes = _generator(generator_path, config)
+    notes.update(generator_notes)
+    shared = generator.pop("encoder")
+    notes["generator_embeddings_max_abs_diff"] = max(
+        float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(
+            {k: imported["encoder"][k] for k in shared})))
+    imported.update(generator)
+  params, fresh = _complete(config, imported, kind, num_outputs)
+  return HFModel(config, params, tokenizer, hf, arch.name, fresh, notes, kind, num_outputs)
+
+
+# ------------------------------------------------------------------------------------ writing
+
+
+def check_empty_target(path: str) -> None:
+  if os.path.isdir(path) and os.listdir(path):
+    raise ConfigError(f"{path} is not empty; choose a new directory (nothing is overwritten).")
+
+
+def unscanned(params: dict) -> dict:
+  """`params` with every scanned layer stack (a module 'layers' whose leaves have a leading
+  [layers] axis, model.scan_layers with share_layers='none') split into layer_{i}."""
+  out = {}
+  for name, module in params.items():
+    module = dict(module)
+    if "layers" in module:
+      stacked = module.pop("layers")
+      for i in range(jax.tree.leaves(stacked)[0].shape[0]):
+        module[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+    out[name] = module
+  return out
+
+
+def _write(path: str, hf_config: dict, state_dict: dict, tokenizer) -> None:
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+  safetensors_numpy.save_file(state_dict, os.path.join(path, SAFETENSORS),
+                              metadata={"format": "pt"})
+  if tokenizer is not None:
+    tokenizer.save(path)
+
+
+def save_pretrained(m: HFModel, path: str) -> None:
+  """Writes `m` as a transformers checkpoint directory: config.json, model.safetensors and the
+  tokenizer files; a task class keeps m.hf_config's labels (families.task_config). An ELECTRA
+  model whose generator was not freshly initialised also writes the generator as an
+  ElectraForMaskedLM checkpoint in path/generator."""
+  check_empty_target(path)
+  family, model = m.family, m.config.model
+  arch = family.architecture(m.architecture)
+  families.check_head_activation(arch, model)
+  base = dict(m.hf_config)
+  if m.tokenizer is not None:
+    base["pad_token_id"] = m.tokenizer.pad_id
+  hf = families.model_to_hf(family, arch, model, base)
+  params = unscanned(jax.device_get(m.params))
+  _write(path, hf, mapping.params_to_hf(params, families.entries(family, arch, model, hf)),
+         m.tokenizer)
+  if arch.objective == "electra" and "generator" not in m.fresh:
+    generator = electra_objective.generator_config(m.config)
+    generator_arch = family.architecture("ElectraForMaskedLM")
+    families.check_head_activation(generator_arch, generator)
+    _write(os.path.join(path, GENERATOR_DIR),
+           families.model_to_hf(family, generator_arch, generator, base),
+           mapping.params_to_hf(params, mapping.electra_entries(generator, "generator")),
+           m.tokenizer)

@@ -1,0 +1,194 @@
+"""HuggingFace state_dict names ↔ our parameter trees, for BERT-style encoders and their heads.
+
+One table drives both directions: `encoder_entries` / `head_entries` list every parameter as an
+`Entry` (our path, HF name, how the array is laid out in each), `params_from_hf` fills our tree
+from an HF state_dict (numpy, HF names → arrays) and `params_to_hf` writes it back.
+
+Layouts: torch Linear weights are [out, in] (our Dense kernels [in, out]); HF splits attention
+head-major ([heads·head_dim, hidden] ↔ our [hidden, heads, head_dim]); RoBERTa's position table
+has `position_offset` = padding_idx + 1 rows before the first real position, which we drop on the
+way in and write back as zeros (HF's padding row is zero-initialised and never trained).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from bertfam_jax.models.encoder import factorized_embedding
+
+# Our Transformer-layer parameters → HF's names inside one layer module.
+BERT_LAYER = dict(query="attention.self.query", key="attention.self.key",
+                  value="attention.self.value", output="attention.output.dense",
+                  attention_ln="attention.output.LayerNorm", intermediate="intermediate.dense",
+                  mlp_output="output.dense", output_ln="output.LayerNorm")
+ALBERT_LAYER = dict(query="attention.query", key="attention.key", value="attention.value",
+                    output="attention.dense", attention_ln="attention.LayerNorm",
+                    intermediate="ffn", mlp_output="ffn_output",
+                    output_ln="full_layer_layer_norm")
+
+# ELECTRA's discriminator and generator are separate HF checkpoints; our one `Electra` holds both,
+# its generator reading the discriminator's embedding tables and LayerNorm (SHARED_EMBEDDINGS).
+SHARED_EMBEDDINGS = ("word_embeddings", "position_embeddings", "type_embeddings", "embeddings_ln")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One parameter: `ours` its path in our tree, `theirs` its HF name, `to_ours` / `to_hf` the
+  array conversions between the two layouts."""
+  ours: tuple[str, ...]
+  theirs: str
+  to_ours: Callable[[np.ndarray], np.ndarray] = lambda x: x
+  to_hf: Callable[[np.ndarray], np.ndarray] = lambda x: x
+
+
+def _transpose(x):
+  return np.ascontiguousarray(x.T)
+
+
+def dense(ours, theirs) -> list[Entry]:
+  """A torch Linear `theirs` ↔ our nn.Dense at `ours`."""
+  return [Entry(ours + ("kernel",), f"{theirs}.weight", _transpose, _transpose),
+          Entry(ours + ("bias",), f"{theirs}.bias")]
+
+
+def layer_norm(ours, theirs) -> list[Entry]:
+  return [Entry(ours + ("norm", "scale"), f"{theirs}.weight"),
+          Entry(ours + ("norm", "bias"), f"{theirs}.bias")]
+
+
+def _attention(ours, name, config) -> list[Entry]:
+  """Query/key/value [heads·head_dim, hidden] ↔ [hidden, heads, head_dim]; the output projection
+  [hidden, heads·head_dim] ↔ [heads, head_dim, hidden]."""
+  hidden, heads = config.hidden, config.heads
+  entries = []
+  for part in ("query", "key", "value"):
+    entries += [Entry(ours + (part, "kernel"), f"{name[part]}.weight",
+                      lambda w: np.ascontiguousarray(w.T.reshape(hidden, heads, -1)),
+                      lambda k: _transpose(k.reshape(hidden, -1))),
+                Entry(ours + (part, "bias"), f"{name[part]}.bias",
+                      lambda b: b.reshape(heads, -1), lambda b: b.reshape(-1))]
+  return entries + [
+      Entry(ours + ("output", "kernel"), f"{name['output']}.weight",
+            lambda w: np.ascontiguousarray(w.T.reshape(heads, -1, hidden)),
+            lambda k: _transpose(k.reshape(-1, hidden))),
+      Entry(ours + ("output", "bias"), f"{name['output']}.bias")]
+
+
+def _positions(config, offset: int) -> tuple[Callable, Callable]:
+  rows = config.max_positions
+
+  def to_hf(table):
+    return np.concatenate([np.zeros((offset, table.shape[1]), table.dtype), table])
+
+  return (lambda table: table[offset:offset + rows]), to_hf
+
+
+def encoder_entries(config, *, prefix: str, position_offset: int = 0,
+                    layers: dict[str, str] | None = None, layer_names=BERT_LAYER,
+                    projection: str | None = None) -> list[Entry]:
+  """The entries of our `Encoder` (config: its `model` section) inside an HF BERT-style model.
+
+  Args:
+    prefix: the encoder's HF name, 'bert', 'roberta', 'albert' or 'electra'.
+    position_offset: the first row of HF's position table that a real token uses (RoBERTa: its
+      padding_idx + 1 = 2); our table is the `max_positions` rows from there.
+    layers: {our layer module: HF layer module}; default BERT's `layer_{i}` ←
+      `{prefix}.encoder.layer.{i}`.
+    layer_names: the parameter names inside an HF layer module (BERT_LAYER or ALBERT_LAYER).
+    projection: HF name of the embedding → hidden projection of a factorised embedding (ALBERT's
+      `albert.encoder.embedding_hidden_mapping_in`, ELECTRA's `electra.embeddings_project`).
+  """
+  embeddings = f"{prefix}.embeddings"
+  entries = [
+      Entry(("word_embeddings", "embedding"), f"{embeddings}.word_embeddings.weight"),
+      Entry(("position_embeddings", "embedding"), f"{embeddings}.position_embeddings.weight",
+            *_positions(config, position_offset)),
+      Entry(("type_embeddings", "embedding"), f"{embeddings}.token_type_embeddings.weight"),
+      *layer_norm(("embeddings_ln",), f"{embeddings}.LayerNorm"),
+  ]
+  if projection:
+    entries += dense(("embeddings_projection",), projection)
+  if layers is None:
+    layers = {f"layer_{i}": f"{prefix}.encoder.layer.{i}" for i in range(config.layers)}
+  for ours, theirs in layers.items():
+    name = {k: f"{theirs}.{v}" for k, v in layer_names.items()}
+    entries += [*_attention((ours, "attention"), name, config),
+                *layer_norm((ours, "attention_ln"), name["attention_ln"]),
+                *dense((ours, "mlp", "intermediate"), name["intermediate"]),
+                *dense((ours, "mlp", "output"), name["mlp_output"]),
+                *layer_norm((ours, "output_ln"), name["output_ln"])]
+  return entries
+
+
+def head_entries(root: str, names: dict[str, str]) -> list[Entry]:
+  """{our parameter: HF name} of a head at our top-level `root` → its entries: our '*_ln' are
+  LayerNorms, 'output_bias' a bare vector, the rest Linear layers."""
+  entries = []
+  for ours, theirs in names.items():
+    path = (root, ours)
+    entries += ([Entry(path, theirs)] if ours == "output_bias" else
+                layer_norm(path, theirs) if ours.endswith("_ln") else dense(path, theirs))
+  return entries
+
+
+def mlm_head_names(transform, transform_ln, output_bias) -> dict[str, str]:
+  return dict(transform=transform, transform_ln=transform_ln, output_bias=output_bias)
+
+
+def sentence_head_names(pooler, classifier) -> dict[str, str]:
+  return dict(pooler=pooler, classifier=classifier)
+
+
+ELECTRA_HEADS = {
+    "discriminator": {"rtd_head": dict(transform="discriminator_predictions.dense",
+                                       prediction="discriminator_predictions.dense_prediction")},
+    "generator": {"generator_head": mlm_head_names("generator_predictions.dense",
+                                                   "generator_predictions.LayerNorm",
+                                                   "generator_lm_head.bias")},
+}
+
+
+def electra_entries(config, network: str) -> list[Entry]:
+  """The entries of an HF ElectraForPreTraining (network='discriminator') or ElectraForMaskedLM
+  ('generator') inside our `Electra`:
+    discriminator  {'encoder', 'rtd_head'}
+    generator      {'encoder': the SHARED_EMBEDDINGS only, 'generator', 'generator_head'}
+  `config` is that network's `model` section (the generator's from config_lib.electra_generator)."""
+  root = "encoder" if network == "discriminator" else "generator"
+  entries = [
+      dataclasses.replace(e, ours=(("encoder" if e.ours[0] in SHARED_EMBEDDINGS else root),)
+                          + e.ours)
+      for e in encoder_entries(
+          config, prefix="electra",
+          projection="electra.embeddings_project" if factorized_embedding(config) else None)]
+  for head, names in ELECTRA_HEADS[network].items():
+    entries += head_entries(head, names)
+  return entries
+
+
+def params_from_hf(state_dict: dict[str, np.ndarray], entries: list[Entry]) -> dict[str, Any]:
+  """Our nested parameter tree (numpy) of `entries` from an HF state_dict."""
+  missing = [e.theirs for e in entries if e.theirs not in state_dict]
+  if missing:
+    raise KeyError(f"HF state_dict lacks {missing[:5]} ({len(missing)} missing).")
+  tree = {}
+  for e in entries:
+    node = tree
+    for key in e.ours[:-1]:
+      node = node.setdefault(key, {})
+    node[e.ours[-1]] = np.asarray(e.to_ours(state_dict[e.theirs]))
+  return tree
+
+
+def params_to_hf(params: dict[str, Any], entries: list[Entry]) -> dict[str, np.ndarray]:
+  """The HF state_dict (name → numpy) of `entries` read from our parameter tree."""
+  state_dict = {}
+  for e in entries:
+    node = params
+    for key in e.ours:
+      node = node[key]
+    state_dict[e.theirs] = np.ascontiguousarray(e.to_hf(np.asarray(node)))
+  return state_dict

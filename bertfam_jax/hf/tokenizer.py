@@ -1,0 +1,236 @@
+"""HF tokenizers with the interface of `bertfam_jax.data.tokenizers.Tokenizer` (duck-typed).
+
+Each file layout is built from `tokenizers` components exactly as transformers 5 builds the
+matching class (so ids equal transformers' and offsets are characters of the original text):
+  tokenizer.json           the serialised tokenizer itself
+  vocab.txt                BertTokenizer: WordPiece, BertNormalizer, BertPreTokenizer
+  vocab.json + merges.txt  RobertaTokenizer: byte-level BPE
+  spiece.model             AlbertTokenizer: the SentencePiece pieces and scores as a Unigram model
+                           behind ALBERT's normalizers (``/'' → ", NFKD + strip accents unless
+                           keep_accents, lowercase if do_lower_case, the model's precompiled
+                           charsmap), WhitespaceSplit and Metaspace ('▁' prepended)
+`tokenizer_config.json` (optional) sets do_lower_case, keep_accents, strip_accents,
+tokenize_chinese_chars, add_prefix_space and the special tokens, as it does for transformers.
+
+Our own SentencePiece models have ALBERT's id layout, so `sentencepiece_files` exports them as an
+AlbertTokenizer (do_lower_case false, keep_accents true).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from typing import Sequence
+
+import numpy as np
+import tokenizers
+from sentencepiece import sentencepiece_model_pb2 as sp_model_pb2
+from tokenizers import decoders, normalizers, pre_tokenizers
+
+from bertfam_jax.config_lib import ConfigError
+
+# Every file a transformers tokenizer directory may hold that we read or copy.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "spiece.model", "vocab.txt", "vocab.json", "merges.txt")
+SPECIAL_ROLES = ("cls", "sep", "pad", "unk", "mask")
+# Default special tokens by layout, as the transformers classes define them.
+WORDPIECE_SPECIALS = dict(cls="[CLS]", sep="[SEP]", pad="[PAD]", unk="[UNK]", mask="[MASK]")
+BYTE_LEVEL_SPECIALS = dict(cls="<s>", sep="</s>", pad="<pad>", unk="<unk>", mask="<mask>")
+SPIECE_SPECIALS = dict(cls="[CLS]", sep="[SEP]", pad="<pad>", unk="<unk>", mask="[MASK]")
+_PUNCTUATION = set(string.punctuation)
+
+
+class HFTokenizer:
+  """A `tokenizers.Tokenizer` plus the ids and tables the objectives and fine-tuning need.
+
+  Attributes: vocab_size; pad_id, unk_id, cls_id, sep_id, mask_id (RoBERTa: <s>, </s>, <mask>);
+  special_ids [k] int32 (the special tokens except unk, which is an ordinary token as in ours);
+  word_start [vocab] bool (a piece that begins a word: not a WordPiece '##' continuation, or
+  starting with the byte-level 'Ġ' / SentencePiece '▁' word marker, or punctuation, or special);
+  pair_separator_ids: what separates segment A from B ((sep,) BERT/ALBERT/ELECTRA, (sep, sep)
+  RoBERTa); files: {name: bytes} of the directory it was read from.
+  """
+
+  def __init__(self, tokenizer: tokenizers.Tokenizer, specials: dict[str, str],
+               files: dict[str, bytes]):
+    self._tokenizer = tokenizer
+    self.files = files
+    self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    ids = {}
+    for role in SPECIAL_ROLES:
+      token_id = tokenizer.token_to_id(specials[role])
+      if token_id is None:
+        raise ConfigError(f"The tokenizer has no {role} token {specials[role]!r}; name it in "
+                          f"tokenizer_config.json as {role}_token.")
+      ids[role] = token_id
+    self.cls_id, self.sep_id, self.pad_id, self.unk_id, self.mask_id = (
+        ids[r] for r in SPECIAL_ROLES)
+    special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    special |= {ids[r] for r in ("cls", "sep", "pad", "mask")}
+    self.special_ids = np.asarray(sorted(special - {self.unk_id}), np.int32)
+    self.pair_separator_ids = ((self.sep_id, self.sep_id) if specials["cls"] == "<s>"
+                               else (self.sep_id,))
+    self.word_start = self._word_start_table()
+
+  def _word_start_table(self) -> np.ndarray:
+    model = json.loads(self._tokenizer.to_str())["model"]
+    continuation = model.get("continuing_subword_prefix") if model["type"] == "WordPiece" else None
+    starts = np.zeros(self.vocab_size, bool)
+    for piece, i in self._tokenizer.get_vocab(with_added_tokens=True).items():
+      if continuation:
+        starts[i] = not piece.startswith(continuation)
+      else:
+        starts[i] = piece.startswith(("Ġ", "▁")) or i == self.unk_id
+      starts[i] |= all(ch in _PUNCTUATION for ch in piece)
+    starts[self.special_ids] = True
+    return starts
+
+  def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """One [len_i] int32 array of ids per text; no special tokens are added."""
+    return [np.asarray(e.ids, np.int32) for e in self._encode(texts)]
+
+  def encode_with_offsets(self, texts: Sequence[str]
+                          ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(ids [n_i] int32, offsets [n_i, 2] int32) per text: each token's [start, end) character
+    span in the original text."""
+    encodings = self._encode(texts)
+    return ([np.asarray(e.ids, np.int32) for e in encodings],
+            [np.asarray(e.offsets, np.int32).reshape(-1, 2) for e in encodings])
+
+  def _encode(self, texts):
+    return self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+
+  def decode(self, ids) -> str:
+    """Detokenizes [len] ids; pad is dropped, the other special tokens appear as text."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1) if int(i) != self.pad_id]
+    return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+  def save(self, directory: str) -> None:
+    """Writes the files `from_dir` read (transformers' AutoTokenizer reads them too)."""
+    os.makedirs(directory, exist_ok=True)
+    for name, content in self.files.items():
+      with open(os.path.join(directory, name), "wb") as f:
+        f.write(content)
+
+
+def has_tokenizer(path: str) -> bool:
+  return any(os.path.exists(os.path.join(path, name))
+             for name in ("tokenizer.json", "spiece.model", "vocab.txt", "vocab.json"))
+
+
+def from_dir(path: str) -> HFTokenizer:
+  """The tokenizer of a transformers checkpoint or tokenizer directory."""
+  files = {}
+  for name in TOKENIZER_FILES:
+    if os.path.exists(os.path.join(path, name)):
+      with open(os.path.join(path, name), "rb") as f:
+        files[name] = f.read()
+  if not has_tokenizer(path):
+    raise ConfigError(f"{path} holds no tokenizer: expected tokenizer.json, spiece.model, "
+                      f"vocab.txt or vocab.json + merges.txt.")
+  return from_files(files)
+
+
+def from_files(files: dict[str, bytes]) -> HFTokenizer:
+  """The tokenizer of a directory's files ({name: content}, names of TOKENIZER_FILES)."""
+  options = json.loads(files.get("tokenizer_config.json", b"{}"))
+  if "tokenizer.json" in files:
+    tokenizer = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode())
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    defaults = next((s for s in (WORDPIECE_SPECIALS, BYTE_LEVEL_SPECIALS, SPIECE_SPECIALS)
+                     if s["cls"] in vocab and s["pad"] in vocab), WORDPIECE_SPECIALS)
+  elif "spiece.model" in files:
+    tokenizer, defaults = _spiece(files["spiece.model"], options), SPIECE_SPECIALS
+  elif "vocab.txt" in files:
+    tokenizer, defaults = _wordpiece(files["vocab.txt"], options), WORDPIECE_SPECIALS
+  else:
+    tokenizer = _byte_level_bpe(files["vocab.json"], files["merges.txt"], options)
+    defaults = BYTE_LEVEL_SPECIALS
+  specials = {role: _token_text(options.get(f"{role}_token", defaults[role]))
+              for role in SPECIAL_ROLES}
+  tokenizer.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                                for t in specials.values()])
+  return HFTokenizer(tokenizer, specials, files)
+
+
+def _token_text(token) -> str:
+  """A special token of tokenizer_config.json: a string or an AddedToken dict."""
+  return token["content"] if isinstance(token, dict) else token
+
+
+def _lines(content: bytes) -> list[str]:
+  """The lines of a vocabulary file, split at '\\n' only (as transformers' load_vocab)."""
+  lines = content.decode("utf-8").split("\n")
+  return lines[:-1] if lines and not lines[-1] else lines
+
+
+def _wordpiece(vocab_txt: bytes, options: dict) -> tokenizers.Tokenizer:
+  """transformers' BertTokenizer."""
+  vocab = {token.rstrip("\r"): i for i, token in enumerate(_lines(vocab_txt))}
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.WordPiece(
+      vocab, unk_token=_token_text(options.get("unk_token", "[UNK]"))))
+  tokenizer.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=options.get("tokenize_chinese_chars", True),
+      strip_accents=options.get("strip_accents"), lowercase=options.get("do_lower_case", True))
+  tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tokenizer.decoder = decoders.WordPiece(prefix="##")
+  return tokenizer
+
+
+def _byte_level_bpe(vocab_json: bytes, merges_txt: bytes, options: dict) -> tokenizers.Tokenizer:
+  """transformers' RobertaTokenizer (its RobertaProcessing trims the offsets of 'Ġ' tokens to
+  the word)."""
+  merges = [tuple(line.split(" ")) for line in _lines(merges_txt)
+            if line and not line.startswith("#version")]
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(
+      json.loads(vocab_json), merges, continuing_subword_prefix="", end_of_word_suffix="",
+      fuse_unk=False))
+  prefix_space = options.get("add_prefix_space", False)
+  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
+  tokenizer.decoder = decoders.ByteLevel()
+  tokenizer.post_processor = tokenizers.processors.ByteLevel(
+      trim_offsets=options.get("trim_offsets", True))
+  return tokenizer
+
+
+def _spiece(model_proto: bytes, options: dict) -> tokenizers.Tokenizer:
+  """transformers' AlbertTokenizer from a SentencePiece model (its SentencePieceExtractor)."""
+  proto = sp_model_pb2.ModelProto.FromString(model_proto)
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.Unigram(
+      [(p.piece, p.score) for p in proto.pieces], unk_id=proto.trainer_spec.unk_id,
+      byte_fallback=False))
+  steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+  if not options.get("keep_accents", False):
+    steps += [normalizers.NFKD(), normalizers.StripAccents()]
+  if options.get("do_lower_case", True):
+    steps.append(normalizers.Lowercase())
+  if proto.normalizer_spec.precompiled_charsmap:
+    steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+  tokenizer.normalizer = normalizers.Sequence(steps)
+  tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.WhitespaceSplit(),
+      pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+  tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+  kinds = sp_model_pb2.ModelProto.SentencePiece
+  tokenizer.add_tokens([tokenizers.AddedToken(p.piece, special=p.type == kinds.CONTROL,
+                                              normalized=False)
+                        for p in proto.pieces if p.type in (kinds.CONTROL, kinds.USER_DEFINED)])
+  return tokenizer
+
+
+def sentencepiece_files(model_proto: bytes) -> dict[str, bytes]:
+  """One of our SentencePiece models (ALBERT's id layout, data/tokenizers.py) as the files of an
+  AlbertTokenizer directory: spiece.model + tokenizer_config.json, cased and with accents, as
+  the model was trained (`from_files` reads them). transformers reads spiece.model as a Unigram
+  model, so a SentencePiece BPE model would tokenize differently there: ConfigError."""
+  if sp_model_pb2.ModelProto.FromString(model_proto).trainer_spec.model_type != (
+      sp_model_pb2.TrainerSpec.UNIGRAM):
+    raise ConfigError("transformers reads spiece.model as a Unigram model, so this SentencePiece "
+                      "BPE model would give other ids there; export a unigram tokenizer "
+                      "(tokenizer.model_type=unigram) or ship the .model file for sentencepiece.")
+  config = dict(tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True,
+                **{f"{role}_token": SPIECE_SPECIALS[role] for role in SPECIAL_ROLES},
+                bos_token=SPIECE_SPECIALS["cls"], eos_token=SPIECE_SPECIALS["sep"])
+  return {"spiece.model": model_proto,
+          "tokenizer_config.json": json.dumps(config, indent=2).encode()}

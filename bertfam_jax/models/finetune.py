@@ -1,0 +1,98 @@
+"""A pre-trained backbone + a task head, for every fine-tuning task kind.
+
+  model = FineTuneModel(config.model, kind="classification", num_outputs=3)
+  logits = model.apply({"params": params}, input_ids, input_mask, segment_ids, deterministic=True)
+
+Parameters: 'encoder' (the backbone, named as in pretraining.MaskedLM and electra.Electra, so a
+pre-trained encoder drops in), 'scalar_mix' when `features='weighted_sum'`, and the head of the
+kind: 'classification_head' ({'pooler', 'classifier'}: a pre-trained NSP/SOP pooler,
+'sentence_head/pooler', can be copied in), 'token_head', 'span_head' or 'choice_head'.
+
+Backbones: `BACKBONES[family](config_model, name="encoder")` builds a module whose
+`__call__(input_ids, input_mask, segment_ids, *, deterministic, return_all_layers=False)` returns
+hidden states [batch, length, hidden], or with `return_all_layers` the pair (those, [layers + 1,
+batch, length, hidden]) as `Encoder` does. A family with another network (XLNet, T5's encoder)
+adds one entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.models import encoder, heads
+
+BACKBONES = {"encoder": encoder.Encoder}
+
+FEATURES = ("last", "weighted_sum")
+
+# kind → (head module name, head(config_model, width, name), output width fixed by the kind or
+# None when `num_outputs` sets it). Every head maps [rows, length, hidden] → [rows, ...].
+KINDS = {
+    "classification": ("classification_head", heads.ClassificationHead, None),
+    # One real value per example, in a head named as classification's so a pooler carries over.
+    "regression": ("classification_head", lambda c, _, name: heads.MultipleChoiceHead(c, name=name),
+                   1),
+    "token_classification": ("token_head", heads.TokenClassificationHead, None),
+    "extractive_qa": ("span_head", lambda c, _, name: heads.SpanHead(c, name=name), 2),
+    "multiple_choice": ("choice_head", lambda c, _, name: heads.MultipleChoiceHead(c, name=name),
+                        1),
+}
+
+
+def output_width(kind: str, num_outputs: int) -> int:
+  """The head's output width: `num_outputs` (classes or labels, >= 1) for classification and
+  token_classification; fixed for the other kinds, where `num_outputs` must be 0 or that width."""
+  if kind not in KINDS:
+    raise ConfigError(f"Fine-tuning kind {kind!r}; choose one of {sorted(KINDS)}.")
+  fixed = KINDS[kind][2]
+  if fixed is None:
+    if num_outputs < 1:
+      raise ConfigError(f"A {kind} task needs num_outputs >= 1 (its number of classes or labels); "
+                        f"got {num_outputs}.")
+    return num_outputs
+  if num_outputs not in (0, fixed):
+    raise ConfigError(f"A {kind} task has {fixed} output(s) per example; got num_outputs="
+                      f"{num_outputs} (pass 0 or {fixed}).")
+  return fixed
+
+
+class FineTuneModel(nn.Module):
+  """Backbone → features (the last layer, or ELMo's scalar mix of the embedding output and every
+  layer) → the kind's head. Outputs:
+    classification        [batch, num_outputs] logits
+    regression            [batch] predictions
+    token_classification  [batch, length, num_outputs] logits
+    extractive_qa         [batch, length, 2] start / end logits
+    multiple_choice       [batch, choices] scores (inputs [batch, choices, length])
+  """
+  config: Any  # the `config.model` section
+  kind: str
+  num_outputs: int = 0
+  features: str = "last"  # last | weighted_sum
+  backbone: str = "encoder"  # key of BACKBONES
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool):
+    """input_ids / input_mask / segment_ids: [batch, length] int ([batch, choices, length] for
+    multiple_choice, whose choices are folded into the batch)."""
+    width = output_width(self.kind, self.num_outputs)
+    if self.features not in FEATURES:
+      raise ConfigError(f"features={self.features!r}; choose one of {FEATURES}.")
+    if self.backbone not in BACKBONES:
+      raise ConfigError(f"backbone={self.backbone!r}; choose one of {sorted(BACKBONES)}.")
+    batch_shape = input_ids.shape[:-1]
+    fold = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+    backbone = BACKBONES[self.backbone](self.config, name="encoder")
+    if self.features == "weighted_sum":
+      _, hidden_NBLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
+                                deterministic=deterministic, return_all_layers=True)
+      x_BLD = heads.ScalarMix(hidden_NBLD.shape[0], name="scalar_mix")(hidden_NBLD)
+    else:
+      x_BLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
+                       deterministic=deterministic)
+    name, head, _ = KINDS[self.kind]
+    out = head(self.config, width, name=name)(x_BLD, deterministic=deterministic)
+    return out.reshape(batch_shape + out.shape[1:])  # multiple choice: [batch, choices]

