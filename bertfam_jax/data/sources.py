@@ -12,11 +12,12 @@ import bz2
 import collections.abc
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import tempfile
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import logging
 import ml_collections
@@ -200,9 +201,9 @@ def read_text_files(patterns: str, text_format: str = "auto") -> list[str]:
 
 
 class _TextColumn(collections.abc.Sequence):
-  """A random-access view of one text feature of a TFDS data source, decoded to `str`."""
+  """A random-access view of one text feature of TFDS records (`tfds_records`), as `str`."""
 
-  def __init__(self, source: Sequence[dict], key: str):
+  def __init__(self, source: Sequence[Mapping[str, Any]], key: str):
     self._source = source
     self._key = key
 
@@ -229,47 +230,65 @@ def _not_prepared_message(data_config: ml_collections.ConfigDict) -> str:
           f"`--config=configs/<paper>.py:runlocal` or --config.data.source=embedded_wiki.")
 
 
-def _tfds_documents(data_config: ml_collections.ConfigDict, split_name: str) -> Sequence[str]:
-  """The `tfds_text_key` feature of a prepared TFDS split, never downloading."""
+def tfds_records(name: str, split: str, data_dir: str | None, *, not_prepared: str,
+                 split_flags: str) -> Sequence[Mapping[str, Any]]:
+  """The records of a prepared TFDS split, never downloading.
+
+  The dataset is read from its files alone (`<data_dir>/<name>/<newest version>/`, as
+  `tfds build NAME --data_dir=DIR` writes it), never through its builder code, which
+  `tfds.builder` prefers whenever it is registered: without TensorFlow that code fails for some
+  datasets (SuperGLUE's features name tf.int32), and GLUE's is found only once imported.
+  array_record gives a random-access data source; tfrecord is read into memory with TensorFlow.
+
+  Args:
+    name: 'dataset', 'dataset/config', optionally pinning a version ('c4/en:3.1.0').
+    split: a split, optionally sliced ('train[:99%]').
+    data_dir: the TFDS data dir; None for TFDS's default ones.
+    not_prepared: the ConfigError message when the dataset is not in data_dir.
+    split_flags: the flags that choose the split (named when it does not exist).
+
+  Returns:
+    Records as `tfds.data_source` / `tfds.as_numpy` give them (Text features are bytes).
+  """
   try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional extra)
+    # pylint: disable=g-import-not-at-top  (optional extra)
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.core import read_only_builder
   except ImportError:
     raise config_lib.ConfigError(
-        "data.source='tfds' needs tensorflow-datasets: `pip install -e '.[tfds]'`. "
-        + _not_prepared_message(data_config)) from None
-
+        "Reading TFDS datasets needs tensorflow-datasets: `pip install 'bertfam_jax[tfds]'`. "
+        + not_prepared) from None
   try:
-    builder = tfds.builder(data_config.tfds_name, data_dir=data_config.tfds_data_dir or None)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise config_lib.ConfigError(_not_prepared_message(data_config)) from None
-  if not builder.is_prepared():
-    raise config_lib.ConfigError(_not_prepared_message(data_config))
+    # What `tfds.builder` falls back to when it has no builder code: the newest prepared version
+    # (or the one the name pins), in data_dir or else TFDS's default data dirs.
+    builder = read_only_builder.builder_from_files(name, data_dir=data_dir)
+  except (tfds.core.registered.DatasetNotFoundError, FileNotFoundError):
+    raise config_lib.ConfigError(not_prepared) from None
   # A sliced split ('train[:99%]') is checked by its base name; TFDS resolves the slice.
-  if split_name.split("[")[0] not in builder.info.splits:
+  if split.split("[")[0] not in builder.info.splits:
     raise config_lib.ConfigError(
-        f"TFDS dataset {data_config.tfds_name!r} has splits {sorted(builder.info.splits)}, not "
-        f"{split_name!r}; set --config.data.train_split / --config.data.eval_split.")
+        f"TFDS dataset {name!r} has splits {sorted(builder.info.splits)}, not {split!r}; set "
+        f"{split_flags}.")
   random_access = tfds.core.file_adapters.FileFormat.with_random_access()
   if builder.info.available_file_formats() & set(random_access):
-    return _TextColumn(builder.as_data_source(split=split_name), data_config.tfds_text_key)
-  return _tfds_records_via_tensorflow(builder, split_name, data_config.tfds_text_key)
-
-
-def _tfds_records_via_tensorflow(builder, split_name: str, key: str) -> list[str]:
-  """Reads a tfrecord-format split into memory with `tfds.as_numpy` (needs TensorFlow)."""
-  try:
-    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401
-  except ImportError:
+    return builder.as_data_source(split=split)
+  if importlib.util.find_spec("tensorflow") is None:
     raise config_lib.ConfigError(
-        f"TFDS dataset {builder.name!r} at {builder.data_dir} is stored as tfrecord, which needs "
-        f"TensorFlow to read: `pip install bertfam_jax[tfds]`, or re-prepare it with "
-        f"`tfds build {builder.name} --file_format=array_record` for random access without "
-        f"TensorFlow.") from None
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+        f"TFDS dataset {name!r} in {builder.data_dir} is stored as tfrecord, which needs "
+        f"TensorFlow to read: `pip install 'bertfam_jax[tfds]'`, or re-prepare it as array_record "
+        f"(random access without TensorFlow): `tfds build {name} --data_dir=DIR "
+        f"--file_format=array_record`.")
   logging.warning("Reading TFDS %s[%s] (tfrecord) into memory; prepare it as array_record for "
-                  "random access to large datasets.", builder.name, split_name)
-  dataset = builder.as_dataset(split=split_name, shuffle_files=False)
-  return [record[key].decode("utf-8") for record in tfds.as_numpy(dataset)]
+                  "random access to large datasets.", name, split)
+  return list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)))
+
+
+def _tfds_documents(data_config: ml_collections.ConfigDict, split_name: str) -> Sequence[str]:
+  """The `tfds_text_key` feature of a prepared TFDS split."""
+  records = tfds_records(data_config.tfds_name, split_name, data_config.tfds_data_dir or None,
+                         not_prepared=_not_prepared_message(data_config),
+                         split_flags="--config.data.train_split / --config.data.eval_split")
+  return _TextColumn(records, data_config.tfds_text_key)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ seed and step). After every epoch the evaluation split is predicted and scored; 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -197,10 +198,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     writer = train_metrics.MetricsWriter(workdir, resume_step=latest)
     loss_fn = _make_loss_fn(task.kind)
     train_step = step_lib.make_train_step(model, tx, schedule, loss_fn, resolved, shardings, mesh)
-    predict = _make_predict(model, shardings, mesh)
-    results = _loop(resolved, task, state, train_step, predict, checkpointer, writer, mesh,
-                    train_data, eval_data, eval_examples, tokenizer, total_steps,
-                    steps_per_epoch, workdir, dict(trained_fraction=fraction))
+    score = functools.partial(evaluate, task, _make_predict(model, shardings, mesh),
+                              eval_data=eval_data, eval_examples=eval_examples,
+                              tokenizer=tokenizer, config=resolved, mesh=mesh)
+    results = _loop(resolved, state, train_step, score, train_data, total_steps,
+                    steps_per_epoch, mesh, checkpointer, writer, workdir,
+                    dict(trained_fraction=fraction))
   finally:
     checkpointer.close()
     if writer is not None:
@@ -287,12 +290,23 @@ def _make_predict(model, shardings, mesh):
       out_shardings=NamedSharding(mesh, P())), mesh)
 
 
-def _loop(config, task, state, train_step, predict, checkpointer, writer, mesh, train_data,
-          eval_data, eval_examples, tokenizer, total_steps, steps_per_epoch, workdir, extra):
-  ft, t = config.finetune, config.train
+def _loop(config, state, train_step, score: Callable, train_data, total_steps: int,
+          steps_per_epoch: int, mesh, checkpointer, writer, workdir: str, extra: dict):
+  """Trains to `total_steps`; after every epoch (and the last step) `score(params)` evaluates,
+  the results are logged and written, and a checkpoint saved. Returns the last results."""
+  t = config.train
   step = int(jax.device_get(state.step))
   results, window, timer = {}, None, time.perf_counter()
   num_train = len(train_data["input_ids"])
+
+  def evaluate_and_write():
+    results = dict(score(state.params), step=step, **extra)
+    writer.write(step, results["scores"], prefix="eval_")
+    train_metrics.print_progress(f"eval @ {step}: " + ", ".join(
+        f"{k} {v:.4f}" for k, v in sorted(results["scores"].items())))
+    _write_results(workdir, results)
+    return results
+
   while step < total_steps:
     rows = local_rows(epoch_order(num_train, t.batch_size, config.seed, step))
     batch = pipeline_lib.make_global_batch(take(train_data, rows), mesh, sharding_lib.BATCH_SPEC)
@@ -309,19 +323,10 @@ def _loop(config, task, state, train_step, predict, checkpointer, writer, mesh, 
           f"{train_metrics.format_duration(seconds / t.log_every * (total_steps - step))}")
       window, timer = None, time.perf_counter()
     if step % steps_per_epoch == 0 or step == total_steps:
-      results = evaluate(task, predict, state.params, eval_data, eval_examples, tokenizer, config,
-                         mesh)
-      results.update(step=step, **extra)
-      writer.write(step, {k: v for k, v in results["scores"].items()}, prefix="eval_")
-      train_metrics.print_progress(f"eval @ {step}: " + ", ".join(
-          f"{k} {v:.4f}" for k, v in sorted(results["scores"].items())))
-      _write_results(workdir, results)
+      results = evaluate_and_write()
       checkpointer.save(step, state, {"step": step})
   if not results:  # resumed after the last step: score the restored state again
-    results = evaluate(task, predict, state.params, eval_data, eval_examples, tokenizer, config,
-                       mesh)
-    results.update(step=step, **extra)
-    _write_results(workdir, results)
+    results = evaluate_and_write()
   return {k: v for k, v in results.items() if k != "predictions"}
 
 
@@ -342,21 +347,22 @@ def predict_all(predict, params, data: dict[str, np.ndarray], batch_size: int, m
   return np.concatenate(outputs)[:rows]
 
 
-def evaluate(task, predict, params, eval_data, eval_examples, tokenizer, config, mesh
+def evaluate(task, predict, params, *, eval_data, eval_examples, tokenizer, config, mesh
              ) -> dict[str, Any]:
   """Predicts the evaluation split and scores it with the task's metrics.
 
   Returns: task, split, examples, scores {metric: value}, main_metric, predictions (one dict per
-  example: id or index, prediction, label)."""
+  example: its index (and id where the task has one), prediction, gold label)."""
   ft = config.finetune
   outputs = predict_all(predict, params, eval_data, config.train.eval_batch_size, mesh)
   predictions = features.decode_predictions(task, outputs, eval_data, eval_examples, tokenizer, ft)
   scores = task.score(eval_examples, predictions)
   return dict(task=ft.task, split=ft.eval_split or task.eval_split, examples=len(eval_examples),
               main_metric=task.main_metric, scores=scores,
-              predictions=[dict(index=i, prediction=_jsonable(p), label=_jsonable(g))
-                           for i, (p, g) in enumerate(zip(predictions,
-                                                          task.gold(eval_examples)))])
+              predictions=[dict(index=i, **({"id": e["id"]} if "id" in e else {}),
+                                prediction=_jsonable(p), label=_jsonable(g))
+                           for i, (e, p, g) in enumerate(zip(eval_examples, predictions,
+                                                             task.gold(eval_examples)))])
 
 
 def _jsonable(value):

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.data import sources
 from bertfam_jax.data import wordnet
 from bertfam_jax.finetune import metrics as metrics_lib
 
@@ -210,35 +210,13 @@ def _missing_message(name: str, data_dir: str | None) -> str:
           f"wordnet_tagging, wordnet_choice.")
 
 
-def tfds_records(name: str, split: str, data_dir: str | None) -> Sequence[Mapping[str, Any]]:
-  """The records of a prepared TFDS split: random access (`as_data_source`) when stored as
-  array_record, else read into memory with TensorFlow (`as_dataset`). Never downloads."""
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional extra)
-  except ImportError:
-    raise ConfigError("TFDS tasks need tensorflow-datasets: `pip install -e '.[tfds]'`. "
-                      + _missing_message(name, data_dir)) from None
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise ConfigError(_missing_message(name, data_dir)) from None
-  if not builder.is_prepared():
-    raise ConfigError(_missing_message(name, data_dir))
-  if split not in builder.info.splits:
-    raise ConfigError(f"TFDS dataset {name!r} has splits {sorted(builder.info.splits)}, not "
-                      f"{split!r}; set --config.finetune.eval_split.")
-  random_access = tfds.core.file_adapters.FileFormat.with_random_access()
-  if builder.info.available_file_formats() & set(random_access):
-    return builder.as_data_source(split=split)
-  if importlib.util.find_spec("tensorflow") is None:
-    raise ConfigError(f"TFDS dataset {name!r} is stored as tfrecord, which needs TensorFlow: "
-                      f"`pip install -e '.[tfds]'`, or re-prepare it with `tfds build {name} "
-                      f"--data_dir=DIR --file_format=array_record`.")
-  return list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)))
-
-
 def _tfds_loader(name: str, convert: Callable[[Mapping], dict]):
-  return lambda split, data_dir: _Converted(tfds_records(name, split, data_dir), convert)
+  def load(split: str, data_dir: str | None) -> _Converted:
+    records = sources.tfds_records(name, split, data_dir,
+                                   not_prepared=_missing_message(name, data_dir),
+                                   split_flags="--config.finetune.eval_split")
+    return _Converted(records, convert)
+  return load
 
 
 # ------------------------------------------------------------------------------------- registry

@@ -109,23 +109,24 @@ def run_architecture(config) -> tuple[families.Family, families.Architecture]:
   return family, family.architectures[0 if o.sentence_task else -1]
 
 
-def hf_source(workdir: str, config) -> dict:
-  """What a run knows of the HF checkpoint it descends from ({} for runs of ours): the
-  workdir's hf_import.json, or for a fine-tuning run its init's (a transformers directory, a
-  workdir import_to_workdir wrote, or an earlier fine-tuning run of ours, followed back).
+def hf_source(workdir: str) -> dict:
+  """What the run in `workdir` knows of the HF checkpoint it descends from ({} for runs of
+  ours): its hf_import.json, or for a fine-tuning run its init's (a transformers directory, a
+  workdir import_to_workdir wrote, or an earlier fine-tuning run, followed back).
   Returns {model_type, hf_config, ...}."""
   record_path = os.path.join(workdir, IMPORT_RECORD)
   if os.path.exists(record_path):
     with open(record_path) as f:
       return json.load(f)
+  config = classify.read_run_config(workdir)
   if "finetune" not in config:
     return {}
   init = config.finetune.init
   if classify.is_transformers_checkpoint(init):
     hf_config = io.read_hf_config(init)
     return dict(model_type=hf_config["model_type"], hf_config=hf_config)
-  if os.path.exists(os.path.join(init, "config.json")):
-    return hf_source(init, classify.read_run_config(init))
+  if os.path.isdir(init):
+    return hf_source(init)
   if config.tokenizer.kind == "hf":
     raise ConfigError(f"{workdir} was fine-tuned from finetune.init={init!r}, an imported HF "
                       "checkpoint that is not there (relative paths are read from the current "
@@ -195,7 +196,7 @@ def export_workdir(workdir: str, hf_path: str) -> io.HFModel:
   features='weighted_sum', which no HF class holds. Returns the exported model."""
   io.check_empty_target(hf_path)
   config = classify.read_run_config(workdir)
-  source = hf_source(workdir, config)
+  source = hf_source(workdir)
   fresh, kind, num_outputs = (), "", 0
   if "finetune" in config:
     arch, hf_config, kind, num_outputs = _task_class(config, source)

@@ -1,5 +1,6 @@
 """Tests for bertfam_jax.data.sources: sentences, the embedded corpus, text files, TFDS, shards."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -138,6 +139,16 @@ def test_tfds_array_record_without_tensorflow(tiny_tfds_dir):
   assert sources.split_sentences(held_out[0])[1] == "It has a second sentence."
 
 
+def test_tfds_name_may_pin_a_version(tiny_tfds_dir):
+  """As the default tfds_name 'c4/en:3.1.0' does; another version is not prepared."""
+  config = data_config(source="tfds", tfds_name="tiny_text_dataset:1.0.0",
+                       tfds_data_dir=str(tiny_tfds_dir))
+  assert len(sources.get_documents(config, "train")) == 24
+  config.tfds_name = "tiny_text_dataset:2.0.0"
+  with pytest.raises(config_lib.ConfigError, match="tfds build tiny_text_dataset:2.0.0"):
+    sources.get_documents(config, "train")
+
+
 def test_tfds_missing_dataset_explains_how_to_prepare(tmp_path):
   config = data_config(source="tfds", tfds_name="c4/en:3.1.0", tfds_data_dir=str(tmp_path))
   with pytest.raises(config_lib.ConfigError) as error:
@@ -157,11 +168,8 @@ def test_tfds_unknown_split(tiny_tfds_dir):
 
 
 def test_tfds_tfrecord_without_tensorflow_names_the_fix(tiny_tfds_dir, tmp_path):
-  try:
-    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  if importlib.util.find_spec("tensorflow") is not None:
     pytest.skip("TensorFlow is installed; this checks the message shown without it.")
-  except ImportError:
-    pass
   # The same prepared dataset, declared as tfrecord (preparing tfrecord itself needs TF).
   shutil.copytree(tiny_tfds_dir, tmp_path, dirs_exist_ok=True)
   info_path = tmp_path / "tiny_text_dataset" / "1.0.0" / "dataset_info.json"

@@ -16,33 +16,35 @@ import jax
 import numpy as np
 import pytest
 
-from bertfam_jax import config_lib, hf
+from bertfam_jax import hf
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.finetune import tasks
 from bertfam_jax.hf import io as hf_io
-from bertfam_jax.train import checkpoint as checkpoint_lib
-from bertfam_jax.train import sharding as sharding_lib
-from bertfam_jax.train import step as step_lib
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-_spec = importlib.util.spec_from_file_location(
-    "hf_task_heads_reference", pathlib.Path(__file__).with_name("hf_reference.py"))
-_reference = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_reference)
-randomised = _reference.randomised  # N(0, 0.2²) on every HF parameter
 
-BATCH, CHOICES, LENGTH, VOCAB = 2, 3, 16, 101
+def _load(name):
+  """A helper module of this folder, loaded by path under a name of its own."""
+  spec = importlib.util.spec_from_file_location(f"hf_task_heads_{name}",
+                                                pathlib.Path(__file__).with_name(f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+randomised = _load("hf_reference").randomised  # N(0, 0.2²) on every HF parameter
+_finetuned = _load("hf_finetuned")
+fine_tuned_config, fine_tuned_workdir = _finetuned.fine_tuned_config, _finetuned.fine_tuned_workdir
+LENGTH, VOCAB, TASKS = _finetuned.LENGTH, _finetuned.VOCAB, _finetuned.TASKS
+BATCH, CHOICES = 2, 3
 TOL = dict(rtol=0, atol=1e-4)
 PREFIX = dict(bert="Bert", roberta="Roberta", albert="Albert", electra="Electra")
 HF_CLASS = dict(classification="ForSequenceClassification", regression="ForSequenceClassification",
                 token_classification="ForTokenClassification",
                 extractive_qa="ForQuestionAnswering", multiple_choice="ForMultipleChoice")
-TASKS = dict(classification="wordnet_supersense", regression="glue/stsb",
-             token_classification="wordnet_tagging", extractive_qa="wordnet_qa",
-             multiple_choice="wordnet_choice")
 # ElectraClassificationHead applies GELU where ours applies tanh: no HF class holds those runs.
 MAPPED = [(family, kind) for family in PREFIX for kind in TASKS
           if not (family == "electra" and kind in ("classification", "regression"))]
@@ -51,61 +53,14 @@ MAPPED = [(family, kind) for family in PREFIX for kind in TASKS
 # ------------------------------------------------------------------------------ fine-tuned runs
 
 
-def fine_tuned_config(family, kind, init=""):
-  """A resolved fine-tuning config as finetune.run writes it: the task's finetune section plus
-  the pre-trained run's model, objective and tokenizer. BERT's layers are scanned (export
-  unstacks them); ALBERT and ELECTRA have factorised embeddings."""
-  config = config_lib.finetune_config()
-  config.finetune.update(task=TASKS[kind], init=init)
-  model = dict(hidden=32, layers=2, heads=4, mlp=64, vocab_size=VOCAB, max_positions=LENGTH)
-  config.objective = config_lib.mlm_objective(sentence_task="nsp")
-  config.tokenizer = config_lib.base_config().tokenizer
-  config.tokenizer.model_path = "/nonexistent/spm.model"  # exported without a tokenizer
-  if family == "bert":
-    model.update(scan_layers=True)
-  if family == "albert":
-    model.update(share_layers="all", embedding_size=16)
-    config.objective = config_lib.mlm_objective(sentence_task="sop")
-  if family == "electra":
-    model.update(embedding_size=16, activation="gelu")
-    config.objective = config_lib.electra_objective()
-  if family == "roberta":  # fine-tuned from an imported RoBERTa (its init says so)
-    model.update(type_vocab_size=1, layer_norm_eps=1e-5, activation="gelu")
-    config.objective = config_lib.mlm_objective(sentence_task="", mask_style="fairseq")
-    config.tokenizer.update(kind="hf", model_path="")
-  config.model = config_lib.encoder("mini", **model)
-  return config
-
-
 def roberta_init(directory):
-  """A transformers directory's config.json as the fine-tuning init (its weights are not read)."""
+  """A transformers directory's config.json as the fine-tuning init of a RoBERTa run (export
+  reads its family and fields, not its weights; its stale task fields are replaced)."""
   os.makedirs(directory)
   (pathlib.Path(directory) / "config.json").write_text(json.dumps(dict(
       model_type="roberta", architectures=["RobertaForMaskedLM"], pad_token_id=1, bos_token_id=0,
       eos_token_id=2, num_labels=7, problem_type="multi_label_classification")))
   return str(directory)
-
-
-def fine_tuned_workdir(config, workdir, seed=0):
-  """Writes config.json and a checkpoint (step 7) of the FineTuneModel's TrainState with the
-  runner's optimizer, its parameters perturbed by N(0, 0.2²) so that biases, LayerNorms and the
-  head are off their initial values. Returns the parameters."""
-  os.makedirs(workdir)
-  checkpoint_lib.check_or_write_config(workdir, config)
-  model, example = finetune_run.build_model(config)
-  tx = finetune_run.checkpoint_optimizer(config, model, example)
-  mesh = sharding_lib.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  with_mesh = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
-  _, shardings = with_mesh(step_lib.abstract_state)(model, tx, config, mesh, example)
-  state = with_mesh(step_lib.init_state)(model, tx, config, shardings, seed, example)
-  leaves, treedef = jax.tree.flatten(state.params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  params = treedef.unflatten([x + 0.2 * jax.random.normal(k, x.shape, x.dtype)
-                              for x, k in zip(leaves, keys)])
-  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), 1)
-  checkpointer.save(7, state.replace(step=state.step + 7, params=params), {"step": 7})
-  checkpointer.close()
-  return jax.device_get(params["params"])
 
 
 # --------------------------------------------------------------------------- inputs and outputs
