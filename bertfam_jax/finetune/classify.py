@@ -65,7 +65,7 @@ def load_pretrained(path: str, *, tokenizer_path: str = ""
   """
   if is_transformers_checkpoint(path):
     from bertfam_jax import hf  # pylint: disable=g-import-not-at-top
-    imported = hf.from_pretrained(path)
+    imported = hf.from_pretrained(path, task_head=False)  # the encoder; heads start fresh
     if imported.tokenizer is None:
       raise ConfigError(f"{path} holds no tokenizer files (tokenizer.json, vocab.txt, "
                         f"vocab.json + merges.txt or spiece.model); copy the checkpoint's "

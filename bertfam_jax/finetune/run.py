@@ -151,6 +151,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                       f"max_positions={resolved.model.max_positions}; pass "
                       f"--config.finetune.max_seq_len={resolved.model.max_positions} or less.")
   checkpoint_lib.check_or_write_config(workdir, resolved)
+  _keep_hf_source(ft.init, init_config, workdir)
 
   mesh = sharding_lib.make_mesh(config.mesh)
   train_lib.check_batch(resolved, mesh)
@@ -221,6 +222,21 @@ def featurize(task, tokenizer, examples, config, training: bool) -> dict[str, np
   if training:
     data = {k: v for k, v in data.items() if k in INPUT_KEYS + LABEL_KEYS}
   return data
+
+
+def _keep_hf_source(init: str, init_config, workdir: str) -> None:
+  """A run of an imported or transformers checkpoint keeps that checkpoint's record (family and
+  config.json, `hf.workdir.hf_source`) in its workdir, so that exporting it does not depend on
+  `init` staying where it is."""
+  if init_config.tokenizer.kind != "hf" or jax.process_index() != 0:
+    return
+  from bertfam_jax.hf import workdir as hf_workdir  # pylint: disable=g-import-not-at-top
+  record = hf_workdir.hf_source(init)
+  if record:
+    path = os.path.join(workdir, hf_workdir.IMPORT_RECORD)
+    with open(path + ".tmp", "w") as f:
+      json.dump(record, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def _resolved_config(config, init_config) -> ml_collections.ConfigDict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from bertfam_jax.config_lib import ConfigError
 
@@ -39,7 +39,10 @@ def run(argv) -> str:
   if argv[1] == "import":
     m = hf.import_to_workdir(FLAGS.hf_path, FLAGS.workdir, FLAGS.generator_path)
     fresh = f"; freshly initialised: {', '.join(m.fresh)}" if m.fresh else ""
-    return f"Imported {m.architecture} from {FLAGS.hf_path} into {FLAGS.workdir}{fresh}."
+    task = m.notes.get("task_head_left_out")
+    left_out = f" (the encoder of {task}, its task head left out)" if task else ""
+    return (f"Imported {m.architecture}{left_out} from {FLAGS.hf_path} into "
+            f"{FLAGS.workdir}{fresh}.")
   if FLAGS.generator_path:
     raise ConfigError("--generator_path is for import; export writes an ELECTRA generator to "
                       "HF_PATH/generator itself.")
@@ -48,6 +51,8 @@ def run(argv) -> str:
 
 
 def main(argv):
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint phase at INFO
   try:
     print(run(argv))
   except ConfigError as e:

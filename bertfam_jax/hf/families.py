@@ -9,8 +9,11 @@ imports with both heads.
 Fine-tuned checkpoints are a family's task classes (`Family.tasks`: *ForSequenceClassification,
 *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), whose heads are our
 `models.finetune.FineTuneModel` heads; config.json's `architectures` names them (their weights
-alone cannot tell sequence classification from multiple choice). A class whose HF head computes
-something else than ours says why in `Architecture.mismatch` and is refused both ways.
+alone cannot tell sequence classification from multiple choice). Where HF's head computes
+something else than ours, the class names the config under which it equals ours
+(`Architecture.hf_fields`: ELECTRA's multiple-choice summary with tanh) or why it never does
+(`Architecture.mismatch`: ELECTRA's GELU classification head), and such checkpoints and runs are
+refused.
 """
 
 from __future__ import annotations
@@ -66,10 +69,11 @@ class Architecture:
 class Family:
   """model_type: HF's; architectures: the pre-training classes, most heads first; base: the one
   whose objective describes a task class's encoder (it receives that encoder when the task head
-  is left out); tasks: the task classes; defaults: HF config defaults beyond COMMON_DEFAULTS; model_from_hf(hf) / model_to_hf(model): the family's own config fields;
-  encoder(model, hf): the encoder's mapping entries; objective: our objective fields for a
-  checkpoint of this family (the paper's recipe); packing: data.packing without a sentence task;
-  unavailable: set for families that cannot be imported yet (the ConfigError message)."""
+  is left out); tasks: the task classes; defaults: HF config defaults beyond COMMON_DEFAULTS;
+  model_from_hf(hf) / model_to_hf(model): the family's own config fields; encoder(model, hf): the
+  encoder's mapping entries; objective: our objective fields for a checkpoint of this family (the
+  paper's recipe); packing: data.packing without a sentence task; unavailable: set for families
+  that cannot be imported yet (the ConfigError message)."""
   model_type: str
   architectures: tuple[Architecture, ...] = ()
   base: str = ""
@@ -196,16 +200,14 @@ def _task_classes(prefix: str, sequence: dict[str, str], choice: dict[str, str],
   """HF's {prefix}For{SequenceClassification, TokenClassification, QuestionAnswering,
   MultipleChoice}: `sequence` / `choice` name the pooler (tanh dense on the first token) and
   classifier of the sentence-level heads; the token and span heads are HF's `classifier` and
-  `qa_outputs` in every family."""
-  return (
-      Architecture(f"{prefix}ForSequenceClassification", "", "", {"classification_head": sequence},
-                   kind="classification", mismatch=sequence_mismatch),
-      Architecture(f"{prefix}ForTokenClassification", "", "",
-                   {"token_head": dict(classifier="classifier")}, kind="token_classification"),
-      Architecture(f"{prefix}ForQuestionAnswering", "", "",
-                   {"span_head": dict(classifier="qa_outputs")}, kind="extractive_qa"),
-      Architecture(f"{prefix}ForMultipleChoice", "", "", {"choice_head": choice},
-                   kind="multiple_choice", hf_fields=choice_fields or {}))
+  `qa_outputs` in every family. Our heads are named as FineTuneModel names them."""
+  def task(suffix, kind, names, **fields):
+    return Architecture(f"{prefix}For{suffix}", "", "", {finetune_models.KINDS[kind][0]: names},
+                        kind=kind, **fields)
+  return (task("SequenceClassification", "classification", sequence, mismatch=sequence_mismatch),
+          task("TokenClassification", "token_classification", dict(classifier="classifier")),
+          task("QuestionAnswering", "extractive_qa", dict(classifier="qa_outputs")),
+          task("MultipleChoice", "multiple_choice", choice, hf_fields=choice_fields or {}))
 
 
 FAMILIES = {

@@ -109,26 +109,25 @@ def run_architecture(config) -> tuple[families.Family, families.Architecture]:
   return family, family.architectures[0 if o.sentence_task else -1]
 
 
-def hf_source(workdir: str) -> dict:
-  """What the run in `workdir` knows of the HF checkpoint it descends from ({} for runs of
-  ours): its hf_import.json, or for a fine-tuning run its init's (a transformers directory, a
-  workdir import_to_workdir wrote, or an earlier fine-tuning run, followed back).
-  Returns {model_type, hf_config, ...}."""
-  record_path = os.path.join(workdir, IMPORT_RECORD)
+def hf_source(path: str) -> dict:
+  """What a run knows of the HF checkpoint it descends from, {model_type, hf_config, ...}, or {}
+  for runs of ours. `path`: a transformers directory (itself), a workdir with an hf_import.json
+  (import_to_workdir's record), or a fine-tuning run's workdir (its init's, followed back)."""
+  if classify.is_transformers_checkpoint(path):
+    hf_config = io.read_hf_config(path)
+    return dict(model_type=hf_config["model_type"], hf_config=hf_config)
+  record_path = os.path.join(path, IMPORT_RECORD)
   if os.path.exists(record_path):
     with open(record_path) as f:
       return json.load(f)
-  config = classify.read_run_config(workdir)
+  config = classify.read_run_config(path)
   if "finetune" not in config:
     return {}
   init = config.finetune.init
-  if classify.is_transformers_checkpoint(init):
-    hf_config = io.read_hf_config(init)
-    return dict(model_type=hf_config["model_type"], hf_config=hf_config)
   if os.path.isdir(init):
     return hf_source(init)
   if config.tokenizer.kind == "hf":
-    raise ConfigError(f"{workdir} was fine-tuned from finetune.init={init!r}, an imported HF "
+    raise ConfigError(f"{path} was fine-tuned from finetune.init={init!r}, an imported HF "
                       "checkpoint that is not there (relative paths are read from the current "
                       "directory); its HF family and config.json come from it, so run the "
                       "export where that path leads to it.")

@@ -8,6 +8,7 @@ import os
 
 import jax
 import ml_collections
+from absl import logging
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
@@ -67,11 +68,17 @@ class Checkpointer:
   def __init__(self, directory: str, keep: int, *, read_only: bool = False):
     """`read_only` opens another run's checkpoints (init_from) without creating or deleting."""
     self.directory = os.path.abspath(directory)
-    self.manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
-                                             create=not read_only, read_only=read_only),
-        item_names=("state", "data"))
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
+        enable_async_checkpointing=True, create=not read_only, read_only=read_only)
+    verbosity = logging.get_verbosity()
+    if read_only:  # orbax warns that a read-only manager is read-only
+      logging.set_verbosity(logging.ERROR)
+    try:
+      self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                           item_names=("state", "data"))
+    finally:
+      logging.set_verbosity(verbosity)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()

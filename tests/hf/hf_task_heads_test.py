@@ -20,6 +20,7 @@ from bertfam_jax import hf
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.finetune import tasks
+from bertfam_jax.hf import __main__ as cli
 from bertfam_jax.hf import io as hf_io
 
 torch = pytest.importorskip("torch")
@@ -214,12 +215,14 @@ def test_heads_hf_computes_otherwise_are_refused_or_left_out(architecture, overr
   reference = hf_task_model(architecture, tmp_path / "hf", **overrides)
   with pytest.raises(ConfigError, match=match):
     hf.from_pretrained(str(tmp_path / "hf"))
-  m = hf.import_to_workdir(str(tmp_path / "hf"), str(tmp_path / "workdir"))
-  assert m.architecture == "ElectraForPreTraining" and m.kind == ""
-  assert m.notes == {"task_head_left_out": architecture}
-  assert m.fresh == ("generator", "generator_head", "rtd_head")
+  cli.FLAGS(["prog", f"--hf_path={tmp_path / 'hf'}", f"--workdir={tmp_path / 'workdir'}"])
+  assert f"ElectraForPreTraining (the encoder of {architecture}, its task head left out)" in (
+      cli.run(["prog", "import"]))
   record = json.loads((tmp_path / "workdir" / "hf_import.json").read_text())
-  assert record["task_head_left_out"] == architecture
+  assert (record["architecture"], record["task_head_left_out"]) == ("ElectraForPreTraining",
+                                                                   architecture)
+  m = hf.from_pretrained(str(tmp_path / "hf"), task_head=False)
+  assert m.kind == "" and m.fresh == ("generator", "generator_head", "rtd_head")
   ids, mask, types = inputs("classification", 0)
   with torch.no_grad():
     hidden = reference.base_model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
