@@ -13,7 +13,8 @@ ELECTRA's run_finetuning.py, adapter-bert, ELMo's scalar mix).
 
 Arguments: `task=NAME` (`bertfam_jax.finetune.tasks`), `init=PATH` (a pre-training workdir of
 ours, an imported one, or a transformers checkpoint directory), `runlocal` (4,000 training and
-1,000 evaluation examples, one epoch, 128 tokens: minutes on a CPU for the `:runlocal` models). The model comes from `init`; everything else is `config.finetune`.
+1,000 evaluation examples, 128 tokens, lr 5e-4: minutes on a CPU for the `:runlocal` models).
+The model comes from `init`; everything else is `config.finetune`.
 
 Defaults are the papers': classification / regression / multiple choice as run_classifier.py
 (128 tokens, batch 32, lr 5e-5, 3 epochs, 10% warmup, AdamW with weight decay 0.01, clip 1.0);
@@ -33,8 +34,8 @@ _KIND_DEFAULTS = {
     "extractive_qa": dict(max_seq_len=384, peak_lr=3e-5, epochs=2.0),
 }
 # `runlocal`: a CPU-sized slice for the `:runlocal` pre-trained models (128 positions).
-_RUNLOCAL = dict(max_train_examples=4000, max_eval_examples=1000, epochs=1.0, peak_lr=1e-4,
-                 max_seq_len=128)
+# lr 5e-4: a 2-layer, 128-wide encoder needs more than the papers' base-size rates.
+_RUNLOCAL = dict(max_train_examples=4000, max_eval_examples=1000, peak_lr=5e-4, max_seq_len=128)
 _RUNLOCAL_QA = dict(doc_stride=64, max_query_len=32)
 
 

@@ -194,7 +194,8 @@ def _check_data(data: dict[str, np.ndarray], name: str, num_classes: int, config
   """Returns the number of examples after checking keys, shapes and labels."""
   missing = [k for k in INPUT_KEYS + ("label",) if k not in data]
   if missing:
-    raise ValueError(f"{name} lacks {missing}; build it as dict(features.encode_pairs(...), label=labels).")
+    raise ValueError(f"{name} lacks {missing}; build it as "
+                     f"dict(features.encode_pairs(...), label=labels).")
   shapes = {k: np.shape(data[k]) for k in INPUT_KEYS + ("label",)}
   shape = shapes["input_ids"]
   if (len(shape) != 2 or any(shapes[k] != shape for k in INPUT_KEYS) or

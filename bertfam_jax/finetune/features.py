@@ -55,8 +55,8 @@ def encode_pairs(tokenizer, texts: Sequence[str], seq_len: int,
   Returns:
     input_ids, input_mask, segment_ids: [examples, seq_len] int32.
   """
-  separator = list(tokenizer.pair_separator_ids)
-  specials = 2 if texts_b is None else 2 + len(separator)
+  separator = [] if texts_b is None else list(tokenizer.pair_separator_ids)
+  specials = 2 + len(separator)
   if seq_len <= specials:
     raise ConfigError(f"seq_len={seq_len} leaves no room for text after {specials} special tokens.")
   if texts_b is not None and len(texts_b) != len(texts):

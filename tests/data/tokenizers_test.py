@@ -101,7 +101,10 @@ def test_missing_model_path_and_wordpiece(config, documents):
   with pytest.raises(config_lib.ConfigError, match="does not exist"):
     tokenizers.load_or_train(c, documents)
   c.tokenizer.kind = "wordpiece"
-  with pytest.raises(config_lib.ConfigError, match="checkpoint import"):
+  with pytest.raises(config_lib.ConfigError, match="choose sentencepiece.*or hf"):
+    tokenizers.load_or_train(c, documents)
+  c.tokenizer.kind = "hf"
+  with pytest.raises(config_lib.ConfigError, match="directory of tokenizer files"):
     tokenizers.load_or_train(c, documents)
 
 
