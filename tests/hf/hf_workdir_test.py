@@ -24,6 +24,7 @@ from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
+from bertfam_jax.train import train
 
 LENGTH = 16
 TEXTS = ["Anarchism is a political philosophy.", "Café naïve résumé, 1958 and 3.14!"]
@@ -136,6 +137,16 @@ def test_imported_workdir_is_read_as_a_run(our_run, tmp_path):
   hf.export_workdir(target, str(tmp_path / "again"))
   assert (json.loads((tmp_path / "again" / "config.json").read_text()) ==
           json.loads((tmp_path / "hf" / "config.json").read_text()))
+
+  # Pre-training goes on in the imported workdir itself: it resumes step 0 and reads the corpus
+  # with the workdir's own tokenizer files (kind 'hf', model_path relative to the workdir).
+  saved.train.update(total_steps=2, batch_size=8, log_every=2, eval_batches=0, checkpoint_every=2)
+  saved.data.update(seq_len=32, docs_per_chunk=16)
+  assert np.isfinite(train.run(saved, target)["loss"])
+  _, own_tokenizer, trained = classify.load_pretrained_encoder(target)
+  assert own_tokenizer.encode(TEXTS)[0].tolist() == imported_tokenizer.encode(TEXTS)[0].tolist()
+  assert not np.array_equal(trained["layer_0"]["mlp"]["output"]["kernel"],
+                            m.params["encoder"]["layer_0"]["mlp"]["output"]["kernel"])
 
 
 @pytest.mark.parametrize("family_name, architecture, hf_fields", [
