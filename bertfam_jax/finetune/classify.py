@@ -149,13 +149,14 @@ def load_run_tokenizer(config, workdir: str, tokenizer_path: str = ""):
   return tokenizer
 
 
-def _build_run_model(config):
-  """The model whose parameters a workdir's checkpoints hold: a fine-tuning run's
-  `FineTuneModel` (config.finetune) or its pre-training objective's model."""
+def _run_model_and_optimizer(config):
+  """(model, tx, init inputs or None) whose state a workdir's checkpoints hold: a fine-tuning
+  run's `FineTuneModel` (config.finetune) or its pre-training objective's model."""
   if "finetune" in config:
     from bertfam_jax.finetune import run  # pylint: disable=g-import-not-at-top
-    return run.build_model(config)
-  return objectives.get(config.objective.name).build_model(config), None
+    return run.model_and_optimizer(config)
+  tx, _ = optimizer_lib.make_optimizer(config)
+  return objectives.get(config.objective.name).build_model(config), tx, None
 
 
 def restore_params(config, workdir: str):
@@ -168,12 +169,7 @@ def restore_params(config, workdir: str):
       raise ConfigError(f"{workdir} holds no checkpoint yet; let its pre-training run reach "
                         f"train.checkpoint_every steps, or pass the workdir of a finished run.")
     mesh = sharding_lib.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-    model, inputs = _build_run_model(config)
-    if "finetune" in config:
-      from bertfam_jax.finetune import run  # pylint: disable=g-import-not-at-top
-      tx = run.checkpoint_optimizer(config, model, inputs)
-    else:
-      tx, _ = optimizer_lib.make_optimizer(config)
+    model, tx, inputs = _run_model_and_optimizer(config)
     abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
         model, tx, config, mesh, inputs)
     try:

@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable
 
 import flax.linen as nn
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -74,8 +75,8 @@ def transfer_pretrained(fresh, pretrained, *, reuse_pooler: bool):
   Leaves the fresh encoder has and the pre-trained one lacks must be adapters (added for
   fine-tuning); any other difference is a ConfigError.
   """
-  flat_fresh = _flatten(fresh["encoder"])
-  flat_given = _flatten(pretrained["encoder"])
+  flat_fresh = traverse_util.flatten_dict(fresh["encoder"], sep="/")
+  flat_given = traverse_util.flatten_dict(pretrained["encoder"], sep="/")
   unexpected = sorted(set(flat_given) - set(flat_fresh))
   missing = sorted(k for k in set(flat_fresh) - set(flat_given) if "adapter" not in k)
   wrong = sorted(k for k in set(flat_fresh) & set(flat_given)
@@ -86,29 +87,14 @@ def transfer_pretrained(fresh, pretrained, *, reuse_pooler: bool):
     raise ConfigError(f"The pre-trained encoder does not fit the fine-tuning model ({detail}); "
                       f"the model section comes from `finetune.init`, do not override it.")
   merged = dict(fresh)
-  merged["encoder"] = _unflatten({k: jnp.asarray(flat_given.get(k, v), dtype=v.dtype)
-                                  for k, v in flat_fresh.items()})
+  merged["encoder"] = traverse_util.unflatten_dict(
+      {k: jnp.asarray(flat_given.get(k, v), dtype=v.dtype) for k, v in flat_fresh.items()},
+      sep="/")
   pooler = pretrained.get("sentence_head", {}).get("pooler")
   for head in ("classification_head", "choice_head"):
     if reuse_pooler and pooler is not None and head in merged:
       merged[head] = dict(merged[head], pooler=jax.tree.map(jnp.asarray, pooler))
   return merged
-
-
-def _flatten(tree) -> dict[str, Any]:
-  return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def _unflatten(flat: dict[str, Any]):
-  tree: dict[str, Any] = {}
-  for key, leaf in flat.items():
-    *parents, name = key.split("/")
-    node = tree
-    for parent in parents:
-      node = node.setdefault(parent, {})
-    node[name] = leaf
-  return tree
 
 
 # ---------------------------------------------------------------------------------------- batches
@@ -175,8 +161,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       f"{batch_size} ({ft.epochs:g} epochs); data ready in {time.time() - start:.1f} s.")
 
   model, example = build_model(resolved)
-  tx, schedule = make_optimizer(resolved, model, example, total_steps)
-  fraction = optim.trainable_fraction(ft, resolved.model, _abstract_params(model, example))
+  shapes = _abstract_params(model, example)
+  tx, schedule = make_optimizer(resolved, shapes, total_steps)
+  fraction = optim.trainable_fraction(ft, resolved.model, shapes)
   train_metrics.print_progress(f"method {ft.method}: {100 * fraction:.2f}% of the parameters "
                                f"are trained.")
 
@@ -263,16 +250,17 @@ def build_model(config) -> tuple[finetune_models.FineTuneModel, dict[str, np.nda
   return model, example
 
 
-def make_optimizer(config, model, example, total_steps: int):
-  """(tx, schedule) of `finetune/optim.py` for the model's parameter tree."""
-  return optim.make_finetune_optimizer(config.finetune, config.model,
-                                       _abstract_params(model, example), total_steps)
+def make_optimizer(config, param_shapes, total_steps: int):
+  """(tx, schedule) of `finetune/optim.py` for the model's parameter tree (shapes suffice)."""
+  return optim.make_finetune_optimizer(config.finetune, config.model, param_shapes, total_steps)
 
 
-def checkpoint_optimizer(config, model, example):
-  """The optimizer whose state a fine-tuning checkpoint holds (its structure does not depend on
-  the schedule's length)."""
-  return make_optimizer(config, model, example, total_steps=1)[0]
+def model_and_optimizer(config):
+  """(model, tx, init inputs) of a fine-tuning run's config: what its checkpoints hold (the
+  optimizer state's structure does not depend on the schedule's length)."""
+  model, example = build_model(config)
+  tx, _ = make_optimizer(config, _abstract_params(model, example), total_steps=1)
+  return model, tx, example
 
 
 def _abstract_params(model, example):

@@ -55,8 +55,7 @@ def fine_tuned_workdir(config, workdir, seed=0):
   shapes instead of running its initialiser keeps the tests fast). Returns them."""
   os.makedirs(workdir)
   checkpoint_lib.check_or_write_config(workdir, config)
-  model, example = finetune_run.build_model(config)
-  tx = finetune_run.checkpoint_optimizer(config, model, example)
+  model, tx, example = finetune_run.model_and_optimizer(config)
   shapes = jax.eval_shape(lambda: nn.meta.unbox(model.init(
       {"params": jax.random.key(0)}, *(example[k] for k in finetune_run.INPUT_KEYS),
       deterministic=True)))
