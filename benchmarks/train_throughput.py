@@ -17,6 +17,10 @@ forward + backward = 3x forward; remat recompute not counted):
                            it computes, not at every position (StructBERT: 2P slots)
   + 6·(P/S)·((2d+s)d + dE + EV)  SpanBERT's SBO head on the same P slots
   + 6·(d² + dc)/S          pooler and c-way sentence classifier, once per sequence
+For T5 (`flops.t5_train_flops_per_input_token`) the encoder, the cross-attention K/V and the
+decoder over objective.targets_length tokens (self-attention in full, logits over the vocabulary),
+per encoder-input token: tokens/s counts the encoder inputs (batch × data.seq_len), one example
+per row with every position real.
 Model TFLOP/s = FLOPs/token x tokens/s over all devices; MFU divides by the device count times the
 dense bf16 peak of `flops.peak_flops_per_device()` (also for float32 runs; none is known for CPU).
 Peak memory is `peak_bytes_in_use` of `device.memory_stats()` (max over local devices; the peak
@@ -27,6 +31,8 @@ since the process started, so run batch sizes in increasing order), where the ba
   python benchmarks/train_throughput.py --config=configs/roberta.py:size=large \
       --config.data.seq_len=512 --config.model.dtype=bfloat16 --batch_sizes=16,32 \
       --output=throughput.jsonl
+  python benchmarks/train_throughput.py --config=configs/t5.py:size=base \
+      --config.model.dtype=bfloat16 --batch_sizes=64,128
 """
 
 from __future__ import annotations
@@ -126,6 +132,8 @@ def synthetic_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
   second half of each row is segment 1 (all 0 with fewer than 2 token types, e.g. RoBERTa's one);
   `max_predictions` sorted random positions, all weighted.
   """
+  if config.objective.name == "t5":
+    return _t5_batch(config, batch_size, mesh)
   length, preds = config.data.seq_len, config.objective.max_predictions
   vocab = config.model.vocab_size
   objective = config.objective
@@ -154,6 +162,29 @@ def synthetic_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
       batch.update(shuffle_positions=batch["mlm_positions"],
                    shuffle_targets=batch["mlm_targets"], shuffle_weights=batch["mlm_weights"])
     return batch
+
+  return jax.jit(make, out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
+
+
+def _t5_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
+  """The encoder-decoder batch of objectives/__init__.py: one example per row filling both
+  lengths (segment 1 everywhere), random ids, every target weighted."""
+  inputs, targets = config.data.seq_len, config.objective.targets_length
+  vocab = config.model.vocab_size
+
+  def make(rng):
+    input_rng, target_rng = jax.random.split(rng)
+    target_ids = jax.random.randint(target_rng, (batch_size, targets), 5, vocab, jnp.int32)
+    ones = lambda length: jnp.ones((batch_size, length), jnp.int32)  # noqa: E731
+    positions = lambda length: jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32),  # noqa: E731
+                                                (batch_size, length))
+    return dict(
+        input_ids=jax.random.randint(input_rng, (batch_size, inputs), 5, vocab, jnp.int32),
+        input_mask=ones(inputs), input_segment_ids=ones(inputs), input_positions=positions(inputs),
+        decoder_target_ids=target_ids,
+        decoder_input_ids=jnp.pad(target_ids[:, :-1], ((0, 0), (1, 0))),
+        decoder_segment_ids=ones(targets), decoder_positions=positions(targets),
+        decoder_loss_weights=jnp.ones((batch_size, targets), jnp.float32))
 
   return jax.jit(make, out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
 

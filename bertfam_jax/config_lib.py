@@ -121,6 +121,8 @@ def base_config() -> ml_collections.ConfigDict:
       model_path="",          # '' = train one from the training corpus and cache it
       model_type="unigram",   # sentencepiece model type when training: unigram | bpe
       train_max_sentences=2_000_000,
+      vocab_size=0,           # SentencePiece pieces; 0 = model.vocab_size - extra_ids
+      extra_ids=0,            # T5 sentinels appended after the pieces (100 in T5)
   ))
   c.model = encoder("base")
   c.optimizer = bert_adamw(peak_lr=1e-4, warmup_steps=10_000)
@@ -266,6 +268,109 @@ def electra_generator(discriminator: ml_collections.ConfigDict, hidden_fraction:
   return g
 
 
+# T5 sizes (hidden = d_model, layers per stack, heads, head_dim = d_kv, mlp = d_ff). v1.0: Raffel et al.
+# 2020 Table 14 and the released configs (HF t5-small/base/large: 6/12/24 layers per stack); v1.1:
+# the released t5_1_1 gin files / HF google/t5-v1_1-* configs (gated GELU, narrower FFN, small
+# with 8 layers and 6 heads). `mini` is the CPU-sized model of `:runlocal` and of the tests.
+T5_SIZES = {
+    "1.0": {
+        "mini": dict(hidden=128, layers=2, decoder_layers=2, heads=2, head_dim=64, mlp=512),
+        "small": dict(hidden=512, layers=6, decoder_layers=6, heads=8, head_dim=64, mlp=2048),
+        "base": dict(hidden=768, layers=12, decoder_layers=12, heads=12, head_dim=64, mlp=3072),
+        "large": dict(hidden=1024, layers=24, decoder_layers=24, heads=16, head_dim=64,
+                      mlp=4096),
+    },
+    "1.1": {
+        "mini": dict(hidden=128, layers=2, decoder_layers=2, heads=2, head_dim=64, mlp=384),
+        "small": dict(hidden=512, layers=8, decoder_layers=8, heads=6, head_dim=64, mlp=1024),
+        "base": dict(hidden=768, layers=12, decoder_layers=12, heads=12, head_dim=64, mlp=2048),
+        "large": dict(hidden=1024, layers=24, decoder_layers=24, heads=16, head_dim=64,
+                      mlp=2816),
+    },
+}
+T5_ARCHITECTURES = ("encoder_decoder", "decoder_only", "prefix_lm")
+
+
+def t5_model(size: str, version: str = "1.0", **overrides) -> ml_collections.ConfigDict:
+  """T5's Transformer (models/t5.py): pre-norm RMSNorm (ε 1e-6), no biases, relative position
+  buckets (32, max distance 128) shared across the layers of a stack, no absolute positions.
+  v1.0: ReLU, dropout 0.1, input embedding tied to the softmax; v1.1: gated GELU (tanh), dropout 0
+  in pre-training, untied. Vocabulary 32,128 rows = 32,000 pieces + 100 sentinels + padding (HF).
+  `architecture` encoder_decoder (T5) | decoder_only (a language model over inputs + targets) |
+  prefix_lm (the same, attending bidirectionally over the inputs), Raffel et al. §3.2."""
+  if version not in T5_SIZES:
+    raise ConfigError(f"T5 version {version!r}; choose one of {sorted(T5_SIZES)}.")
+  if size not in T5_SIZES[version]:
+    raise ConfigError(f"Unknown T5 size {size!r}; choose one of {sorted(T5_SIZES[version])}.")
+  v11 = version == "1.1"
+  m = ml_collections.ConfigDict(dict(
+      kind="t5",
+      version=version,
+      vocab_size=32128,
+      activation="gelu_tanh" if v11 else "relu",
+      gated_mlp=v11,
+      dropout=0.0 if v11 else 0.1,
+      layer_norm_eps=1e-6,
+      relative_buckets=32,
+      relative_max_distance=128,
+      tie_embeddings=not v11,
+      architecture="encoder_decoder",
+      dtype="float32",
+      attention_impl="",
+      remat_policy="none",
+      scan_layers=False,
+  ))
+  m.update(T5_SIZES[version][size])
+  m.update(overrides)
+  return m
+
+
+T5_NOISE_MASKS = ("random_spans", "iid", "random_prefix", "bart_infilling")
+T5_ENCODINGS = ("original", "noise_token_to_sentinel", "noise_span_to_sentinel",
+                "nonnoise_span_to_sentinel", "noise_span_to_unique_sentinel",
+                "nonnoise_span_to_unique_sentinel", "drop_noise_tokens", "drop_nonnoise_tokens",
+                "permute_noise_tokens", "noise_token_to_gathered_token",
+                "noise_token_to_random_token", "noise_token_to_random_token_or_sentinel")
+
+
+def t5_objective(**overrides) -> ml_collections.ConfigDict:
+  """T5's denoising objective as (noise mask) × (inputs encoding) × (targets encoding), the
+  reference's `denoise` (t5/data/preprocessors.py); defaults = the final T5 objective,
+  `span_corruption`: random spans, 15% noise, mean span 3, unique sentinels on both sides, 568
+  raw tokens → 512 inputs / 114 targets. Rows of the objective comparison are settings of these
+  fields (experiments/t5_objectives.py)."""
+  o = ml_collections.ConfigDict(dict(
+      name="t5",
+      noise_mask="random_spans",      # random_spans | iid | random_prefix | bart_infilling
+      noise_density=0.15,
+      mean_noise_span_length=3.0,     # random_spans only
+      inputs_encoding="noise_span_to_unique_sentinel",
+      targets_encoding="nonnoise_span_to_unique_sentinel",
+      random_prob=0.1,                # noise_token_to_random_token_or_sentinel (BERT-style row)
+      concat_documents=True,          # reduce_concat_tokens (off for prefix LM and deshuffling)
+      targets_length=114,             # decoder length; random spans need at least the helper's
+      permute_sentences=0.0,          # BART sentence permutation: fraction of sentences shuffled
+      poisson_lambda=3.0,             # BART text infilling span lengths
+      mask_random=0.0,                # BART: a span's <mask> is a random token instead
+      z_loss=1e-4,                    # t5x's auxiliary z-loss (0 = off)
+      masking="dynamic",              # new noise every epoch (the pipeline's epoch mode)
+  ))
+  o.update(overrides)
+  return o
+
+
+def t5_adafactor(**overrides) -> ml_collections.ConfigDict:
+  """T5's optimizer (Raffel et al. §3.1.2; t5x pretrain.gin): Adafactor, decay rate 0.8, update
+  clipping 1.0, parameter-scaled updates, no weight decay; learning rate 1/sqrt(max(step, 10^4))
+  (0.01 for the first 10^4 steps); fine-tuning uses a constant 0.001."""
+  o = ml_collections.ConfigDict(dict(
+      name="adafactor", peak_lr=0.01, schedule="rsqrt", warmup_steps=10_000, end_lr=0.0,
+      decay_rate=0.8, clipping_threshold=1.0, multiply_by_parameter_scale=True,
+      weight_decay=0.0, clip_norm=0.0))
+  o.update(overrides)
+  return o
+
+
 def bert_adamw(**overrides) -> ml_collections.ConfigDict:
   """BERT's AdamWeightDecayOptimizer (bert/optimization.py): no bias correction, decay excludes
   LayerNorm and bias, clip 1.0, warmup then `lr * (1 - step / total)`."""
@@ -307,7 +412,8 @@ def shrink_for_local(c: ml_collections.ConfigDict) -> None:
   c.model.update(ENCODER_SIZES["mini"])
   c.model.vocab_size = 8000
   c.model.max_positions = 128
-  c.objective.max_predictions = 20
+  if "max_predictions" in c.objective:
+    c.objective.max_predictions = 20
   c.optimizer.peak_lr = 2e-3  # a 2-layer model on 2k steps: above the papers' rates
   c.optimizer.warmup_steps = 200
   c.train.batch_size = 32
@@ -327,14 +433,17 @@ def mask_budget(seq_len: int, mask_rate: float) -> int:
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the fix for configurations that cannot run."""
   d, m, t = c.data, c.model, c.train
-  if d.seq_len > m.max_positions:
+  if m.get("kind") == "t5":
+    _validate_t5(c)
+  elif d.seq_len > m.max_positions:
     raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions={m.max_positions}; "
                       f"lower --config.data.seq_len or raise --config.model.max_positions.")
   if d.seq_len < 8:
     raise ConfigError(f"data.seq_len={d.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8.")
-  if m.hidden % m.heads:
-    raise ConfigError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}.")
-  _validate_model(m)
+  if m.get("kind") != "t5":
+    if m.hidden % m.heads:
+      raise ConfigError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}.")
+    _validate_model(m)
   if c.optimizer.name not in OPTIMIZERS:
     raise ConfigError(f"optimizer.name={c.optimizer.name!r}; choose one of {OPTIMIZERS}.")
   if d.source not in ("embedded_wiki", "tfds", "text"):
@@ -358,7 +467,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ConfigError("objective.max_predictions must be positive.")
 
 
-OPTIMIZERS = ("adamw", "lamb")
+OPTIMIZERS = ("adamw", "lamb", "adafactor")
 SHARE_LAYERS = ("none", "all", "attention", "ffn")
 
 
@@ -384,7 +493,8 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
                       "--config.model.scan_layers=False.")
 
 
-PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments")
+PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments",
+            "t5_segments")
 MLM_CHOICES = dict(
     mask_style=("bert", "fairseq", "spanbert"),
     mask_scheme=("token", "token_with_replacement", "whole_word", "ngram", "span", "units"),
@@ -440,6 +550,36 @@ def _validate_electra_objective(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"objective.temperature={o.temperature} must be > 0.")
 
 
+def _validate_t5(c: ml_collections.ConfigDict) -> None:
+  """T5's model and objective: known choices, and lengths the objective can fill."""
+  m, o = c.model, c.objective
+  if m.architecture not in T5_ARCHITECTURES:
+    raise ConfigError(f"model.architecture={m.architecture!r}; choose one of {T5_ARCHITECTURES}.")
+  if o.get("name") != "t5":
+    raise ConfigError(f"model.kind='t5' trains with objective.name='t5', not {o.get('name')!r}.")
+  if c.data.packing != "t5_segments":
+    raise ConfigError("T5 reads token segments: set --config.data.packing=t5_segments.")
+  if o.noise_mask not in T5_NOISE_MASKS:
+    raise ConfigError(f"objective.noise_mask={o.noise_mask!r}; choose one of {T5_NOISE_MASKS}.")
+  for key in ("inputs_encoding", "targets_encoding"):
+    if o[key] not in T5_ENCODINGS:
+      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {T5_ENCODINGS}.")
+  if not 0.0 < o.noise_density <= 1.0 or o.mean_noise_span_length < 1.0:
+    raise ConfigError(f"objective.noise_density={o.noise_density} must be in (0, 1] and "
+                      f"mean_noise_span_length={o.mean_noise_span_length} >= 1.")
+  if o.noise_mask == "random_prefix" and o.noise_density > 0.5:
+    raise ConfigError("objective.noise_mask='random_prefix' needs noise_density <= 0.5 (the "
+                      "reference's random_prefix_noise_mask raises above it).")
+  if o.permute_sentences and o.targets_encoding != "original":
+    raise ConfigError("objective.permute_sentences shuffles the inputs' sentences; the target must "
+                      "be the document in order: set --config.objective.targets_encoding=original.")
+  if o.targets_length < 2 or c.data.seq_len < 2:
+    raise ConfigError("objective.targets_length and data.seq_len must be >= 2 (a token and EOS).")
+  if c.tokenizer.kind == "sentencepiece" and c.tokenizer.extra_ids < 1 and (
+      "sentinel" in o.inputs_encoding + o.targets_encoding):
+    raise ConfigError("Sentinel encodings need sentinel ids: set --config.tokenizer.extra_ids=100.")
+
+
 def effective_mask_rate(c: ml_collections.ConfigDict) -> float:
   """The fraction of a full-length sequence that is predicted given max_predictions (ALBERT's
   shipped 512/20 setting predicts ~3.9%, which is legal and logged, not refused)."""
@@ -487,6 +627,11 @@ def finetune_config() -> ml_collections.ConfigDict:
       warmup_fraction=0.1,
       weight_decay=0.01,
       clip_norm=1.0,
+      # Text-to-text fine-tuning of a T5 init (finetune/seq2seq.py):
+      steps=0,                 # updates; 0 = from epochs
+      targets_length=0,        # decoder length; 0 = the task's max_target_tokens
+      beam_size=1,             # 1 = greedy decoding (the paper); > 1 beam search
+      alpha=0.6,               # beam search length penalty
   ))
   c.train = ml_collections.ConfigDict(dict(
       batch_size=32,

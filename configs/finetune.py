@@ -10,6 +10,9 @@ ELECTRA's run_finetuning.py, adapter-bert, ELMo's scalar mix).
   # GLUE / SuperGLUE / SQuAD from a prepared TFDS data_dir:
   python -m bertfam_jax.main --config=configs/finetune.py:task=glue/mrpc,init=runs/bert \
       --config.finetune.data_dir=$TFDS_DATA_DIR --workdir=runs/bert-mrpc
+  # A T5 workdir fine-tunes text-to-text (bertfam_jax.finetune.text_tasks, finetune/seq2seq.py):
+  python -m bertfam_jax.main --config=configs/finetune.py:task=wordnet_define,init=runs/t5,runlocal \
+      --workdir=runs/t5-define
 
 Arguments: `task=NAME` (`bertfam_jax.finetune.tasks`), `init=PATH` (a pre-training workdir of
 ours, an imported one, or a transformers checkpoint directory), `runlocal` (4,000 training and
@@ -21,8 +24,11 @@ Defaults are the papers': classification / regression / multiple choice as run_c
 extractive QA as run_squad.py (384 tokens, doc_stride 128, queries of <= 64 tokens, answers of
 <= 30, n-best 20, batch 32, lr 3e-5, 2 epochs); token classification as BERT's NER setting (128
 tokens, lr 5e-5, 3 epochs). Adapters: Houlsby et al. (2019) size 64, lr 1e-3 (their sweep's best
-for BERT-base on GLUE); layer-wise decay: ELECTRA's 0.8 (base) when enabled.
+for BERT-base on GLUE); layer-wise decay: ELECTRA's 0.8 (base) when enabled. Text-to-text (a T5
+init): T5's fine-tuning (Raffel et al. §3.1.4): Adafactor at a constant 0.001, 512 input tokens,
+the task's target length, greedy decoding; `runlocal`: 128 input tokens, 1,000 steps.
 """
+
 
 from bertfam_jax import config_lib as cl
 
@@ -53,11 +59,22 @@ def parse_finetune_arg(arg):
   return values
 
 
+_TEXT_TO_TEXT = dict(max_seq_len=512, peak_lr=1e-3, epochs=3.0)
+_TEXT_TO_TEXT_RUNLOCAL = dict(max_train_examples=4000, max_eval_examples=500, max_seq_len=128,
+                              steps=1000)
+
+
 def get_config(arg=None):
-  from bertfam_jax.finetune import tasks  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.finetune import run, tasks, text_tasks  # pylint: disable=g-import-not-at-top
   args = parse_finetune_arg(arg)
-  kind = tasks.get(args["task"]).kind
   config = cl.finetune_config()
+  if run.is_text_to_text(args["init"]) or (args["task"] in text_tasks.TASKS and args["task"] not in tasks.TASKS):
+    text_tasks.get(args["task"])   # an unknown name fails here, naming the text-to-text tasks
+    config.finetune.update(task=args["task"], init=args["init"], **_TEXT_TO_TEXT)
+    if args["runlocal"]:
+      config.finetune.update(**_TEXT_TO_TEXT_RUNLOCAL)
+    return config
+  kind = tasks.get(args["task"]).kind
   config.finetune.update(task=args["task"], init=args["init"], **_KIND_DEFAULTS[kind])
   if args["runlocal"]:
     config.finetune.update(**_RUNLOCAL, **(_RUNLOCAL_QA if kind == "extractive_qa" else {}))

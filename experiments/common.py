@@ -152,6 +152,44 @@ def run_sweep(rows: Sequence[tuple], selected: Sequence[str], seeds: Sequence[in
   return results
 
 
+# ------------------------------------------------------------------ pre-training logs, rank agreement
+
+
+def final_eval_metrics(workdir: str) -> dict[str, float]:
+  """The last held-out evaluation in WORKDIR/metrics.jsonl, without the 'eval_' prefix."""
+  last = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line)
+      if any(k.startswith("eval_") for k in record):
+        last = {k[len("eval_"):]: v for k, v in record.items() if k.startswith("eval_")}
+  return last
+
+
+def median_throughput(workdir: str) -> float | None:
+  """The median of the training tokens/s logged in WORKDIR/metrics.jsonl (compile excluded)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    values = [r["tokens_per_sec"] for r in map(json.loads, f) if r.get("tokens_per_sec")]
+  return float(np.median(values)) if values else None
+
+
+def ranks(values: list[float]) -> np.ndarray:
+  """1 = highest; ties share their mean rank ([85.0, 82.4, 82.4] → [1, 2.5, 2.5])."""
+  values = np.asarray(values, np.float64)
+  return np.array([1 + np.sum(values > v) + (np.sum(values == v) - 1) / 2 for v in values])
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+  """Spearman's ρ: the Pearson correlation of the (tie-averaged) ranks; NaN when either side is
+  constant or there are fewer than 2 values."""
+  if len(a) < 2:
+    return float("nan")
+  ra, rb = ranks(a), ranks(b)
+  if ra.std() == 0 or rb.std() == 0:
+    return float("nan")
+  return float(np.corrcoef(ra, rb)[0, 1])
+
+
 # ------------------------------------------------------------------------------ summary and plot
 
 

@@ -52,7 +52,6 @@ ranks the rows both ways and gives Spearman's ρ between our scores (fine-tuned,
 from __future__ import annotations
 
 import functools
-import json
 import os
 
 from absl import app, flags
@@ -194,24 +193,6 @@ def pretrain_config(scale: dict, overrides: dict, seed: int):
 # ---------------------------------------------------------------------------------------- rows
 
 
-def final_eval_metrics(workdir: str) -> dict[str, float]:
-  """The last held-out evaluation in WORKDIR/metrics.jsonl, without the 'eval_' prefix."""
-  last = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      if any(k.startswith("eval_") for k in record):
-        last = {k[len("eval_"):]: v for k, v in record.items() if k.startswith("eval_")}
-  return last
-
-
-def median_throughput(workdir: str) -> float | None:
-  """The median of the training tokens/s logged in WORKDIR/metrics.jsonl (compile excluded)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    values = [r["tokens_per_sec"] for r in map(json.loads, f) if r.get("tokens_per_sec")]
-  return float(np.median(values)) if values else None
-
-
 def token_cosine(model_config, encoder_params, tokenizer, texts: list[str], seq_len: int, *,
                  examples: int = 256, pairs: int = 2000) -> float:
   """Mean cosine similarity between the encoder's last-layer vectors of random pairs of distinct
@@ -265,29 +246,13 @@ def run_row(name: str, overrides: dict | None, seed: int, scale: dict, workdirs:
   per_token = flops_per_token(config)
   tokens = config.train.total_steps * config.train.batch_size * config.data.seq_len
   return dict(result, pretrain_steps=config.train.total_steps, flops_per_token=per_token,
-              train_flops=per_token * tokens, pretrain_tokens_per_sec=median_throughput(workdir),
-              pretrain_eval=final_eval_metrics(workdir),
+              train_flops=per_token * tokens,
+              pretrain_tokens_per_sec=common.median_throughput(workdir),
+              pretrain_eval=common.final_eval_metrics(workdir),
               token_cosine=encoder_token_cosine(config, workdir, task, scale, seed))
 
 
 # --------------------------------------------------------------------------------------- table
-
-
-def ranks(values: list[float]) -> np.ndarray:
-  """1 = highest; ties share their mean rank ([85.0, 82.4, 82.4] → [1, 2.5, 2.5])."""
-  values = np.asarray(values, np.float64)
-  return np.array([1 + np.sum(values > v) + (np.sum(values == v) - 1) / 2 for v in values])
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-  """Spearman's ρ: the Pearson correlation of the (tie-averaged) ranks; NaN when either side is
-  constant or there are fewer than 2 values."""
-  if len(a) < 2:
-    return float("nan")
-  ra, rb = ranks(a), ranks(b)
-  if ra.std() == 0 or rb.std() == 0:
-    return float("nan")
-  return float(np.corrcoef(ra, rb)[0, 1])
 
 
 # Held-out pre-training metrics shown in the table: (key in metrics.jsonl, label).
@@ -321,9 +286,9 @@ def markdown_table(table: list[dict], results: list[dict], scale_name: str) -> s
   by_row = {name: [r for r in results if r["row"] == name] for name, _ in ROWS}
   compared = [row for row in table if row["row"] in PAPER_GLUE]
   names = [row["row"] for row in compared]
-  ours = {key: dict(zip(names, ranks([row[key][0] for row in compared])))
+  ours = {key: dict(zip(names, common.ranks([row[key][0] for row in compared])))
           for key in ("accuracy", "probe_accuracy")}
-  theirs = dict(zip(PAPER_GLUE, ranks(list(PAPER_GLUE.values()))))
+  theirs = dict(zip(PAPER_GLUE, common.ranks(list(PAPER_GLUE.values()))))
   lines = [f"ELECTRA efficiency analysis at scale `{scale_name}`, equal pre-training compute: "
            "WordNet supersense (45-way) validation scores, fine-tuned and by a linear probe on "
            "frozen features, mean ± std over seeds (×100).", "",
@@ -349,7 +314,7 @@ def markdown_table(table: list[dict], results: list[dict], scale_name: str) -> s
               f"{np.mean([r['total_seconds'] for r in runs]):.0f}"]
     lines.append("| " + " | ".join(cells) + " |")
   paper = [PAPER_GLUE[n] for n in names]
-  rho, rho_probe = (_format_rho(spearman([row[key][0] for row in compared], paper))
+  rho, rho_probe = (_format_rho(common.spearman([row[key][0] for row in compared], paper))
                     for key in ("accuracy", "probe_accuracy"))
   total_minutes = sum(r["total_seconds"] for r in results) / 60
   lines += [

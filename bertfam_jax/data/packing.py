@@ -1,6 +1,7 @@
 """Packing tokenized documents into fixed-length examples: BERT / ALBERT / StructBERT sentence
 pairs, RoBERTa FULL-SENTENCES blocks, SpanBERT single-document blocks, ELECTRA one- or
-two-segment examples.
+two-segment examples; for T5, raw token segments (`token_segments`) and, after the objective's
+noise, several (inputs, targets) examples packed per row (`pack_seq2seq`).
 
 Input everywhere: `docs`, a list of documents, each a list of sentences, each a [len] int array
 of token ids (no special tokens). Output: a dict of numpy arrays following the batch-key
@@ -470,4 +471,136 @@ def electra_segments(docs: list[Document], seq_len: int, rng: np.random.Generato
       input_ids=input_ids,
       segment_ids=((positions >= (len_a + 2)[:, None]) & input_mask).astype(np.int32),
       input_mask=input_mask.astype(np.int32),
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# T5: raw token segments, and packing of (inputs, targets) pairs into encoder-decoder rows.
+# ---------------------------------------------------------------------------------------------
+
+
+def token_segments(docs: list[Document], segment_len: int, *, concat_documents: bool,
+                   pad_id: int) -> dict[str, np.ndarray]:
+  """T5's `reduce_concat_tokens` + `split_tokens`: raw segments of exactly segment_len tokens.
+
+  t5/data/preprocessors.py (spec t5_objectives.md §3.0): with `concat_documents` the documents
+  are concatenated in order with no separator and no EOS (span corruption, i.i.d. denoising);
+  without it every document is split on its own (prefix LM, deshuffling: one document per
+  example). Segments are cut every segment_len tokens; only the last segment of the stream (of
+  each document without concatenation) may be shorter, and it is kept. The reference
+  concatenates batches of 128 documents (and first takes a random 65,536-token chunk of longer
+  documents); here the whole list given is one stream. Deterministic; empty sentences are
+  skipped.
+
+  Args:
+    docs: documents, each a list of [len] int token arrays (sentences).
+    segment_len: tokens per segment (e.g. `random_spans_helper(...)[0]`, or inputs_length - 1).
+    concat_documents: concatenate documents (True) or keep each separate (False).
+    pad_id: id filling the short last segments.
+
+  Returns:
+    tokens [n, segment_len] int32, lengths [n] int32, sentence_start [n, segment_len] bool
+    (True at each sentence's first token; BART's sentence permutation).
+  """
+  sentences = [[s for s in doc if len(s)] for doc in docs]
+  sentences = [doc for doc in sentences if doc]
+  if not sentences:
+    return dict(tokens=np.zeros((0, segment_len), np.int32), lengths=np.zeros(0, np.int32),
+                sentence_start=np.zeros((0, segment_len), bool))
+  flat = [s for doc in sentences for s in doc]
+  stream = np.concatenate(flat).astype(np.int32)
+  sentence_lengths = np.fromiter((len(s) for s in flat), np.int64, len(flat))
+  is_first = np.zeros(len(stream), bool)
+  is_first[np.cumsum(sentence_lengths) - sentence_lengths] = True
+  doc_lengths = np.array([sum(len(s) for s in doc) for doc in sentences], np.int64)
+  group_lengths = doc_lengths.sum(keepdims=True) if concat_documents else doc_lengths
+  offset = np.arange(len(stream)) - np.repeat(np.cumsum(group_lengths) - group_lengths,
+                                              group_lengths)
+  segments_per_group = -(-group_lengths // segment_len)
+  first_row = np.cumsum(segments_per_group) - segments_per_group
+  rows = np.repeat(first_row, group_lengths) + offset // segment_len
+  cols = offset % segment_len
+  num_rows = int(segments_per_group.sum())
+  tokens = np.full((num_rows, segment_len), pad_id, np.int32)
+  tokens[rows, cols] = stream
+  sentence_start = np.zeros((num_rows, segment_len), bool)
+  sentence_start[rows, cols] = is_first
+  return dict(tokens=tokens, lengths=np.bincount(rows, minlength=num_rows).astype(np.int32),
+              sentence_start=sentence_start)
+
+
+def _place_packed(tokens: np.ndarray, lengths: np.ndarray, row: np.ndarray, offset: np.ndarray,
+                  num_rows: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Writes example e's first lengths[e] tokens to row[e] from column offset[e].
+
+  Returns:
+    ids, segment_ids (1 + index of the example within its row; 0 = pad), positions
+    (0..len-1 within each example; 0 on pad), each [num_rows, width] int32.
+  """
+  num_examples = len(lengths)
+  example = np.repeat(np.arange(num_examples), lengths)
+  rank = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+  segment = np.arange(num_examples) - np.searchsorted(row, row) + 1   # rows are ascending
+  ids = np.zeros((num_rows, width), np.int32)
+  segment_ids = np.zeros((num_rows, width), np.int32)
+  positions = np.zeros((num_rows, width), np.int32)
+  rows, cols = row[example], offset[example] + rank
+  ids[rows, cols] = tokens[example, rank]
+  segment_ids[rows, cols] = segment[example]
+  positions[rows, cols] = rank
+  return ids, segment_ids, positions
+
+
+def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndarray,
+                 target_lengths: np.ndarray, *, inputs_length: int,
+                 targets_length: int) -> dict[str, np.ndarray]:
+  """seqio's `trim_and_pack` + `EncDecFeatureConverter`: (inputs, targets) pairs -> packed rows.
+
+  Each example is first trimmed to inputs_length / targets_length (after
+  `t5_noise.append_eos_after_trim` nothing is). Greedy in order: an example joins the current
+  row while both its sides fit, else it starts a new row. Within a row the k-th example has
+  segment id k (1-based) on both sides and positions counting from 0. The decoder inputs are the
+  targets shifted right within each segment, with 0 (BOS, `make_autoregressive_inputs(bos_id=0)`)
+  at every segment start; every non-pad target, sentinels and EOS included, has loss weight 1.
+  The greedy assignment loops over examples on Python ints; the placement is vectorised.
+
+  Args:
+    inputs: [n, Li'] int ids, left-aligned; input_lengths: [n] int.
+    targets: [n, Lt'] int ids, left-aligned; target_lengths: [n] int.
+    inputs_length, targets_length: Li, Lt, the packed row lengths.
+
+  Returns:
+    input_ids, input_mask, input_segment_ids, input_positions [rows, Li] int32;
+    decoder_target_ids, decoder_input_ids, decoder_segment_ids, decoder_positions [rows, Lt]
+    int32; decoder_loss_weights [rows, Lt] float32.
+  """
+  input_lengths = np.minimum(np.asarray(input_lengths, np.int64), inputs_length)
+  target_lengths = np.minimum(np.asarray(target_lengths, np.int64), targets_length)
+  num_examples = len(input_lengths)
+  row = np.zeros(num_examples, np.int64)
+  input_offset = np.zeros(num_examples, np.int64)
+  target_offset = np.zeros(num_examples, np.int64)
+  current, used_inputs, used_targets = -1, 0, 0
+  for e, (a, b) in enumerate(zip(input_lengths.tolist(), target_lengths.tolist())):
+    if current < 0 or used_inputs + a > inputs_length or used_targets + b > targets_length:
+      current, used_inputs, used_targets = current + 1, 0, 0
+    row[e], input_offset[e], target_offset[e] = current, used_inputs, used_targets
+    used_inputs, used_targets = used_inputs + a, used_targets + b
+  num_rows = current + 1
+  input_ids, input_segment_ids, input_positions = _place_packed(
+      inputs, input_lengths, row, input_offset, num_rows, inputs_length)
+  target_ids, decoder_segment_ids, decoder_positions = _place_packed(
+      targets, target_lengths, row, target_offset, num_rows, targets_length)
+  shifted = np.zeros_like(target_ids)
+  shifted[:, 1:] = target_ids[:, :-1]
+  return dict(
+      input_ids=input_ids,
+      input_mask=(input_segment_ids > 0).astype(np.int32),
+      input_segment_ids=input_segment_ids,
+      input_positions=input_positions,
+      decoder_target_ids=target_ids,
+      decoder_input_ids=np.where(decoder_positions > 0, shifted, 0).astype(np.int32),
+      decoder_segment_ids=decoder_segment_ids,
+      decoder_positions=decoder_positions,
+      decoder_loss_weights=(decoder_segment_ids > 0).astype(np.float32),
   )

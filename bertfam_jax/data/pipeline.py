@@ -111,7 +111,8 @@ class Pipeline:
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: tokenizers.Tokenizer,
                documents: Sequence[str], features_fn: FeaturesFn, process_index: int,
-               process_count: int, local_batch_size: int, *, epoch_mode: str | None = None):
+               process_count: int, local_batch_size: int, *, epoch_mode: str | None = None,
+               segment_len: int | None = None, replace_examples: bool = False):
     """Builds the pipeline; no document is read until the first batch.
 
     Args:
@@ -125,11 +126,17 @@ class Pipeline:
       local_batch_size: examples per batch on this process.
       epoch_mode: 'static' or 'dynamic' (see the module docstring); defaults to
         `config.objective.masking`, else 'dynamic'.
+      segment_len: raw tokens per segment of `data.packing='t5_segments'` (T5 derives it from
+        the objective: `objectives.t5.pipeline_options`); default `data.seq_len`.
+      replace_examples: `features_fn` returns the whole batch, not keys to merge (T5 packs
+        several noised segments into one row, so its rows are not the packed ones).
     """
     self._config = config
     self._tokenizer = tokenizer
     self._documents = documents
     self._features_fn = features_fn
+    self._segment_len = segment_len or config.data.seq_len
+    self._replace_examples = replace_examples
     self._process_index = process_index
     self._batch_size = local_batch_size
     self._doc_ids = sources.process_shard(len(documents), process_index, process_count)
@@ -206,6 +213,10 @@ class Pipeline:
       return packing.sentence_pairs(docs, data.seq_len, rng, short_seq_prob=data.short_seq_prob,
                                     cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id,
                                     pair_mode=pair_mode)
+    if data.packing == "t5_segments":
+      return packing.token_segments(docs, self._segment_len, pad_id=tok.pad_id,
+                                    concat_documents=self._config.objective.get(
+                                        "concat_documents", True))
     if data.packing == "electra_segments":
       return packing.electra_segments(docs, data.seq_len, rng, cls_id=tok.cls_id,
                                       sep_id=tok.sep_id, pad_id=tok.pad_id)
@@ -224,7 +235,8 @@ class Pipeline:
     # Seeded by the chunk's identity (not its visiting position), so with a repeated layout
     # seed the same documents give the same instances and, in static mode, the same masks.
     examples = self._pack(docs, self._rng(_PACK, layout_seed, chunk_id))
-    examples.update(self._features_fn(examples, self._rng(_MASK, mask_seed, chunk_id)))
+    features = self._features_fn(examples, self._rng(_MASK, mask_seed, chunk_id))
+    examples = features if self._replace_examples else {**examples, **features}
     order = self._rng(_EXAMPLE_ORDER, order_seed, chunk_id).permutation(
         len(examples["input_ids"]))
     return {key: value[order] for key, value in examples.items()}

@@ -2,7 +2,11 @@
 
 Id layout of the models trained here (ALBERT's released SentencePiece layout):
   0 <pad>, 1 <unk>, 2 [CLS], 3 [SEP], 4 [MASK]; no BOS/EOS pieces.
-RoBERTa's `<s>` / `</s>` map onto [CLS] / [SEP] (see `packing.full_sentences`).
+RoBERTa's `<s>` / `</s>` map onto [CLS] / [SEP] (see `packing.full_sentences`); T5's EOS is [SEP]
+(`eos_id`) and its decoder BOS is <pad> (seqio's `bos_id=0`).
+T5's sentinels (`tokenizer.extra_ids`, 100 in T5) are ids appended after the SentencePiece pieces
+in reverse, as seqio's `reverse_extra_ids`: `<extra_id_0>` is the last id (`sentinel_start`),
+`<extra_id_k>` = sentinel_start − k.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ class Tokenizer:
   """A SentencePiece model plus the ids and word-start table the objectives need.
 
   Attributes:
-    vocab_size: number of pieces.
+    vocab_size: number of ids: the SentencePiece pieces, then `extra_ids` sentinels.
+    extra_ids: sentinel ids after the pieces (T5: 100; 0 for the BERT family).
+    sentinel_start: the id of `<extra_id_0>` (vocab_size − 1; sentinel k is sentinel_start − k).
+    eos_id: end of sequence for sequence-to-sequence targets ([SEP]).
     pad_id, unk_id, cls_id, sep_id, mask_id: special ids.
     special_ids: [num_special] int32, the control and user-defined pieces (pad, [CLS], [SEP],
       [MASK]); `<unk>` is an ordinary, maskable token as BERT's [UNK] is.
@@ -46,13 +53,17 @@ class Tokenizer:
       `[CLS] A [SEP] B [SEP]` (RoBERTa's `</s></s>` tokenizers have two).
   """
 
-  def __init__(self, model_proto: bytes):
+  def __init__(self, model_proto: bytes, extra_ids: int = 0):
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     self.model_proto = model_proto
-    self.vocab_size = self._sp.get_piece_size()
+    self.num_pieces = self._sp.get_piece_size()
+    self.extra_ids = extra_ids
+    self.vocab_size = self.num_pieces + extra_ids
+    self.sentinel_start = self.vocab_size - 1
     self.pad_id = self._sp.pad_id()
     self.unk_id = self._sp.unk_id()
     self.cls_id, self.sep_id, self.mask_id = (self._special_id(p) for p in (CLS, SEP, MASK))
+    self.eos_id = self.sep_id
     if self.pad_id < 0:
       raise config_lib.ConfigError("The SentencePiece model has no pad piece (pad_id=-1); "
                                    "train it with --pad_id=0.")
@@ -60,14 +71,15 @@ class Tokenizer:
     special_types = (sp_model_pb2.ModelProto.SentencePiece.CONTROL,
                      sp_model_pb2.ModelProto.SentencePiece.USER_DEFINED)
     self.special_ids = np.asarray(
-        [i for i, t in enumerate(piece_types) if t in special_types], np.int32)
+        [i for i, t in enumerate(piece_types) if t in special_types]
+        + list(range(self.num_pieces, self.vocab_size)), np.int32)
     self.word_start = self._word_start_table()
     self.pair_separator_ids = (self.sep_id,)
 
   @classmethod
-  def from_file(cls, path: str) -> "Tokenizer":
+  def from_file(cls, path: str, extra_ids: int = 0) -> "Tokenizer":
     with open(path, "rb") as f:
-      return cls(f.read())
+      return cls(f.read(), extra_ids)
 
   def _special_id(self, piece: str) -> int:
     piece_id = self._sp.piece_to_id(piece)
@@ -80,7 +92,7 @@ class Tokenizer:
   def _word_start_table(self) -> np.ndarray:
     punctuation = set(string.punctuation)
     starts = np.zeros(self.vocab_size, bool)
-    for i in range(self.vocab_size):
+    for i in range(self.num_pieces):
       piece = self._sp.id_to_piece(i)
       starts[i] = (piece.startswith("▁") or self._sp.is_unknown(i) or
                    all(ch in punctuation for ch in piece))
@@ -121,8 +133,18 @@ class Tokenizer:
     return ids, offsets
 
   def decode(self, ids) -> str:
-    """Detokenizes [len] ids; pad is dropped, [CLS]/[SEP]/[MASK] appear as text."""
-    return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+    """Detokenizes [len] ids; pad is dropped, [CLS]/[SEP]/[MASK] appear as text, sentinels as
+    `<extra_id_k>`."""
+    text, run = [], []
+    for i in (int(i) for i in np.asarray(ids).reshape(-1)):
+      if i < self.num_pieces:
+        run.append(i)
+        continue
+      text.append(self._sp.decode(run))
+      text.append(f"<extra_id_{self.sentinel_start - i}>")
+      run = []
+    text.append(self._sp.decode(run))
+    return " ".join(t for t in text if t)
 
 
 def _char_byte_starts(text: str) -> np.ndarray:
@@ -172,18 +194,26 @@ def train_sentencepiece(sentences: Sequence[str], vocab_size: int, model_type: s
 def cache_path(config: ml_collections.ConfigDict) -> str:
   """Where a trained tokenizer for this (source, vocab, type, sample size) is cached."""
   key = "|".join([sources.source_identity(config.data), config.tokenizer.kind,
-                  str(config.model.vocab_size), config.tokenizer.model_type,
+                  str(num_pieces(config)), config.tokenizer.model_type,
                   str(config.tokenizer.train_max_sentences), str(_RECIPE_VERSION)])
   digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
   return os.path.join(sources.cache_root(config.data), "tokenizers", f"{digest}.model")
 
 
+def num_pieces(config: ml_collections.ConfigDict) -> int:
+  """SentencePiece pieces to train: `tokenizer.vocab_size`, or model.vocab_size − extra_ids (T5's
+  32,000 pieces + 100 sentinels in a 32,128-row table set tokenizer.vocab_size=32000)."""
+  t = config.tokenizer
+  return t.get("vocab_size", 0) or config.model.vocab_size - t.get("extra_ids", 0)
+
+
 def _check_vocab(tokenizer: Tokenizer, config: ml_collections.ConfigDict, origin: str) -> None:
-  if tokenizer.vocab_size != config.model.vocab_size:
+  if tokenizer.num_pieces != num_pieces(config) or tokenizer.vocab_size > config.model.vocab_size:
     raise config_lib.ConfigError(
-        f"The tokenizer at {origin} has {tokenizer.vocab_size} pieces but "
-        f"model.vocab_size={config.model.vocab_size}; set "
-        f"--config.model.vocab_size={tokenizer.vocab_size} or use another tokenizer.")
+        f"The tokenizer at {origin} has {tokenizer.num_pieces} pieces (+ {tokenizer.extra_ids} "
+        f"extra ids) but the config asks for {num_pieces(config)} pieces in "
+        f"model.vocab_size={config.model.vocab_size} rows; set --config.model.vocab_size="
+        f"{tokenizer.vocab_size} (and --config.tokenizer.vocab_size) or use another tokenizer.")
 
 
 def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
@@ -210,17 +240,18 @@ def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
     raise config_lib.ConfigError(
         f"tokenizer.model_path={path!r} does not exist; fix the path or leave "
         f"--config.tokenizer.model_path empty to train one on the corpus.")
+  extra_ids = config.tokenizer.get("extra_ids", 0)
   if os.path.exists(path):
-    tokenizer = Tokenizer.from_file(path)
+    tokenizer = Tokenizer.from_file(path, extra_ids)
   else:
     start = time.time()
     sentences = training_sentences(documents, config.tokenizer.train_max_sentences)
-    proto = train_sentencepiece(sentences, config.model.vocab_size, config.tokenizer.model_type)
+    proto = train_sentencepiece(sentences, num_pieces(config), config.tokenizer.model_type)
     sources.write_atomically(path, proto)
     logging.info("Trained a %d-piece %s SentencePiece model on %d sentences in %.1f s: %s",
-                 config.model.vocab_size, config.tokenizer.model_type, len(sentences),
+                 num_pieces(config), config.tokenizer.model_type, len(sentences),
                  time.time() - start, path)
-    tokenizer = Tokenizer(proto)
+    tokenizer = Tokenizer(proto, extra_ids)
   _check_vocab(tokenizer, config, path)
   return tokenizer
 

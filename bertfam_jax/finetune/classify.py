@@ -108,7 +108,10 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict:
     saved = json.load(f)
   # Model fields added to the codebase after the run was written hold their defaults, the
   # behaviour the run had (e.g. `adapter_size`).
-  saved["model"] = {**config_lib.encoder("base").to_dict(), **saved.get("model", {})}
+  model = saved.get("model", {})
+  defaults = (config_lib.t5_model("base", model.get("version", "1.0")) if model.get("kind") == "t5"
+              else config_lib.encoder("base"))
+  saved["model"] = {**defaults.to_dict(), **model}
   return ml_collections.ConfigDict(saved)
 
 
@@ -141,7 +144,7 @@ def load_run_tokenizer(config, workdir: str, tokenizer_path: str = ""):
     from bertfam_jax.hf import tokenizer as hf_tokenizer  # pylint: disable=g-import-not-at-top
     tokenizer = hf_tokenizer.from_dir(path)
   else:
-    tokenizer = tokenizers.Tokenizer.from_file(path)
+    tokenizer = tokenizers.Tokenizer.from_file(path, config.tokenizer.get("extra_ids", 0))
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(f"The tokenizer at {path} has {tokenizer.vocab_size} pieces but {workdir} "
                       f"was trained with model.vocab_size={config.model.vocab_size}; pass that "
@@ -156,7 +159,8 @@ def _run_model_and_optimizer(config):
     from bertfam_jax.finetune import run  # pylint: disable=g-import-not-at-top
     return run.model_and_optimizer(config)
   tx, _ = optimizer_lib.make_optimizer(config)
-  return objectives.get(config.objective.name).build_model(config), tx, None
+  objective = objectives.get(config.objective.name)
+  return objective.build_model(config), tx, step_lib.objective_init_inputs(objective, config)
 
 
 def restore_params(config, workdir: str):

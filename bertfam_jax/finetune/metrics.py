@@ -231,3 +231,70 @@ def _check_tag_lengths(true_tags, predicted_tags) -> None:
   if lengths[0] != lengths[1]:
     raise ValueError("true_tags and predicted_tags must hold the same number of sentences with "
                      "the same number of tags each.")
+
+
+# ------------------------------------------------------------- text generation (ROUGE, BLEU)
+
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+def _summary_sentences(text: str) -> str:
+  """T5's `_prepare_summary_rouge`: one sentence per line (" . " -> " .\\n"), which rougeLsum
+  splits on."""
+  return text.replace(" . ", " .\n")
+
+
+def rouge(predictions: Sequence[str], references: Sequence[Sequence[str]],
+          rouge_types: Sequence[str] = ROUGE_TYPES) -> dict[str, float]:
+  """ROUGE F-measures in percent, averaged over examples (t5.evaluation.metrics.rouge with
+  `rouge_score`: no stemming, its default tokenizer (lower case, [a-z0-9] words)).
+
+  Each example scores against its best reference per ROUGE type (`score_multi`). T5 reports the
+  BootstrapAggregator's "mid", the median of 1000 resampled means; the plain mean here equals it
+  up to the bootstrap's noise and is deterministic.
+
+  Args:
+    predictions: [examples] generated texts.
+    references: [examples] lists of acceptable texts (at least one each).
+    rouge_types: any of `ROUGE_TYPES`.
+
+  Returns:
+    {rouge_type: mean F-measure x 100}.
+  """
+  from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
+  _check_references(predictions, references)
+  scorer = rouge_scorer.RougeScorer(list(rouge_types), use_stemmer=False)
+  totals = dict.fromkeys(rouge_types, 0.0)
+  for prediction, golds in zip(predictions, references):
+    scores = scorer.score_multi([_summary_sentences(g) for g in golds],
+                                _summary_sentences(prediction))
+    for name in rouge_types:
+      totals[name] += scores[name].fmeasure
+  return {name: 100.0 * total / len(predictions) for name, total in totals.items()}
+
+
+def bleu(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+  """Corpus BLEU (0-100) with T5's SacreBLEU settings (t5.evaluation.metrics.bleu): 'exp'
+  smoothing, 'intl' tokenization, case-sensitive, no effective order.
+
+  Args:
+    predictions: [examples] generated texts.
+    references: [examples] lists of reference translations; examples may have different numbers
+      of references (the missing ones are passed to sacrebleu as None).
+  """
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+  _check_references(predictions, references)
+  streams = max(len(golds) for golds in references)
+  reference_streams = [[golds[k] if k < len(golds) else None for golds in references]
+                       for k in range(streams)]
+  return float(sacrebleu.corpus_bleu(list(predictions), reference_streams, smooth_method="exp",
+                                     smooth_value=0.0, force=False, lowercase=False,
+                                     tokenize="intl", use_effective_order=False).score)
+
+
+def _check_references(predictions, references) -> None:
+  if not predictions or len(predictions) != len(references):
+    raise ValueError(f"{len(predictions)} predictions for {len(references)} reference lists; "
+                     f"need one non-empty list per prediction, at least one.")
+  if any(isinstance(golds, str) or not golds for golds in references):
+    raise ValueError("references must hold one non-empty list of texts per example.")

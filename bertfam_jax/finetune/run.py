@@ -124,10 +124,22 @@ def take(data: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]
 # ------------------------------------------------------------------------------------------- run
 
 
+def is_text_to_text(init: str) -> bool:
+  """Whether `init` is a T5 workdir, fine-tuned text-to-text (`finetune/seq2seq.py`)."""
+  path = os.path.join(init, "config.json")
+  if classify.is_transformers_checkpoint(init) or not os.path.exists(path):
+    return False
+  with open(path) as f:
+    return json.load(f).get("model", {}).get("kind") == "t5"
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes and evaluates `config.finetune` in `workdir`; returns the last eval_results."""
   ft = config.finetune
   config_lib.validate_finetune(config)
+  if is_text_to_text(ft.init):
+    from bertfam_jax.finetune import seq2seq  # pylint: disable=g-import-not-at-top
+    return seq2seq.run(config, workdir)
   task = tasks.get(ft.task)
   train_lib.prepare_workdir(workdir)
   init_config, tokenizer, pretrained = classify.load_pretrained(ft.init)
@@ -308,7 +320,7 @@ def _loop(config, state, train_step, score: Callable, train_data, total_steps: i
     writer.write(step, results["scores"], prefix="eval_")
     train_metrics.print_progress(f"eval @ {step}: " + ", ".join(
         f"{k} {v:.4f}" for k, v in sorted(results["scores"].items())))
-    _write_results(workdir, results)
+    write_results(workdir, results)
     return results
 
   while step < total_steps:
@@ -377,7 +389,7 @@ def _jsonable(value):
   return value
 
 
-def _write_results(workdir: str, results: dict) -> None:
+def write_results(workdir: str, results: dict) -> None:
   if jax.process_index() != 0:
     return
   summary = {k: v for k, v in results.items() if k != "predictions"}

@@ -150,7 +150,7 @@ def _wordnet_raw(builder) -> Callable[[str, str | None], list[dict]]:
 # ----------------------------------------------------------------------------------------- TFDS
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
   """A TFDS Text / string feature (bytes from array_record and as_numpy) as str."""
   if isinstance(value, np.ndarray):
     value = value.item()
@@ -161,30 +161,30 @@ def pair_example(record: Mapping[str, Any], text_key: str, text_b_key: str | Non
                  regression: bool = False) -> dict:
   """A GLUE / SuperGLUE record -> {text, text_b, label}; test splits keep TFDS's label -1."""
   label = float(record["label"]) if regression else int(record["label"])
-  return dict(text=_text(record[text_key]),
-              text_b=_text(record[text_b_key]) if text_b_key else None, label=label)
+  return dict(text=as_text(record[text_key]),
+              text_b=as_text(record[text_b_key]) if text_b_key else None, label=label)
 
 
 def wic_example(record: Mapping[str, Any]) -> dict:
   """SuperGLUE WiC as a pair: '<word>: <sentence1>' and sentence2 (the target word's spans,
   start1/end1/start2/end2, are left out: a sequence classifier has no span input)."""
-  return dict(text=f"{_text(record['word'])}: {_text(record['sentence1'])}",
-              text_b=_text(record["sentence2"]), label=int(record["label"]))
+  return dict(text=f"{as_text(record['word'])}: {as_text(record['sentence1'])}",
+              text_b=as_text(record["sentence2"]), label=int(record["label"]))
 
 
 def copa_example(record: Mapping[str, Any]) -> dict:
   """SuperGLUE COPA -> {question: '<premise> What was the cause|effect?', choices, label}."""
-  return dict(question=f"{_text(record['premise'])} What was the {_text(record['question'])}?",
-              choices=[_text(record["choice1"]), _text(record["choice2"])],
+  return dict(question=f"{as_text(record['premise'])} What was the {as_text(record['question'])}?",
+              choices=[as_text(record["choice1"]), as_text(record["choice2"])],
               label=int(record["label"]))
 
 
 def squad_example(record: Mapping[str, Any]) -> dict:
   """A squad/v1.1 or squad/v2.0 record -> the extractive_qa format (v1.1 has no is_impossible)."""
   answers = record["answers"]
-  return dict(id=_text(record["id"]), question=_text(record["question"]),
-              context=_text(record["context"]),
-              answers=[dict(text=_text(t), answer_start=int(s))
+  return dict(id=as_text(record["id"]), question=as_text(record["question"]),
+              context=as_text(record["context"]),
+              answers=[dict(text=as_text(t), answer_start=int(s))
                        for t, s in zip(answers["text"], answers["answer_start"])],
               is_impossible=bool(record.get("is_impossible", False)))
 
@@ -210,7 +210,7 @@ def _missing_message(name: str, data_dir: str | None) -> str:
           f"wordnet_tagging, wordnet_choice.")
 
 
-def _tfds_loader(name: str, convert: Callable[[Mapping], dict]):
+def tfds_loader(name: str, convert: Callable[[Mapping], dict]):
   def load(split: str, data_dir: str | None) -> _Converted:
     records = sources.tfds_records(name, split, data_dir,
                                    not_prepared=_missing_message(name, data_dir),
@@ -230,7 +230,7 @@ def _pair_task(name: str, keys: tuple[str, ...], label_names: tuple[str, ...],
                metrics: tuple[str, ...] = ("accuracy",), main: str = "accuracy", **kwargs) -> Task:
   convert = functools.partial(pair_example, text_key=keys[0],
                               text_b_key=keys[1] if len(keys) > 1 else None)
-  return Task(name, "classification", _tfds_loader(name, convert), metrics, main, label_names,
+  return Task(name, "classification", tfds_loader(name, convert), metrics, main, label_names,
               **kwargs)
 
 
@@ -254,7 +254,7 @@ def _registry() -> dict[str, Task]:
       _pair_task("glue/qqp", ("question1", "question2"), ("not_duplicate", "duplicate"),
                  ("f1", "accuracy"), "f1"),
       Task("glue/stsb", "regression",
-           _tfds_loader("glue/stsb", functools.partial(pair_example, text_key="sentence1",
+           tfds_loader("glue/stsb", functools.partial(pair_example, text_key="sentence1",
                                                        text_b_key="sentence2", regression=True)),
            ("pearson", "spearman"), "spearman"),
       _pair_task("glue/mnli", ("premise", "hypothesis"),
@@ -268,14 +268,14 @@ def _registry() -> dict[str, Task]:
       _pair_task("super_glue/cb", ("premise", "hypothesis"),
                  ("entailment", "contradiction", "neutral"), ("macro_f1", "accuracy"),
                  "macro_f1"),
-      Task("super_glue/copa", "multiple_choice", _tfds_loader("super_glue/copa", copa_example),
+      Task("super_glue/copa", "multiple_choice", tfds_loader("super_glue/copa", copa_example),
            ("accuracy",), "accuracy"),
       _pair_task("super_glue/rte", ("premise", "hypothesis"), _ENTAILMENT),
-      Task("super_glue/wic", "classification", _tfds_loader("super_glue/wic", wic_example),
+      Task("super_glue/wic", "classification", tfds_loader("super_glue/wic", wic_example),
            ("accuracy",), "accuracy", ("False", "True")),
-      Task("squad/v1.1", "extractive_qa", _tfds_loader("squad/v1.1", squad_example),
+      Task("squad/v1.1", "extractive_qa", tfds_loader("squad/v1.1", squad_example),
            ("exact", "f1"), "f1", splits=squad_splits),
-      Task("squad/v2.0", "extractive_qa", _tfds_loader("squad/v2.0", squad_example),
+      Task("squad/v2.0", "extractive_qa", tfds_loader("squad/v2.0", squad_example),
            _SQUAD_V2, "f1", splits=squad_splits, version_2=True),
   ]
   return {task.name: task for task in tasks}

@@ -14,6 +14,13 @@ Each objective module exposes three module-level functions, and the train loop c
   flops_per_token(config) -> float
       Model training FLOPs per token (train/flops.py conventions), for the logged MFU.
 
+Optional, for objectives whose model or rows differ from the masked-LM family's:
+  init_inputs(config) -> dict            keyword inputs that trace `model.init` (default
+                                         `train.step.init_batch`).
+  pipeline_options(config) -> dict       extra `data.pipeline.Pipeline` keywords (T5: the raw
+                                         segment length; features that replace the packed rows).
+  describe(config) -> str                the run's one-line header (default: the mask rate).
+
 Batch keys (all numpy on the host, `jax.Array` on device; `n` = examples, `L` = sequence length,
 `P` = max predictions per sequence):
   input_ids       [n, L] int32   token ids after noising; `pad_id` beyond the example.
@@ -28,17 +35,25 @@ Batch keys (all numpy on the host, `jax.Array` on device; `n` = examples, `L` = 
   sbo_offsets     [n, P] int32   SpanBERT: the slot's offset in its span.
   sbo_weights     [n, P] float32 SpanBERT: 1.0 where the slot is an SBO target (= mlm_targets).
   shuffle_positions / shuffle_targets / shuffle_weights [n, P]  StructBERT's shuffled trigrams.
-Later objectives add their own keys here (`decoder_input_ids`, `perm_mask`, `target_mapping`...).
+Encoder-decoder objectives (objectives/t5.py; `Li` = data.seq_len, `Lt` = targets_length; several
+examples packed per row, segment ids 1..k, 0 = padding):
+  input_ids, input_mask, input_segment_ids, input_positions                [n, Li] int32
+  decoder_target_ids   [n, Lt] int32  EOS-terminated targets, 0-padded
+  decoder_input_ids    [n, Lt] int32  targets shifted right within each segment, 0 (BOS) first
+  decoder_segment_ids, decoder_positions                                   [n, Lt] int32
+  decoder_loss_weights [n, Lt] float32 1.0 on every real target token
+Later objectives add their own keys here (`perm_mask`, `target_mapping`...).
 
 Adding an objective touches its module, one line in OBJECTIVES, its config and its tests; never
 `train/`.
 """
 
-from bertfam_jax.objectives import electra, mlm
+from bertfam_jax.objectives import electra, mlm, t5
 
 OBJECTIVES = {
     "mlm": mlm,
     "electra": electra,
+    "t5": t5,
 }
 
 

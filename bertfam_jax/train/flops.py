@@ -58,3 +58,24 @@ def peak_flops_per_device(device=None) -> float | None:
     if kind.startswith(prefix) or prefix in kind:
       return PEAK_BF16_FLOPS[prefix]
   return None
+
+
+def t5_train_flops_per_input_token(model, inputs_length: int, targets_length: int) -> float:
+  """Training FLOPs of T5 (encoder and decoder) per encoder-input token (× 3 of the forward):
+
+    encoder, per input token:   6·Le·(4·d·A + k·d·f) + 12·Le·Li·A
+    cross-attention K/V, per input token:   6·Ld·2·d·A
+    decoder, per target token:  6·Ld·(6·d·A + k·d·f) + 12·Ld·(Lt + Li)·A + 6·d·V
+
+  with A = heads·head_dim, k = 3 for the gated MLP of v1.1 (else 2), self-attention counted in
+  full (as for the encoder), decoder terms scaled by Lt / Li. The train loop's tokens are the
+  encoder inputs (batch × data.seq_len), so tokens/s × this = model FLOP/s.
+  """
+  d, f, vocab = model.hidden, model.mlp, model.vocab_size
+  a = model.heads * model.head_dim
+  k = 3 if model.gated_mlp else 2
+  li, lt, enc, dec = inputs_length, targets_length, model.layers, model.decoder_layers
+  encoder = 6 * enc * (4 * d * a + k * d * f) + 12 * enc * li * a
+  cross_kv = 6 * dec * 2 * d * a
+  decoder = 6 * dec * (6 * d * a + k * d * f) + 12 * dec * (lt + li) * a + 6 * d * vocab
+  return float(encoder + cross_kv + decoder * lt / li)

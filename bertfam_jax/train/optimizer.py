@@ -63,6 +63,10 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
     at lr/W), then linear from lr at W to end_lr at T.
   warmup_times_linear (ELECTRA model/optimization.py): lr·(1 − step/T) × min(1, step/W), the
     warmup factor multiplying the decay (so the peak, just below lr, is reached at W).
+  rsqrt (T5: t5x `constant * rsqrt_decay`, the paper's 1/sqrt(max(n, k))): lr·sqrt(W / max(step,
+    W)), constant lr for the first W steps (no ramp), then inverse square root; T5's 0.01 at
+    W = 10^4 is 1/sqrt(10^4).
+  constant: lr (T5 fine-tuning, 0.001).
   """
   lr, warmup, end_lr = o.peak_lr, o.warmup_steps, o.end_lr
   total = float(total_steps)
@@ -84,8 +88,15 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
     decayed = (lr - end_lr) * (1.0 - jnp.minimum(step, total) / total) + end_lr
     return decayed * jnp.minimum(1.0, step / max(warmup, 1))
 
+  def rsqrt(step):
+    step = jnp.asarray(step, jnp.float32)
+    return lr * jnp.sqrt(max(warmup, 1) / jnp.maximum(step, max(warmup, 1)))
+
+  def constant(step):
+    return jnp.full(jnp.shape(step), lr, jnp.float32)
+
   schedules = {"linear_from_zero": linear_from_zero, "linear_after_warmup": linear_after_warmup,
-               "warmup_times_linear": warmup_times_linear}
+               "warmup_times_linear": warmup_times_linear, "rsqrt": rsqrt, "constant": constant}
   if o.schedule not in schedules:
     raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {sorted(schedules)}.")
   return schedules[o.schedule]
@@ -131,19 +142,34 @@ def scale_by_trust_ratio(adapt_mask) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update_fn)
 
 
+def adafactor_transform(o, schedule) -> optax.GradientTransformation:
+  """T5's Adafactor (t5x adafactor.py / mesh-tf defaults, Shazeer & Stern 2018): factored second
+  moments for matrices with both dimensions >= 128, decay rate 0.8 (β2_t = 1 − t^−0.8), update
+  clipping at RMS `clipping_threshold` (1.0), no momentum, updates scaled by the parameter's RMS
+  (floored at 1e-3) when `multiply_by_parameter_scale`; optional global-norm clipping first."""
+  parts = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
+  parts.append(optax.adafactor(
+      learning_rate=schedule, decay_rate=o.decay_rate, clipping_threshold=o.clipping_threshold,
+      multiply_by_parameter_scale=o.multiply_by_parameter_scale, min_dim_size_to_factor=128,
+      weight_decay_rate=o.weight_decay or None))
+  return optax.chain(*parts)
+
+
 def make_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Returns (transformation, schedule) for `config.optimizer` over `config.train.total_steps`.
 
   name 'adamw': BERT's or fairseq's Adam (bias_correction / decay_norm_and_bias select which);
   'lamb': the same moments and decay followed by LAMB's trust ratio, which skips the same
-  parameters as the decay.
+  parameters as the decay; 'adafactor': T5's Adafactor (`adafactor_transform`).
   """
   o = config.optimizer
   if o.name not in OPTIMIZERS:
     raise ConfigError(f"optimizer.name={o.name!r} is not available; use 'adamw' (with "
                       "bias_correction / decay_norm_and_bias selecting BERT's or fairseq's "
-                      "variant) or 'lamb' (ALBERT).")
+                      "variant), 'lamb' (ALBERT) or 'adafactor' (T5).")
   schedule = learning_rate_schedule(o, config.train.total_steps)
+  if o.name == "adafactor":
+    return adafactor_transform(o, schedule), schedule
   decays = None if o.decay_norm_and_bias else decay_mask  # leaves with decay (and trust ratio)
   parts = []
   if o.clip_norm > 0:

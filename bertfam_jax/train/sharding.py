@@ -5,7 +5,8 @@ Models name logical axes only; these rules map them onto the mesh axes `data`, `
   embed      → fsdp           FSDP shards parameters (and the optimizer state) along the model width
   mlp, heads, vocab → tensor  Megatron-style tensor parallelism over MLP columns, heads, vocabulary
   act_mlp, act_heads → tensor activations follow their weights
-  everything else (length, kv, positions, types, embed_out, act_embed, act_kv, layers) replicated,
+  everything else (length, kv, positions, types, embed_out, act_embed, act_kv, layers, T5's
+  relpos_buckets) replicated,
   and embed_factor (ALBERT's 128-wide embedding tables): its E→H projection kernel is
   [embed_factor, embed], and two dimensions of one kernel cannot both take `fsdp`.
 """
@@ -39,6 +40,7 @@ LOGICAL_AXIS_RULES = (
     ("positions", None),
     ("types", None),
     ("layers", None),
+    ("relpos_buckets", None),
 )
 
 BATCH_SPEC = P(("data", "fsdp"))

@@ -32,6 +32,13 @@ def init_batch(config, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
               mlm_positions=jnp.zeros((batch_size, preds), i32))
 
 
+def objective_init_inputs(objective, config):
+  """The inputs that trace `objective.build_model(config).init`: the objective's own
+  `init_inputs(config)` when it has one (encoder-decoders), else `init_batch(config, 1)`."""
+  init_inputs = getattr(objective, "init_inputs", None)
+  return init_inputs(config) if init_inputs else init_batch(config, 1)
+
+
 def abstract_state(model, tx, config, mesh, inputs=None):
   """Shapes and NamedShardings of the train state, computed without allocating anything.
   `inputs`: the keyword inputs that trace `model.init` (default `init_batch(config, 1)`)."""
@@ -71,8 +78,9 @@ def fresh_train_step(config, mesh, objective):
   Returns (state, train_step)."""
   model = objective.build_model(config)
   tx, schedule = optimizer_lib.make_optimizer(config)
-  _, shardings = with_mesh_context(abstract_state, mesh)(model, tx, config, mesh)
-  state = with_mesh_context(init_state, mesh)(model, tx, config, shardings, config.seed)
+  inputs = objective_init_inputs(objective, config)
+  _, shardings = with_mesh_context(abstract_state, mesh)(model, tx, config, mesh, inputs)
+  state = with_mesh_context(init_state, mesh)(model, tx, config, shardings, config.seed, inputs)
   return state, make_train_step(model, tx, schedule, objective.loss_fn, config, shardings, mesh)
 
 

@@ -92,8 +92,9 @@ def _load_tokenizer(config, train_docs, workdir):
   return tokenizer
 
 
-def _initial_state(config, model, tx, abstract, shardings, checkpointer):
-  """Returns (state, data_state, resumed_step) following the resume precedence."""
+def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs):
+  """Returns (state, data_state, resumed_step) following the resume precedence; `inputs` trace
+  `model.init` (the objective's `init_inputs`)."""
   latest = checkpointer.latest_step()
   if latest is not None:
     state, data_state = checkpointer.restore(latest, abstract)
@@ -101,7 +102,7 @@ def _initial_state(config, model, tx, abstract, shardings, checkpointer):
       logging.warning("Checkpoint was written by a different number of processes; the data "
                       "position restarts at the beginning of the stream.")
     return state, data_state, latest
-  state = step_lib.init_state(model, tx, config, shardings, config.seed)
+  state = step_lib.init_state(model, tx, config, shardings, config.seed, inputs)
   if config.train.init_from:
     source = checkpoint_lib.Checkpointer(config.train.init_from, keep=1, read_only=True)
     step = source.latest_step()
@@ -127,24 +128,24 @@ def run(config, workdir: str) -> dict[str, float]:
   eval_docs = sources.get_documents(config.data, "eval")
   tokenizer = _load_tokenizer(config, train_docs, workdir)
   checkpoint_lib.check_or_write_config(workdir, config)
-  metrics_lib.print_progress(
-      f"Effective mask rate: {100 * config_lib.effective_mask_rate(config):.2f}% of "
-      f"{config.data.seq_len} tokens (mask_rate {config.objective.mask_rate}, max_predictions "
-      f"{config.objective.max_predictions}); {len(train_docs)} train / {len(eval_docs)} eval "
-      f"documents; mesh {dict(mesh.shape)}.")
+  describe = getattr(objective, "describe", _describe_masking)
+  metrics_lib.print_progress(f"{describe(config)}; {len(train_docs)} train / {len(eval_docs)} "
+                             f"eval documents; mesh {dict(mesh.shape)}.")
 
   model = objective.build_model(config)
   tx, schedule = optimizer_lib.make_optimizer(config)
   with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
-  abstract, shardings = with_ctx(step_lib.abstract_state)(model, tx, config, mesh)
+  inputs = step_lib.objective_init_inputs(objective, config)
+  abstract, shardings = with_ctx(step_lib.abstract_state)(model, tx, config, mesh, inputs)
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                              config.train.keep_checkpoints)
   state, data_state, resumed_step = with_ctx(_initial_state)(
-      config, model, tx, abstract, shardings, checkpointer)
+      config, model, tx, abstract, shardings, checkpointer, inputs)
 
   features_fn = objective.make_features(config, tokenizer)
   pipe_args = dict(process_index=jax.process_index(), process_count=jax.process_count(),
-                   local_batch_size=local_batch)
+                   local_batch_size=local_batch,
+                   **getattr(objective, "pipeline_options", lambda _: {})(config))
   train_pipe = pipeline_lib.Pipeline(config, tokenizer, train_docs, features_fn, **pipe_args)
   if data_state is not None:
     train_pipe.restore(data_state)
@@ -166,6 +167,14 @@ def run(config, workdir: str) -> dict[str, float]:
     train_pipe.close()
     checkpointer.close()
     writer.close()
+
+
+def _describe_masking(config) -> str:
+  """The masked-LM family's progress header: how much of a sequence is predicted."""
+  o = config.objective
+  return (f"Effective mask rate: {100 * config_lib.effective_mask_rate(config):.2f}% of "
+          f"{config.data.seq_len} tokens (mask_rate {o.mask_rate}, max_predictions "
+          f"{o.max_predictions})")
 
 
 class _Loop:

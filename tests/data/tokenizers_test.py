@@ -134,3 +134,27 @@ def test_encode_with_offsets_maps_pieces_to_the_original_text(tokenizer):
   first = offsets[0]
   assert texts[0][first[-1][0]:first[-1][1]] in "Zürich" and texts[0][:first[0][1]].strip() in "The"
   assert tokenizer.pair_separator_ids == (tokenizer.sep_id,)
+
+
+def test_t5_extra_ids_follow_the_pieces_in_reverse(config, documents, tokenizer):
+  """T5 / seqio layout: `tokenizer.extra_ids` sentinels after the pieces, <extra_id_0> last;
+  the model's table may be larger (HF pads 32,100 ids to 32,128 rows)."""
+  c = config_lib.base_config()
+  c.update_from_flattened_dict({"data.cache_dir": config.data.cache_dir,
+                                "tokenizer.model_type": "bpe",
+                                "tokenizer.train_max_sentences": 4000,
+                                "tokenizer.extra_ids": 10, "tokenizer.vocab_size": VOCAB,
+                                "model.vocab_size": VOCAB + 16})
+  t5_tokenizer = tokenizers.load_or_train(c, documents)
+  assert t5_tokenizer.model_proto == tokenizer.model_proto   # the same 1000-piece model, cached
+  assert (t5_tokenizer.num_pieces, t5_tokenizer.vocab_size) == (VOCAB, VOCAB + 10)
+  assert t5_tokenizer.sentinel_start == VOCAB + 9 and t5_tokenizer.eos_id == tokenizer.sep_id
+  assert set(range(VOCAB, VOCAB + 10)) <= set(t5_tokenizer.special_ids.tolist())
+  assert t5_tokenizer.word_start.shape == (VOCAB + 10,)
+  ids = tokenizer.encode(["The cat sat."])[0]
+  with_sentinels = np.concatenate([ids[:2], [VOCAB + 9], ids[2:], [VOCAB + 8]])
+  assert t5_tokenizer.decode(with_sentinels) == (
+      f"{tokenizer.decode(ids[:2])} <extra_id_0> {tokenizer.decode(ids[2:])} <extra_id_1>")
+  c.model.vocab_size = VOCAB + 5   # the sentinels no longer fit the table
+  with pytest.raises(config_lib.ConfigError, match="model.vocab_size=1010"):
+    tokenizers.load_or_train(c, documents)

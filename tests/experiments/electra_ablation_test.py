@@ -77,10 +77,10 @@ def test_paper_scale_configures():
 
 
 def test_ranks_and_spearman():
-  np.testing.assert_array_equal(ea.ranks([85.0, 84.3, 82.4, 82.4, 82.2]), [1, 2, 3.5, 3.5, 5])
-  assert ea.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
-  assert ea.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
-  assert np.isnan(ea.spearman([1, 1, 1], [1, 2, 3]))
+  np.testing.assert_array_equal(common.ranks([85.0, 84.3, 82.4, 82.4, 82.2]), [1, 2, 3.5, 3.5, 5])
+  assert common.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+  assert common.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+  assert np.isnan(common.spearman([1, 1, 1], [1, 2, 3]))
 
 
 def _result(name, seed, accuracy):
@@ -125,7 +125,7 @@ def test_final_eval_metrics(tmp_path):
     f.write(json.dumps(dict(step=5, loss=1.0)) + "\n")
     f.write(json.dumps(dict(step=5, eval_loss=2.0, eval_mlm_accuracy=0.3)) + "\n")
     f.write(json.dumps(dict(step=10, eval_loss=1.5, eval_mlm_accuracy=0.4)) + "\n")
-  assert ea.final_eval_metrics(str(tmp_path)) == dict(loss=1.5, mlm_accuracy=0.4)
+  assert common.final_eval_metrics(str(tmp_path)) == dict(loss=1.5, mlm_accuracy=0.4)
 
 
 class _FakeTokenizer:

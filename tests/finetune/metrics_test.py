@@ -132,3 +132,47 @@ def test_span_f1_and_token_accuracy_by_hand():
   assert metrics.span_f1([["O"]], [["O"]])["span_f1"] == 0.0
   with pytest.raises(ValueError, match="same number"):
     metrics.token_accuracy([["O", "O"]], [["O"]])
+
+
+# ------------------------------------------------------------------------------- ROUGE and BLEU
+
+
+def test_rouge_by_hand():
+  # "the cat sat on the mat" vs "the cat is on the mat": 5 of 6 unigrams shared (F 5/6), bigrams
+  # {the cat, on the, the mat} 3 of 5 (F 3/5), LCS "the cat on the mat" 5 (F 5/6). The second
+  # example has an exact reference among two: 100 on every type.
+  scores = metrics.rouge(["the cat sat on the mat", "a dog ran"],
+                         [["the cat is on the mat"], ["no match here", "a dog ran"]])
+  assert scores["rouge1"] == pytest.approx((500 / 6 + 100) / 2)
+  assert scores["rouge2"] == pytest.approx((60 + 100) / 2)
+  assert scores["rougeL"] == pytest.approx((500 / 6 + 100) / 2)
+
+
+def test_rouge_lsum_splits_sentences_at_t5s_periods():
+  # Two sentences swapped: one LCS over the whole text keeps 2 of 4 words, the summary-level LCS
+  # (one sentence per line after " . " -> " .\n") keeps all 4.
+  scores = metrics.rouge(["red fox . blue owl"], [["blue owl . red fox"]])
+  assert scores["rougeL"] == pytest.approx(50.0)
+  assert scores["rougeLsum"] == pytest.approx(100.0)
+
+
+def test_bleu_is_sacrebleu_with_t5s_settings():
+  sacrebleu = pytest.importorskip("sacrebleu")
+  predictions = ["The cat sits on the mat.", "Der Hund läuft schnell nach Hause.", "Hello"]
+  references = [["The cat is on the mat.", "A cat sits on the mat."],
+                ["Der Hund rennt schnell nach Hause."], ["Hello world"]]
+  expected = sacrebleu.corpus_bleu(
+      predictions, [[r[0] for r in references], [references[0][1], None, None]],
+      smooth_method="exp", smooth_value=0.0, force=False, lowercase=False, tokenize="intl",
+      use_effective_order=False).score
+  assert metrics.bleu(predictions, references) == pytest.approx(expected)
+  assert 0 < expected < 100
+  assert metrics.bleu(["exactly the same words here"],
+                      [["exactly the same words here"]]) == pytest.approx(100.0)
+
+
+def test_generation_metrics_reject_bad_references():
+  with pytest.raises(ValueError, match="one non-empty list"):
+    metrics.bleu(["a"], ["a"])
+  with pytest.raises(ValueError, match="predictions for"):
+    metrics.rouge(["a", "b"], [["a"]])

@@ -20,7 +20,9 @@ import pathlib
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from bertfam_jax import config_lib as cl
@@ -365,3 +367,39 @@ def test_lamb_trust_ratio_is_per_layer_in_a_scanned_stack():
     np.testing.assert_allclose(a["layers/dense/kernel"],
                                np.stack([b["layer_0/dense/kernel"], b["layer_1/dense/kernel"]]),
                                rtol=1e-6, atol=1e-7)
+
+
+def test_rsqrt_and_constant_schedules():
+  """T5: 1/sqrt(max(step, W)) scaled so that the first W steps run at peak_lr; constant."""
+  o = cl.t5_adafactor(peak_lr=0.01, warmup_steps=10_000)
+  schedule = optimizer.learning_rate_schedule(o, total_steps=2**19)
+  for step in (0, 1, 9_999, 10_000):
+    assert float(schedule(step)) == pytest.approx(0.01)
+  assert float(schedule(40_000)) == pytest.approx(1 / math.sqrt(40_000))
+  assert float(schedule(2**19 - 1)) == pytest.approx(1 / math.sqrt(2**19 - 1))
+  o.update(schedule="constant", peak_lr=1e-3)
+  constant = optimizer.learning_rate_schedule(o, total_steps=100)
+  assert [float(constant(s)) for s in (0, 50, 99)] == pytest.approx([1e-3] * 3)
+
+
+def test_adafactor_is_t5s():
+  """name='adafactor' is optax.adafactor with T5's settings (decay 0.8, update clipping 1,
+  parameter scaling, factored above 128) and our schedule; a global clip composes before it."""
+  config = cl.base_config()
+  config.optimizer = cl.t5_adafactor(peak_lr=0.02, warmup_steps=3)
+  config.train.total_steps = 10
+  tx, schedule = optimizer.make_optimizer(config)
+  reference = optax.adafactor(learning_rate=schedule, decay_rate=0.8, clipping_threshold=1.0,
+                              multiply_by_parameter_scale=True, min_dim_size_to_factor=128)
+  rng = np.random.default_rng(0)
+  params = {"matrix": jnp.asarray(rng.normal(size=(256, 130)), jnp.float32),
+            "vector": jnp.asarray(rng.normal(size=(7,)), jnp.float32)}
+  ours_state, ref_state = tx.init(params), reference.init(params)
+  for _ in range(4):
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    ours, ours_state = tx.update(grads, ours_state, params)
+    ref, ref_state = reference.update(grads, ref_state, params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9), ours, ref)
+    params = optax.apply_updates(params, ours)
+  shapes = {leaf.shape for leaf in jax.tree.leaves(ours_state)}
+  assert (256,) in shapes and (130,) in shapes and (256, 130) not in shapes  # factored moments

@@ -1,0 +1,496 @@
+"""T5 (Raffel et al., 2020, arXiv:1910.10683): encoder–decoder, decoder-only and prefix LM.
+
+Faithful to t5 / mesh-tensorflow as HF modeling_t5 and t5x `examples/t5/network.py` implement it:
+pre-norm RMSNorm (scale only, statistics in float32, ε 1e-6), no biases anywhere, attention scores
+NOT divided by sqrt(d_kv) (absorbed in the query init), one relative position bias table
+[relpos_buckets, heads] per stack shared by all its layers (bidirectional buckets in the encoder,
+causal ones in decoder self-attention, none in cross-attention), dropout where HF T5 applies it
+(after the embedding, on attention probabilities, in the FFN after the activation, on each sublayer
+output before the residual add, after the final norm). Version differences are config fields:
+  v1.0: activation='relu', gated_mlp=False, tie_embeddings=True (decoder output × hidden^-0.5
+        before the tied embedding table, HF `scale_decoder_outputs`);
+  v1.1: activation='gelu_tanh', gated_mlp=True (wi_0 activated × wi_1 linear), untied
+        `decoder/logits_dense`, no output scaling.
+
+Architectures (`config.architecture`), one class `T5`:
+  encoder_decoder  `encoder` stack + `decoder` stack with cross-attention.
+  decoder_only     one `decoder` stack without cross-attention, causal (t5x DecoderOnly).
+  prefix_lm        the same stack; `decoder_causal_attention` [batch, length] = 1 marks the prefix
+                   (inputs) region, whose tokens attend to each other bidirectionally (t5x
+                   `make_decoder_mask`: causal OR (both in the prefix)). As in t5x, the relative
+                   buckets stay causal, so keys to the right inside the prefix share bucket 0.
+
+Packing: segment ids (1..k per packed example, 0 = pad) restrict every attention to one example;
+relative positions are `arange` over the row, which inside one contiguous segment equals the
+distance within the example.
+
+Parameter tree (t5x names; `layer_{i}` unrolled, one `layers` with a leading [layers] axis when
+`scan_layers`):
+  token_embedder/embedding                      [vocab, embed]     shared by both stacks
+  encoder/relpos_bias/rel_embedding             [relpos_buckets, heads]
+  encoder/layer_{i}/pre_attention_layer_norm/scale                    [embed]
+  encoder/layer_{i}/attention/{query,key,value}                       [embed, heads, kv]
+  encoder/layer_{i}/attention/out                                     [heads, kv, embed]
+  encoder/layer_{i}/pre_mlp_layer_norm/scale                          [embed]
+  encoder/layer_{i}/mlp/{wi | wi_0, wi_1}/kernel [embed, mlp]; mlp/wo/kernel [mlp, embed]
+  encoder/encoder_norm/scale
+  decoder/relpos_bias/rel_embedding
+  decoder/layer_{i}/{pre_self_attention_layer_norm, self_attention,
+                     pre_cross_attention_layer_norm, encoder_decoder_attention,
+                     pre_mlp_layer_norm, mlp}     (no cross-attention outside encoder_decoder)
+  decoder/decoder_norm/scale
+  decoder/logits_dense/kernel                   [embed, vocab]     only when not tie_embeddings
+
+KV cache (`decode=True`, flax "cache" collection): a first call with the full-length decoder input
+[batch, max_length] creates zero caches (`decoder/cache_position/{cache_index, key_positions}`, per
+layer `self_attention/cached_key`, `cached_value` [batch, max_length, heads, kv], stacked on a
+leading [layers] axis when scanned); each later call feeds one token [batch, 1] at position
+`cache_index`. Cross-attention keys/values are recomputed from `encoded` each step (as t5x).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.models import layers
+from bertfam_jax.models.encoder import REMAT_POLICIES
+
+ARCHITECTURES = ("encoder_decoder", "decoder_only", "prefix_lm")
+ACTIVATION_AXES = ("batch", "length", "act_embed")
+
+
+def normal_init(stddev: float, axes: tuple[str | None, ...]):
+  """N(0, stddev²) (HF `_init_weights`; t5x uses the same scales) with logical axis names."""
+  return nn.with_logical_partitioning(nn.initializers.normal(stddev), axes)
+
+
+def relative_position_bucket(relative_position, *, bidirectional: bool, num_buckets: int,
+                             max_distance: int):
+  """Bucket of `key_position - query_position` (int array, any shape → same shape, int32).
+
+  mesh-tf `_relative_position_bucket` as HF writes it: bidirectional gives half the buckets to each
+  sign; causal maps every future position to bucket 0. Distances below half the (per-sign) buckets
+  get a bucket each, larger ones log-spaced up to `max_distance`, beyond it the last bucket.
+  """
+  relative_position = jnp.asarray(relative_position, jnp.int32)
+  buckets = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    buckets = buckets + (relative_position > 0).astype(jnp.int32) * num_buckets
+    distance = jnp.abs(relative_position)
+  else:
+    distance = -jnp.minimum(relative_position, 0)
+  max_exact = num_buckets // 2
+  # max() keeps log away from 0; those distances take the exact branch anyway.
+  scaled = jnp.log(jnp.maximum(distance, max_exact).astype(jnp.float32) / max_exact)
+  large = max_exact + (scaled / math.log(max_distance / max_exact)
+                       * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return buckets + jnp.where(distance < max_exact, distance, large)
+
+
+def segment_mask(query_segment_ids, key_segment_ids):
+  """[batch, Lq], [batch, Lk] int → [batch, 1, Lq, Lk] bool: same nonzero segment."""
+  same = query_segment_ids[:, None, :, None] == key_segment_ids[:, None, None, :]
+  return same & (key_segment_ids != 0)[:, None, None, :]
+
+
+def causal_mask(length: int):
+  """[1, 1, length, length] bool: query i may attend to keys j ≤ i."""
+  positions = jnp.arange(length)
+  return (positions[:, None] >= positions[None, :])[None, None]
+
+
+def prefix_lm_mask(decoder_causal_attention):
+  """[batch, L] 0/1 → [batch, 1, L, L] bool: causal, or both query and key in the prefix (t5x)."""
+  prefix = decoder_causal_attention.astype(jnp.bool_)
+  both_in_prefix = prefix[:, None, :, None] & prefix[:, None, None, :]
+  return causal_mask(prefix.shape[1]) | both_in_prefix
+
+
+def validate(c) -> None:
+  """Raises ConfigError for model fields this module cannot build."""
+  if c.architecture not in ARCHITECTURES:
+    raise ConfigError(f"model.architecture={c.architecture!r}; choose one of {ARCHITECTURES}.")
+  if c.activation not in ("relu", "gelu_tanh", "gelu"):
+    raise ConfigError(f"model.activation={c.activation!r}; choose relu, gelu_tanh or gelu.")
+  if c.remat_policy != "none" and c.remat_policy not in REMAT_POLICIES:
+    raise ConfigError(f"model.remat_policy={c.remat_policy!r}; choose none or one of "
+                      f"{sorted(REMAT_POLICIES)}.")
+
+
+class RMSNorm(nn.Module):
+  """T5 LayerNorm: x / sqrt(mean(x²) + ε) · scale; no mean subtraction, no bias; fp32 stats."""
+  epsilon: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BLD):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                             ("embed",)),
+                       (x_BLD.shape[-1],), jnp.float32)
+    x32 = x_BLD.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
+    return (normed * scale[None, None, :]).astype(self.dtype)
+
+
+class TokenEmbedding(layers.Embedding):
+  """The shared [vocab, embed] table, initialised N(0, 1) as mesh-tf / t5x / HF (not BERT's
+  truncated normal); lookup and `attend` are layers.Embedding's."""
+
+  def setup(self):
+    self.embedding = self.param(
+        "embedding", normal_init(self.initializer_range, (self.rows_axis, self.features_axis)),
+        (self.num_embeddings, self.features), jnp.float32)
+
+
+class RelativePositionBias(nn.Module):
+  """The per-stack table [relpos_buckets, heads] → an additive score bias per head."""
+  config: Any
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, query_positions, key_positions):
+    """[Lq], [Lk] int → [1, heads, Lq, Lk] float32."""
+    c = self.config
+    table = self.param("rel_embedding", normal_init(c.hidden ** -0.5, ("relpos_buckets", "heads")),
+                       (c.relative_buckets, c.heads), jnp.float32)
+    buckets_QK = relative_position_bucket(
+        key_positions[None, :] - query_positions[:, None], bidirectional=self.bidirectional,
+        num_buckets=c.relative_buckets, max_distance=c.relative_max_distance)
+    return jnp.transpose(jnp.take(table, buckets_QK, axis=0), (2, 0, 1))[None]
+
+
+class Attention(nn.Module):
+  """T5 multi-head attention: no biases, no 1/sqrt(d_kv), an additive position bias.
+
+  Inits (HF `_init_weights`, t5x): query N(0, (hidden·kv)^-1), key/value N(0, hidden^-1), out
+  N(0, (heads·kv)^-1). Dropout on the probabilities needs the explicit softmax; without it
+  (`dropout == 0` or deterministic) `jax.nn.dot_product_attention(implementation=attention_impl)`
+  runs, where 'cudnn' is cuDNN flash attention.
+  """
+  config: Any
+
+  @nn.compact
+  def __call__(self, x_BQD, kv_BKD, bias_1NQK, mask_B1QK, *, deterministic: bool,
+               decode: bool = False, cache_index=None):
+    """x [batch, Lq, embed] attends kv [batch, Lk, embed] → [batch, Lq, embed].
+
+    bias: [1, heads, Lq, Lk] float32 or None; mask: [batch or 1, 1, Lq, Lk] bool. With `decode`
+    the keys/values are (created in, or when `cache_index` is given written at that position of)
+    the cache, and the query attends over the whole cache [max_length].
+    """
+    c = self.config
+    dtype = jnp.dtype(c.dtype)
+    hidden = x_BQD.shape[-1]
+    qkv_axes = ("embed", "heads", "kv")
+    project = lambda name, x, std: jnp.einsum(  # noqa: E731
+        "bld,dnh->blnh", x.astype(dtype),
+        self.param(name, normal_init(std, qkv_axes), (hidden, c.heads, c.head_dim),
+                   jnp.float32).astype(dtype))
+    act_axes = ("batch", "length", "act_heads", "act_kv")
+    q_BQNH = nn.with_logical_constraint(
+        project("query", x_BQD, (hidden * c.head_dim) ** -0.5), act_axes)
+    k_BKNH = nn.with_logical_constraint(project("key", kv_BKD, hidden ** -0.5), act_axes)
+    v_BKNH = nn.with_logical_constraint(project("value", kv_BKD, hidden ** -0.5), act_axes)
+    if decode:
+      k_BKNH, v_BKNH = self._update_cache(k_BKNH, v_BKNH, cache_index)
+    if c.dropout > 0 and not deterministic:
+      scores_BNQK = jnp.einsum("bqnh,bknh->bnqk", q_BQNH, k_BKNH,
+                               preferred_element_type=jnp.float32)
+      if bias_1NQK is not None:
+        scores_BNQK = scores_BNQK + bias_1NQK
+      scores_BNQK = jnp.where(mask_B1QK, scores_BNQK, jnp.finfo(jnp.float32).min)
+      probs_BNQK = nn.Dropout(c.dropout)(jax.nn.softmax(scores_BNQK, axis=-1).astype(dtype),
+                                         deterministic=False)
+      out_BQNH = jnp.einsum("bnqk,bknh->bqnh", probs_BNQK, v_BKNH)
+    else:
+      out_BQNH = jax.nn.dot_product_attention(
+          q_BQNH, k_BKNH, v_BKNH, bias=bias_1NQK, mask=mask_B1QK, scale=1.0,
+          implementation=c.attention_impl or None)
+    out_BQNH = nn.with_logical_constraint(out_BQNH, act_axes)
+    out_kernel = self.param("out", normal_init((c.heads * c.head_dim) ** -0.5,
+                                               ("heads", "kv", "embed")),
+                            (c.heads, c.head_dim, hidden), jnp.float32)
+    return jnp.einsum("bqnh,nhd->bqd", out_BQNH, out_kernel.astype(dtype))
+
+  def _update_cache(self, k_BKNH, v_BKNH, cache_index):
+    """Creates the cache at the first (full-length) call; with `cache_index` writes the one new
+    key/value there and returns the whole cache [batch, max_length, heads, kv]."""
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, k_BKNH.shape, k_BKNH.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, v_BKNH.shape, v_BKNH.dtype)
+    if cache_index is None:
+      return k_BKNH, v_BKNH
+    start = (0, cache_index, 0, 0)
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k_BKNH, start)
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v_BKNH, start)
+    return cached_key.value, cached_value.value
+
+
+class MLP(nn.Module):
+  """wo(drop(act(wi x))), or v1.1's gated wo(drop(act(wi_0 x) · wi_1 x)); no biases.
+  Inits N(0, hidden^-1) for wi*, N(0, mlp^-1) for wo (HF, t5x)."""
+  config: Any
+
+  @nn.compact
+  def __call__(self, x_BLD, *, deterministic: bool):
+    """[batch, length, embed] → [batch, length, embed]."""
+    c = self.config
+    dense = functools.partial(nn.Dense, use_bias=False, dtype=jnp.dtype(c.dtype),
+                              param_dtype=jnp.float32)
+    wi = lambda name: dense(  # noqa: E731
+        c.mlp, kernel_init=normal_init(c.hidden ** -0.5, ("embed", "mlp")), name=name)(x_BLD)
+    act = layers.activation_fn(c.activation)
+    h_BLF = act(wi("wi_0")) * wi("wi_1") if c.gated_mlp else act(wi("wi"))
+    h_BLF = nn.with_logical_constraint(h_BLF, ("batch", "length", "act_mlp"))
+    h_BLF = nn.Dropout(c.dropout)(h_BLF, deterministic=deterministic)
+    return dense(c.hidden, kernel_init=normal_init(c.mlp ** -0.5, ("mlp", "embed")),
+                 name="wo")(h_BLF)
+
+
+class EncoderLayer(nn.Module):
+  """x += drop(Attn(norm(x))); x += drop(MLP(norm(x))). Returns (x, None): the (carry, output)
+  signature `nn.scan` needs, used unrolled too."""
+  config: Any
+
+  @nn.compact
+  def __call__(self, x_BLD, bias_1NLL, mask_B1LL, deterministic: bool):
+    """x: [batch, length, hidden]; bias: [1, heads, L, L]; mask: [batch, 1, L, L] bool."""
+    c = self.config
+    dtype = jnp.dtype(c.dtype)
+    drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
+    h = RMSNorm(c.layer_norm_eps, dtype, name="pre_attention_layer_norm")(x_BLD)
+    h = Attention(c, name="attention")(h, h, bias_1NLL, mask_B1LL, deterministic=deterministic)
+    x_BLD = nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES)
+    h = RMSNorm(c.layer_norm_eps, dtype, name="pre_mlp_layer_norm")(x_BLD)
+    h = MLP(c, name="mlp")(h, deterministic=deterministic)
+    return nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES), None
+
+
+class DecoderLayer(nn.Module):
+  """Self-attention (causal / prefix), cross-attention to `encoded` when `cross_attention`, MLP;
+  each pre-normed with a dropped-out residual. Returns (x, None) like EncoderLayer."""
+  config: Any
+  cross_attention: bool
+
+  @nn.compact
+  def __call__(self, x_BLD, encoded_BSD, bias_1NLL, mask_B1LL, cross_mask_B1LS,
+               deterministic: bool, decode: bool, cache_index):
+    """x: [batch, L, hidden]; encoded: [batch, S, hidden] or None; bias: [1, heads, L, L or
+    max_length]; masks [batch or 1, 1, L, L or max_length] and [batch, 1, L, S] bool."""
+    c = self.config
+    dtype = jnp.dtype(c.dtype)
+    drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
+    h = RMSNorm(c.layer_norm_eps, dtype, name="pre_self_attention_layer_norm")(x_BLD)
+    h = Attention(c, name="self_attention")(h, h, bias_1NLL, mask_B1LL,
+                                            deterministic=deterministic, decode=decode,
+                                            cache_index=cache_index)
+    x_BLD = nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES)
+    if self.cross_attention:
+      h = RMSNorm(c.layer_norm_eps, dtype, name="pre_cross_attention_layer_norm")(x_BLD)
+      h = Attention(c, name="encoder_decoder_attention")(h, encoded_BSD, None, cross_mask_B1LS,
+                                                         deterministic=deterministic)
+      x_BLD = nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES)
+    h = RMSNorm(c.layer_norm_eps, dtype, name="pre_mlp_layer_norm")(x_BLD)
+    h = MLP(c, name="mlp")(h, deterministic=deterministic)
+    return nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES), None
+
+
+def layer_stack(config, layer_cls, num_layers: int, *, num_args: int,
+                static_argnums: tuple[int, ...], **kwargs):
+  """`num_layers` layer modules to apply in order: unrolled `layer_{i}`, or one `layers` scan with
+  parameters (and caches) stacked on a leading [layers] axis; rematerialised per
+  `config.remat_policy`. `num_args`: the layer's call arguments (the first is the scan carry);
+  `static_argnums` count `self` as 0."""
+  if config.remat_policy != "none":
+    layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[config.remat_policy],
+                         static_argnums=static_argnums)
+  if not config.scan_layers:
+    return [layer_cls(config, name=f"layer_{i}", **kwargs) for i in range(num_layers)]
+  scanned = nn.scan(layer_cls, variable_axes={"params": 0, "cache": 0},
+                    split_rngs={"params": True, "dropout": True},
+                    in_axes=(nn.broadcast,) * (num_args - 1), length=num_layers,
+                    metadata_params={nn.PARTITION_NAME: "layers"})
+  return [scanned(config, name="layers", **kwargs)]
+
+
+class Encoder(nn.Module):
+  """Embedding + `layers` EncoderLayers + final norm; bidirectional relative buckets."""
+  config: Any
+  embedder: nn.Module  # the parent's shared TokenEmbedding
+
+  def setup(self):
+    c = self.config
+    self.relpos_bias = RelativePositionBias(c, bidirectional=True)
+    # EncoderLayer args: self 0, x 1, bias 2, mask 3, deterministic 4.
+    self.layers = layer_stack(c, EncoderLayer, c.layers, num_args=4, static_argnums=(4,))
+    self.encoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
+    self.dropout = nn.Dropout(c.dropout)
+
+  def __call__(self, input_ids, input_segment_ids, *, deterministic: bool):
+    """[batch, L] ids and segment ids → [batch, L, hidden] in the compute dtype."""
+    length = input_ids.shape[1]
+    x_BLD = self.dropout(self.embedder(input_ids).astype(jnp.dtype(self.config.dtype)),
+                         deterministic=deterministic)
+    x_BLD = nn.with_logical_constraint(x_BLD, ACTIVATION_AXES)
+    bias_1NLL = self.relpos_bias(jnp.arange(length), jnp.arange(length))
+    mask_B1LL = segment_mask(input_segment_ids, input_segment_ids)
+    for layer in self.layers:
+      x_BLD, _ = layer(x_BLD, bias_1NLL, mask_B1LL, deterministic)
+    return self.dropout(self.encoder_norm(x_BLD), deterministic=deterministic)
+
+
+class Decoder(nn.Module):
+  """Embedding + `decoder_layers` DecoderLayers + final norm + logits; causal relative buckets.
+
+  Self-attention mask: same nonzero segment AND (causal, or for a prefix LM both in the prefix);
+  in a cached step: keys at positions ≤ cache_index.
+  """
+  config: Any
+  embedder: nn.Module
+  cross_attention: bool
+
+  def setup(self):
+    c = self.config
+    self.relpos_bias = RelativePositionBias(c, bidirectional=False)
+    # DecoderLayer args: self 0, x 1, encoded 2, bias 3, mask 4, cross mask 5, deterministic 6,
+    # decode 7, cache_index 8.
+    self.layers = layer_stack(c, DecoderLayer, c.decoder_layers, num_args=8,
+                              static_argnums=(6, 7), cross_attention=self.cross_attention)
+    self.decoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
+    self.dropout = nn.Dropout(c.dropout)
+    self.cache_position = CachePosition()
+    if not c.tie_embeddings:
+      self.logits_dense = nn.Dense(
+          c.vocab_size, use_bias=False, dtype=jnp.dtype(c.dtype), param_dtype=jnp.float32,
+          kernel_init=normal_init(c.hidden ** -0.5, ("embed", "vocab")))
+
+  def __call__(self, decoder_input_ids, decoder_segment_ids, encoded_BSD, input_segment_ids,
+               decoder_causal_attention=None, *, deterministic: bool, decode: bool = False):
+    """[batch, L] ids (+ encoder output [batch, S, hidden] and its segment ids, or None) →
+    logits [batch, L, vocab] in the compute dtype."""
+    c = self.config
+    length = decoder_input_ids.shape[1]
+    x_BLD = self.dropout(self.embedder(decoder_input_ids).astype(jnp.dtype(c.dtype)),
+                         deterministic=deterministic)
+    x_BLD = nn.with_logical_constraint(x_BLD, ACTIVATION_AXES)
+    cache_index, bias_1NLK, mask_B1LK = self._self_attention_bias_and_mask(
+        length, decoder_segment_ids, decoder_causal_attention, decode)
+    cross_mask_B1LS = (segment_mask(decoder_segment_ids, input_segment_ids)
+                       if self.cross_attention else None)
+    for layer in self.layers:
+      x_BLD, _ = layer(x_BLD, encoded_BSD, bias_1NLK, mask_B1LK, cross_mask_B1LS, deterministic,
+                       decode, cache_index)
+    x_BLD = self.dropout(self.decoder_norm(x_BLD), deterministic=deterministic)
+    if c.tie_embeddings:
+      return self.embedder.attend(x_BLD * c.hidden ** -0.5)
+    return self.logits_dense(x_BLD)
+
+  def _self_attention_bias_and_mask(self, length, decoder_segment_ids, decoder_causal_attention,
+                                    decode):
+    """(cache_index or None, bias [1, heads, L, K], mask [batch or 1, 1, L, K]); K = L, or
+    max_length in a cached step (whose one query sits at position cache_index)."""
+    cache_index, key_positions = self.cache_position(length) if decode else (None, None)
+    if cache_index is not None:
+      bias = self.relpos_bias(cache_index[None], key_positions)
+      return cache_index, bias, (key_positions <= cache_index)[None, None, None, :]
+    positions = jnp.arange(length)
+    if decoder_causal_attention is None:
+      mask = causal_mask(length)
+    else:
+      mask = prefix_lm_mask(decoder_causal_attention)
+    return None, self.relpos_bias(positions, positions), mask & segment_mask(
+        decoder_segment_ids, decoder_segment_ids)
+
+
+class CachePosition(nn.Module):
+  """The decoder's place in its KV cache: `cache_index` (the position the next one-token call
+  fills) and `key_positions` [max_length] (0..max_length-1, the positions of the cached keys)."""
+
+  @nn.compact
+  def __call__(self, length: int):
+    """→ (cache_index before this call, key_positions) in a cached step; (None, key_positions)
+    at the first, cache-creating call of `length` = max_length."""
+    step = self.has_variable("cache", "cache_index")
+    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    key_positions = self.variable("cache", "key_positions", jnp.arange, length, dtype=jnp.int32)
+    if not step:
+      return None, key_positions.value
+    cache_index = index.value
+    index.value = cache_index + 1
+    return cache_index, key_positions.value
+
+
+class T5(nn.Module):
+  """T5 in any of `ARCHITECTURES` (see the module docstring); `config` is the model section."""
+  config: Any
+
+  def setup(self):
+    c = self.config
+    validate(c)
+    self.token_embedder = TokenEmbedding(c.vocab_size, c.hidden, 1.0, jnp.dtype(c.dtype))
+    encoder_decoder = c.architecture == "encoder_decoder"
+    if encoder_decoder:
+      self.encoder = Encoder(c, self.token_embedder)
+    self.decoder = Decoder(c, self.token_embedder, cross_attention=encoder_decoder)
+
+  def __call__(self, input_ids, decoder_input_ids, input_segment_ids=None,
+               decoder_segment_ids=None, *, deterministic: bool, decoder_causal_attention=None):
+    """Teacher-forced logits [batch, Lt, vocab] in the compute dtype (callers cast to float32).
+
+    Encoder–decoder: input_ids [batch, Li] and decoder_input_ids [batch, Lt]. Decoder-only /
+    prefix LM: input_ids must be None and decoder_input_ids is the one sequence [batch, L];
+    prefix LM also takes decoder_causal_attention [batch, L] (1 on the bidirectional prefix).
+    Segment ids None: encoder (input_ids != 0), decoder all ones (the causal mask only).
+    """
+    c = self.config
+    if c.architecture == "encoder_decoder":
+      if input_ids is None or decoder_causal_attention is not None:
+        raise ConfigError("model.architecture='encoder_decoder' takes input_ids and no "
+                          "decoder_causal_attention; set model.architecture='prefix_lm' for a "
+                          "prefix LM.")
+      if input_segment_ids is None:
+        input_segment_ids = (input_ids != 0).astype(jnp.int32)
+      encoded = self.encode(input_ids, input_segment_ids, deterministic=deterministic)
+      return self.decode(encoded, input_segment_ids, decoder_input_ids, decoder_segment_ids,
+                         deterministic=deterministic)
+    if input_ids is not None:
+      raise ConfigError(f"model.architecture={c.architecture!r} has no encoder: pass the whole "
+                        "sequence as decoder_input_ids, or set "
+                        "model.architecture='encoder_decoder'.")
+    if (c.architecture == "prefix_lm") != (decoder_causal_attention is not None):
+      raise ConfigError("decoder_causal_attention is required by model.architecture='prefix_lm' "
+                        "and only accepted by it; set model.architecture accordingly.")
+    return self.decoder(decoder_input_ids, self._decoder_segments(decoder_input_ids,
+                                                                  decoder_segment_ids),
+                        None, None, decoder_causal_attention, deterministic=deterministic)
+
+  def encode(self, input_ids, input_segment_ids=None, *, deterministic: bool):
+    """[batch, Li] → encoder output [batch, Li, hidden] (compute dtype)."""
+    if input_segment_ids is None:
+      input_segment_ids = (input_ids != 0).astype(jnp.int32)
+    return self.encoder(input_ids, input_segment_ids, deterministic=deterministic)
+
+  def decode(self, encoded, input_segment_ids, decoder_input_ids, decoder_segment_ids=None, *,
+             deterministic: bool, decode: bool = False):
+    """encoded [batch, Li, hidden] with its segment ids [batch, Li] (None: every position is a
+    real token of segment 1), decoder_input_ids [batch, Lt] → logits [batch, Lt, vocab].
+    `decode=True`: the KV-cache path (see the module docstring)."""
+    if input_segment_ids is None:
+      input_segment_ids = jnp.ones(encoded.shape[:2], jnp.int32)
+    return self.decoder(decoder_input_ids,
+                        self._decoder_segments(decoder_input_ids, decoder_segment_ids),
+                        encoded, input_segment_ids, deterministic=deterministic, decode=decode)
+
+  @staticmethod
+  def _decoder_segments(decoder_input_ids, decoder_segment_ids):
+    if decoder_segment_ids is None:
+      return jnp.ones(decoder_input_ids.shape, jnp.int32)
+    return decoder_segment_ids

@@ -1,0 +1,179 @@
+"""T5's denoising objectives (Raffel et al. 2020 §3.3) and BART's, on an encoder-decoder.
+
+Every row of the T5 objective comparison is configuration of one composition, the reference's
+`denoise` (t5/data/preprocessors.py), host-side in numpy (`objectives/t5_noise.py`):
+
+  segments   `data.packing='t5_segments'`: documents concatenated (`concat_documents`, T5's
+             reduce_concat_tokens; off for prefix LM and deshuffling) and cut into raw segments
+             (`segment_length`: random_spans_helper's length for random spans, else
+             data.seq_len − 1 as split_tokens_to_inputs_length).
+  noise mask `noise_mask`        random_spans | iid | random_prefix (`noise_density`,
+                                 `mean_noise_span_length`), or bart_infilling (BART's Poisson
+                                 spans, each one <mask>; `poisson_lambda`, `mask_random`).
+  inputs     `inputs_encoding`   e.g. noise_span_to_unique_sentinel (T5), noise_token_to_sentinel
+                                 (MASS-style), noise_token_to_random_token_or_sentinel
+                                 (BERT-style, `random_prob`), drop_noise_tokens, permute_noise_
+                                 tokens (deshuffling), drop_nonnoise_tokens (prefix LM's prefix).
+  targets    `targets_encoding`  nonnoise_span_to_unique_sentinel (T5), original (full text),
+                                 drop_nonnoise_tokens, drop_noise_tokens (prefix LM's suffix).
+  sentences  `permute_sentences` BART's sentence permutation, before the noise.
+  EOS        append_eos_after_trim to data.seq_len / objective.targets_length, then several
+             examples packed per row (seqio trim_and_pack) with segment ids and positions.
+
+Loss: token cross-entropy over every non-pad target (sentinels and EOS included, as seqio's
+`decoder_loss_weights`), averaged over target tokens, plus t5x's z-loss (`z_loss`). Batch keys:
+objectives/__init__.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.data import packing
+from bertfam_jax.models import t5 as t5_model
+from bertfam_jax.objectives import losses, t5_noise
+from bertfam_jax.train import flops
+
+
+def build_model(config):
+  return t5_model.T5(config.model)
+
+
+def init_inputs(config) -> dict[str, jax.ShapeDtypeStruct]:
+  """One row of encoder and decoder inputs, to trace `T5.init`."""
+  inputs, targets = config.data.seq_len, config.objective.targets_length
+  i32 = jnp.int32
+  return dict(input_ids=jnp.zeros((1, inputs), i32), decoder_input_ids=jnp.zeros((1, targets), i32),
+              input_segment_ids=jnp.ones((1, inputs), i32),
+              decoder_segment_ids=jnp.ones((1, targets), i32))
+
+
+def segment_length(config) -> int:
+  """Raw tokens per segment: for random spans the largest length whose noised inputs fill
+  data.seq_len (`random_spans_helper`; 568 for 512 at 15% / mean 3), else data.seq_len − 1 (room
+  for EOS, `split_tokens_to_inputs_length`); BART's full-text target bounds it by targets_length."""
+  o, inputs = config.objective, config.data.seq_len
+  if o.noise_mask == "random_spans":
+    raw, needed = t5_noise.random_spans_helper(inputs, o.noise_density, o.mean_noise_span_length)
+    if o.targets_encoding == "nonnoise_span_to_unique_sentinel" and o.targets_length < needed:
+      raise ConfigError(
+          f"objective.targets_length={o.targets_length} is below the {needed} targets that "
+          f"{o.noise_density:.0%} random spans of mean {o.mean_noise_span_length} make from "
+          f"{raw} raw tokens (random_spans_helper); set --config.objective.targets_length="
+          f"{needed}.")
+    return raw
+  if o.noise_mask == "bart_infilling":
+    return min(inputs, o.targets_length) - 1
+  return inputs - 1
+
+
+def pipeline_options(config) -> dict:
+  """Pipeline keywords: the raw segment length; the features replace the packed segments."""
+  return dict(segment_len=segment_length(config), replace_examples=True)
+
+
+def describe(config) -> str:
+  o = config.objective
+  return (f"T5 objective: {o.noise_mask} noise {o.noise_density:.0%}, inputs {o.inputs_encoding}, "
+          f"targets {o.targets_encoding}; {segment_length(config)} raw tokens -> "
+          f"{config.data.seq_len} inputs / {o.targets_length} targets")
+
+
+def flops_per_token(config) -> float:
+  return flops.t5_train_flops_per_input_token(config.model, config.data.seq_len,
+                                              config.objective.targets_length)
+
+
+def make_features(config, tokenizer):
+  """Returns the host-side `fn(segments, rng) -> batch` (see the module docstring)."""
+  segment_length(config)  # the length check, before any data is read
+  if tokenizer.vocab_size > config.model.vocab_size:
+    raise ConfigError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
+                      f"{config.model.vocab_size}; raise --config.model.vocab_size.")
+  return functools.partial(
+      t5_features, config=config.objective, inputs_length=config.data.seq_len,
+      sentinel_start=tokenizer.sentinel_start, vocab_size=tokenizer.vocab_size,
+      eos_id=tokenizer.eos_id, mask_id=tokenizer.mask_id, word_start_table=tokenizer.word_start)
+
+
+def noise_segments(tokens, lengths, sentence_start, rng: np.random.Generator, *, config,
+                   sentinel_start: int, vocab_size: int, mask_id: int,
+                   word_start_table: np.ndarray):
+  """One objective's (inputs, targets) of raw segments, before EOS.
+
+  Args:
+    tokens: [n, T] int32 raw segments (0-padded), lengths [n], sentence_start [n, T] bool.
+    rng: the only randomness.
+    config: the `objective` section.
+
+  Returns:
+    ((inputs [n, Li'], input_lengths [n]), (targets [n, Lt'], target_lengths [n])).
+  """
+  o = config
+  originals = tokens
+  if o.permute_sentences:  # the inputs only: the target is the document in its order (fairseq)
+    tokens = t5_noise.bart_permute_sentences(tokens, lengths, sentence_start, rng,
+                                             ratio=o.permute_sentences)
+  if o.noise_mask == "bart_infilling":
+    word_start = word_start_table[tokens] & (np.arange(tokens.shape[1]) < lengths[:, None])
+    inputs = t5_noise.bart_text_infilling(
+        tokens, lengths, word_start, rng, mask_ratio=o.noise_density,
+        poisson_lambda=o.poisson_lambda, mask_id=mask_id, random_ratio=o.mask_random,
+        vocab_size=vocab_size)
+    return inputs, (originals, lengths)
+  mask_params = (dict(mean_noise_span_length=o.mean_noise_span_length)
+                 if o.noise_mask == "random_spans" else {})
+  random_params = (dict(random_prob=o.random_prob)
+                   if o.inputs_encoding == "noise_token_to_random_token_or_sentinel" else {})
+  noised = t5_noise.denoise(
+      tokens, lengths, rng, noise_density=o.noise_density,
+      noise_mask_fn=functools.partial(t5_noise.NOISE_MASKS[o.noise_mask], **mask_params),
+      inputs_fn=functools.partial(t5_noise.ENCODINGS[o.inputs_encoding], **random_params),
+      targets_fn=t5_noise.ENCODINGS[o.targets_encoding], sentinel_start=sentinel_start,
+      vocab_size=vocab_size)
+  targets = ((originals, lengths) if o.permute_sentences   # validated: targets are the original
+             else (noised["targets"], noised["target_lengths"]))
+  return (noised["inputs"], noised["input_lengths"]), targets
+
+
+def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: int,
+                sentinel_start: int, vocab_size: int, eos_id: int, mask_id: int,
+                word_start_table: np.ndarray) -> dict:
+  """Noises `packing.token_segments` output and packs the examples into rows.
+
+  Args:
+    segments: tokens [n, T], lengths [n], sentence_start [n, T] from `packing.token_segments`.
+    rng: the only randomness.
+    config: the `objective` section.
+    inputs_length: data.seq_len.
+
+  Returns:
+    The encoder-decoder batch of objectives/__init__.py, [rows, Li] and [rows, Lt].
+  """
+  (inputs, input_lengths), (targets, target_lengths) = noise_segments(
+      segments["tokens"], segments["lengths"], segments["sentence_start"], rng, config=config,
+      sentinel_start=sentinel_start, vocab_size=vocab_size, mask_id=mask_id,
+      word_start_table=word_start_table)
+  inputs, input_lengths = t5_noise.append_eos_after_trim(inputs, input_lengths, inputs_length,
+                                                         eos_id)
+  targets, target_lengths = t5_noise.append_eos_after_trim(targets, target_lengths,
+                                                           config.targets_length, eos_id)
+  return packing.pack_seq2seq(inputs, input_lengths, targets, target_lengths,
+                              inputs_length=inputs_length, targets_length=config.targets_length)
+
+
+def loss_fn(model, params, batch, rng, config, *, deterministic=False):
+  """Returns (mean target-token CE + z-loss, {metric: (sum, count)})."""
+  logits = model.apply(
+      params, batch["input_ids"], batch["decoder_input_ids"], batch["input_segment_ids"],
+      batch["decoder_segment_ids"], deterministic=deterministic, rngs={"dropout": rng})
+  total, z_total, correct, count = losses.token_cross_entropy(
+      logits, batch["decoder_target_ids"], batch["decoder_loss_weights"], config.objective.z_loss)
+  metrics = {"t5_loss": (total - z_total, count), "t5_accuracy": (correct, count),
+             "z_loss": (z_total, count)}
+  return total / jnp.maximum(count, 1.0), metrics

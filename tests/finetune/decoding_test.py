@@ -1,0 +1,135 @@
+"""bertfam_jax.finetune.decoding: greedy output is the argmax of the teacher-forced logits fed its
+own output; the KV cache gives exactly the uncached (full recompute) greedy and beam outputs, also
+with scanned layers; beam_size 1 = greedy; on a hand-made chain of probabilities beam search finds
+the better sequence greedy misses, and the brevity penalty changes the choice as t5x's does."""
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from bertfam_jax.finetune import decoding
+from bertfam_jax.models import t5
+
+VOCAB, EOS, BATCH, INPUTS, MAX_LENGTH = 13, 3, 3, 7, 6
+
+
+def tiny_config(**overrides):
+  fields = dict(
+      kind="t5", vocab_size=VOCAB, hidden=32, layers=1, decoder_layers=2, heads=4, head_dim=8,
+      mlp=48, activation="relu", gated_mlp=False, dropout=0.0, layer_norm_eps=1e-6,
+      relative_buckets=8, relative_max_distance=12, tie_embeddings=False,
+      architecture="encoder_decoder", dtype="float32", attention_impl="", remat_policy="none",
+      scan_layers=False)
+  fields.update(overrides)
+  return ml_collections.ConfigDict(fields)
+
+
+MODELS = {"unrolled": t5.T5(tiny_config()), "scanned": t5.T5(tiny_config(scan_layers=True))}
+
+
+@pytest.fixture(scope="module")
+def setup():
+  """(params, input_ids [BATCH, INPUTS] with padding) of an untied model whose pad logit column
+  is negated: random weights otherwise mostly predict 0, a trained model never does. With these
+  seeds one greedy output ends in EOS at position 2, the others run to MAX_LENGTH."""
+  rng = np.random.default_rng(0)
+  input_ids = rng.integers(4, VOCAB, (BATCH, INPUTS)).astype(np.int32)
+  input_ids[1, 4:] = 0
+  params = nn.unbox(jax.jit(lambda: MODELS["unrolled"].init(
+      jax.random.key(1), input_ids, input_ids[:, :MAX_LENGTH], deterministic=True))())["params"]
+  kernel = params["decoder"]["logits_dense"]["kernel"]
+  params["decoder"]["logits_dense"]["kernel"] = kernel.at[:, 0].multiply(-1.0)
+  return params, input_ids
+
+
+@functools.lru_cache(maxsize=None)
+def decode_fn(search: str, layers: str = "unrolled", **kwargs):
+  """The jitted decoding.<search> of MODELS[layers], compiled once per argument set."""
+  return jax.jit(functools.partial(getattr(decoding, search), MODELS[layers],
+                                   max_length=MAX_LENGTH, eos_id=EOS, **kwargs))
+
+
+def test_greedy_is_argmax_of_teacher_forced_logits_and_cache_matches_recompute(setup):
+  params, input_ids = setup
+  cached = np.asarray(decode_fn("greedy_decode")(params, input_ids))
+  np.testing.assert_array_equal(
+      decode_fn("greedy_decode", use_cache=False)(params, input_ids), cached)
+  ends = [list(row).index(EOS) + 1 if EOS in row else MAX_LENGTH for row in cached]
+  assert min(ends) < MAX_LENGTH  # some row stopped early: the 0-after-EOS path is exercised
+  decoder_inputs = np.pad(cached, ((0, 0), (1, 0)))[:, :-1]
+  logits = MODELS["unrolled"].apply({"params": params}, input_ids, decoder_inputs,
+                                    deterministic=True)
+  argmax = np.asarray(jnp.argmax(logits, axis=-1))
+  for row, end in enumerate(ends):
+    np.testing.assert_array_equal(cached[row, :end], argmax[row, :end])
+    np.testing.assert_array_equal(cached[row, end:], 0)
+
+
+def test_beam_search_cache_matches_recompute_and_beam_one_is_greedy(setup):
+  params, input_ids = setup
+  cached = decode_fn("beam_search", beam_size=3, alpha=0.6)(params, input_ids)
+  uncached = decode_fn("beam_search", beam_size=3, alpha=0.6, use_cache=False)(params, input_ids)
+  np.testing.assert_array_equal(cached, uncached)
+  np.testing.assert_array_equal(decode_fn("beam_search", beam_size=1, alpha=0.0)(params,
+                                                                                 input_ids),
+                                decode_fn("greedy_decode")(params, input_ids))
+
+
+def test_scanned_decoder_cache_matches_unrolled(setup):
+  """With scan_layers the cache leads with a [layers] axis; beam reordering must gather the
+  batch axis behind it."""
+  params, input_ids = setup
+  stack = lambda tree, n: {"layers": jax.tree.map(  # noqa: E731
+      lambda *xs: jnp.stack(xs), *[tree[f"layer_{i}"] for i in range(n)]),
+      **{k: v for k, v in tree.items() if not k.startswith("layer_")}}
+  scanned_params = dict(params, encoder=stack(params["encoder"], 1),
+                        decoder=stack(params["decoder"], 2))
+  np.testing.assert_array_equal(
+      decode_fn("beam_search", "scanned", beam_size=3, alpha=0.6)(scanned_params, input_ids),
+      decode_fn("beam_search", beam_size=3, alpha=0.6)(params, input_ids))
+
+
+def chain_step_fn(next_token_probs):
+  """A hand-made model: p(next | previous token) from a table {previous: {token: p}}; the
+  first step's previous token is BOS 0."""
+  table = np.full((VOCAB, VOCAB), 1e-9)
+  for previous, probs in next_token_probs.items():
+    for token, p in probs.items():
+      table[previous, token] = p
+  log_table = jnp.asarray(np.log(table / table.sum(-1, keepdims=True)), jnp.float32)
+
+  def step_fn(sequences, step, state):
+    return log_table[decoding._decoder_inputs_at(sequences, step)[:, 0]], state
+  return step_fn
+
+
+# BOS → 4 (0.6) or 5 (0.4); after 4 nothing is likely (EOS 0.3, 6 0.36, 7 0.34) and 6, 7 end
+# surely; after 5, EOS at 0.9. Greedy: 4 6 EOS, p = 0.6·0.36 = 0.216; best: 5 EOS, p = 0.36.
+CHAIN = {0: {4: 0.6, 5: 0.4}, 4: {EOS: 0.3, 6: 0.36, 7: 0.34}, 5: {EOS: 0.9, 8: 0.1},
+         6: {EOS: 1.0}, 7: {EOS: 1.0}}
+
+
+def test_beam_search_finds_the_sequence_greedy_misses():
+  step_fn = chain_step_fn(CHAIN)
+  greedy = decoding.greedy_search(step_fn, (), batch_size=1, max_length=5, eos_id=EOS)
+  np.testing.assert_array_equal(greedy, [[4, 6, EOS, 0, 0]])
+  best = decoding.search_beams(step_fn, (), lambda state, parents: state, batch_size=1,
+                               beam_size=2, max_length=5, eos_id=EOS, alpha=0.0)
+  np.testing.assert_array_equal(best, [[5, EOS, 0, 0, 0]])
+
+
+def test_brevity_penalty_can_prefer_the_longer_sequence():
+  """Scores log p / ((5 + len) / 6)^alpha (t5x): 5 EOS (len 2, p 0.36) against 4 6 EOS (len 3,
+  p 0.216). The longer one wins once alpha exceeds the crossover computed here."""
+  crossover = math.log(math.log(0.216) / math.log(0.36)) / math.log(8 / 7)
+  step_fn = chain_step_fn(CHAIN)
+  search = functools.partial(decoding.search_beams, step_fn, (), lambda state, parents: state,
+                             batch_size=1, beam_size=2, max_length=5, eos_id=EOS)
+  np.testing.assert_array_equal(search(alpha=crossover - 0.1), [[5, EOS, 0, 0, 0]])
+  np.testing.assert_array_equal(search(alpha=crossover + 0.1), [[4, 6, EOS, 0, 0]])

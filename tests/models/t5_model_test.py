@@ -1,0 +1,267 @@
+"""bertfam_jax.models.t5 without torch: the relative bucket function against a transcription of HF's
+`_relative_position_bucket`, packing isolation (a packed row = its examples run alone), masks of the
+three architectures, scan/remat = unrolled, init scales, and the T5-base parameter counts."""
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.models import t5
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+BATCH, INPUTS, TARGETS = 3, 14, 10  # one set of shapes, so eager ops compile once per file
+
+
+def tiny_config(**overrides):
+  fields = dict(
+      kind="t5", vocab_size=50, hidden=32, layers=2, decoder_layers=2, heads=4, head_dim=8,
+      mlp=48, activation="relu", gated_mlp=False, dropout=0.0, layer_norm_eps=1e-6,
+      relative_buckets=8, relative_max_distance=12, tie_embeddings=True,
+      architecture="encoder_decoder", dtype="float32", attention_impl="", remat_policy="none",
+      scan_layers=False)
+  fields.update(overrides)
+  return ml_collections.ConfigDict(fields)
+
+
+def init_params(model, *args, **kwargs):
+  return nn.unbox(model.init(jax.random.key(0), *args, deterministic=True, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def tiny_params():
+  """Parameters of T5(tiny_config()) (they do not depend on batch or length)."""
+  return init_params(t5.T5(tiny_config()), np.ones((BATCH, INPUTS), np.int32),
+                     np.ones((BATCH, TARGETS), np.int32))
+
+
+def hf_relative_position_bucket(relative_position, bidirectional, num_buckets, max_distance):
+  """HF modeling_t5 `_relative_position_bucket`, line by line in numpy (float32 log as torch)."""
+  relative_buckets = np.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    relative_buckets += (relative_position > 0).astype(np.int64) * num_buckets
+    relative_position = np.abs(relative_position)
+  else:
+    relative_position = -np.minimum(relative_position, np.zeros_like(relative_position))
+  max_exact = num_buckets // 2
+  is_small = relative_position < max_exact
+  with np.errstate(divide="ignore"):
+    scaled = np.log(relative_position.astype(np.float32) / np.float32(max_exact))
+  large = max_exact + (scaled / np.float32(math.log(max_distance / max_exact))
+                       * np.float32(num_buckets - max_exact))
+  large = np.where(is_small, 0, large).astype(np.int64)  # torch casts -inf to a garbage int too
+  large = np.minimum(large, num_buckets - 1)
+  return relative_buckets + np.where(is_small, relative_position, large)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 12)])
+def test_relative_position_bucket_matches_hf_transcription(bidirectional, num_buckets,
+                                                           max_distance):
+  relative = np.arange(-400, 401)
+  expected = hf_relative_position_bucket(relative, bidirectional, num_buckets, max_distance)
+  ours = np.asarray(t5.relative_position_bucket(
+      relative, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance))
+  np.testing.assert_array_equal(ours, expected)
+  # The spec's landmarks (objectives.md §7) for 32 buckets / 128: exact below 8 (encoder) or 16
+  # (decoder), every distance ≥ 128 in the last bucket of its side.
+  if (num_buckets, max_distance) == (32, 128):
+    exact = 8 if bidirectional else 16
+    np.testing.assert_array_equal(ours[400 - exact + 1:401], np.arange(exact)[::-1])
+    assert set(ours[:400 - 128 + 1]) == {15 if bidirectional else 31}
+
+
+def pack(examples, length):
+  """[ids, ...] → (ids, segment_ids) [length]: the examples in order in one zero-padded row."""
+  ids = np.concatenate(examples)
+  segments = np.concatenate([np.full(len(e), i + 1) for i, e in enumerate(examples)])
+  pad = length - len(ids)
+  return np.pad(ids, (0, pad)).astype(np.int32), np.pad(segments, (0, pad)).astype(np.int32)
+
+
+def one_per_row(examples, length):
+  """[ids, ...] → (ids, segment_ids) [len(examples), length]: each example alone in its row."""
+  rows = [pack([e], length) for e in examples]
+  return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+
+def packed_in_first_row(examples, length, batch):
+  """(ids, segment_ids) [batch, length]: the examples packed into row 0, the other rows empty."""
+  ids, segments = (np.zeros((batch, length), np.int32) for _ in range(2))
+  ids[0], segments[0] = pack(examples, length)
+  return ids, segments
+
+
+def test_packed_row_equals_examples_alone(tiny_params):
+  """Encoder–decoder: each example's encoder outputs and logits inside a packed row equal those
+  of the example alone, so no attention (self or cross) crosses a segment boundary."""
+  model = t5.T5(tiny_config())
+  rng = np.random.default_rng(0)
+  inputs = [rng.integers(2, 50, n) for n in (5, 3, 4)]
+  targets = [np.concatenate([[0], rng.integers(2, 50, n - 1)]) for n in (4, 2, 3)]
+  outputs = {}
+  for layout, arrange in (("packed", functools.partial(packed_in_first_row, batch=BATCH)),
+                          ("alone", one_per_row)):
+    input_ids, input_segments = arrange(inputs, INPUTS)
+    decoder_ids, decoder_segments = arrange(targets, TARGETS)
+    outputs[layout] = (
+        model.apply(tiny_params, input_ids, input_segments, deterministic=True,
+                    method=t5.T5.encode),
+        model.apply(tiny_params, input_ids, decoder_ids, input_segments, decoder_segments,
+                    deterministic=True))
+  (packed_encoded, packed_logits), (alone_encoded, alone_logits) = (
+      outputs["packed"], outputs["alone"])
+  in_start = tgt_start = 0
+  for row, (inp, tgt) in enumerate(zip(inputs, targets)):
+    np.testing.assert_allclose(packed_encoded[0, in_start:in_start + len(inp)],
+                               alone_encoded[row, :len(inp)], **TOL)
+    np.testing.assert_allclose(packed_logits[0, tgt_start:tgt_start + len(tgt)],
+                               alone_logits[row, :len(tgt)], **TOL)
+    in_start, tgt_start = in_start + len(inp), tgt_start + len(tgt)
+
+
+def test_packed_prefix_lm_row_equals_examples_alone():
+  model = t5.T5(tiny_config(architecture="prefix_lm"))
+  rng = np.random.default_rng(1)
+  lengths, prefixes = (6, 5), (3, 2)
+  examples = [rng.integers(2, 50, n) for n in lengths]
+  ids, segments = packed_in_first_row(examples, 12, batch=2)
+  packed_prefix = np.zeros_like(ids)
+  packed_prefix[0, :11] = np.concatenate([np.arange(n) < p for n, p in zip(lengths, prefixes)])
+  params = init_params(model, None, ids, None, segments, decoder_causal_attention=packed_prefix)
+  packed = model.apply(params, None, ids, None, segments, deterministic=True,
+                       decoder_causal_attention=packed_prefix)
+  alone_ids, alone_segments = one_per_row(examples, 12)
+  alone_prefix = (np.arange(12)[None] < np.array(prefixes)[:, None]).astype(np.int32)
+  alone = model.apply(params, None, alone_ids, None, alone_segments, deterministic=True,
+                      decoder_causal_attention=alone_prefix)
+  np.testing.assert_allclose(packed[0, :6], alone[0, :6], **TOL)
+  np.testing.assert_allclose(packed[0, 6:11], alone[1, :5], **TOL)
+
+
+@pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder_only", "prefix_lm"])
+def test_decoder_attention_is_causal_outside_the_prefix(architecture, tiny_params):
+  """A decoder token changes the logits at its own and later positions only, except inside a
+  prefix LM's prefix (positions 0..3 here), where attention is bidirectional."""
+  ids = np.random.default_rng(2).integers(2, 40, (1, TARGETS))
+  rows = np.concatenate([ids, ids, ids]).astype(np.int32)  # original, changed at 6, changed at 2
+  rows[1, 6] += 1
+  rows[2, 2] += 1
+  call = dict(input_ids=None, decoder_input_ids=rows)
+  if architecture == "encoder_decoder":
+    model, params = t5.T5(tiny_config()), tiny_params
+    call["input_ids"] = np.tile(ids[:, :INPUTS - 4], (BATCH, 1)).astype(np.int32)
+  else:
+    model = t5.T5(tiny_config(architecture=architecture, decoder_layers=1))
+    if architecture == "prefix_lm":
+      call["decoder_causal_attention"] = np.tile(np.arange(TARGETS) < 4, (3, 1)).astype(np.int32)
+    params = init_params(model, **call)
+  logits = np.asarray(model.apply(params, deterministic=True, **call))
+  changed = lambda row: np.flatnonzero(np.abs(logits[row] - logits[0]).max(-1) > 1e-6)  # noqa
+  np.testing.assert_array_equal(changed(1), range(6, TARGETS))
+  expected = range(TARGETS) if architecture == "prefix_lm" else range(2, TARGETS)
+  np.testing.assert_array_equal(changed(2), expected)
+
+
+def test_scanned_rematerialised_stack_equals_unrolled(tiny_params):
+  """The same weights stacked on a [layers] axis under nn.scan + remat give the same logits as
+  the unrolled layers."""
+  rng = np.random.default_rng(3)
+  input_ids = rng.integers(0, 50, (BATCH, INPUTS)).astype(np.int32)
+  decoder_ids = rng.integers(0, 50, (BATCH, TARGETS)).astype(np.int32)
+  scanned = t5.T5(tiny_config(scan_layers=True, remat_policy="dots"))
+
+  def stack(tree):
+    layers = sorted(k for k in tree if k.startswith("layer_"))
+    stacked = {k: v for k, v in tree.items() if k not in layers}
+    stacked["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[tree[k] for k in layers])
+    return stacked
+
+  params = tiny_params["params"]
+  stacked = dict(params, encoder=stack(params["encoder"]), decoder=stack(params["decoder"]))
+  shapes = nn.unbox(jax.eval_shape(lambda: scanned.init(jax.random.key(0), input_ids, decoder_ids,
+                                                        deterministic=True)))["params"]
+  assert jax.tree.map(jnp.shape, stacked) == jax.tree.map(jnp.shape, shapes)
+  np.testing.assert_allclose(
+      scanned.apply({"params": stacked}, input_ids, decoder_ids, deterministic=True),
+      t5.T5(tiny_config()).apply(tiny_params, input_ids, decoder_ids, deterministic=True), **TOL)
+
+
+def test_init_scales_follow_mesh_tf():
+  """N(0, σ²) with σ from HF `_init_weights` / t5x: embedding 1, query (hidden·kv)^-½,
+  key/value/wi hidden^-½, out (heads·kv)^-½, wo mlp^-½, untied logits hidden^-½ (t5x);
+  norms start at 1. Tolerance: 5 standard errors of the sample std."""
+  config = tiny_config(hidden=64, heads=4, head_dim=16, mlp=128, vocab_size=256,
+                       tie_embeddings=False, layers=1, decoder_layers=1)
+  ids = jnp.zeros((1, 4), jnp.int32)
+  params = init_params(t5.T5(config), ids, ids)["params"]
+  layer = params["encoder"]["layer_0"]
+  expected = {
+      "embedding": (params["token_embedder"]["embedding"], 1.0),
+      "query": (layer["attention"]["query"], (64 * 16) ** -0.5),
+      "key": (layer["attention"]["key"], 64 ** -0.5),
+      "value": (layer["attention"]["value"], 64 ** -0.5),
+      "out": (layer["attention"]["out"], (4 * 16) ** -0.5),
+      "wi": (layer["mlp"]["wi"]["kernel"], 64 ** -0.5),
+      "wo": (layer["mlp"]["wo"]["kernel"], 128 ** -0.5),
+      "logits": (params["decoder"]["logits_dense"]["kernel"], 64 ** -0.5),
+      "relpos": (params["decoder"]["relpos_bias"]["rel_embedding"], 64 ** -0.5),
+  }
+  for name, (value, stddev) in expected.items():
+    value = np.asarray(value)
+    assert abs(value.std() / stddev - 1) < 5 / math.sqrt(2 * value.size), name
+    assert abs(value.mean()) < 5 * stddev / math.sqrt(value.size), name
+  np.testing.assert_array_equal(layer["pre_mlp_layer_norm"]["scale"], np.ones(64))
+
+
+@pytest.mark.parametrize("version,expected", [
+    ("1.0", 222_903_552),  # HF t5-base
+    ("1.1", 247_577_856),  # HF google/t5-v1_1-base (untied: + 32,128 × 768)
+])
+def test_t5_base_parameter_count(version, expected):
+  ids = jnp.zeros((1, 8), jnp.int32)
+  model = t5.T5(config_lib.t5_model("base", version))
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, deterministic=True))
+  assert sum(x.size for x in jax.tree.leaves(nn.unbox(shapes))) == expected
+
+
+def test_bfloat16_compute_tracks_float32(tiny_params):
+  ids = np.random.default_rng(4).integers(2, 50, (BATCH, TARGETS)).astype(np.int32)
+  params = tiny_params
+  full = t5.T5(tiny_config()).apply(params, ids, ids, deterministic=True)
+  half = t5.T5(tiny_config(dtype="bfloat16")).apply(params, ids, ids, deterministic=True)
+  assert half.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(half, np.float32), full, atol=0.05 * float(
+      jnp.abs(full).max()))
+
+
+def test_dropout_is_active_only_when_not_deterministic(tiny_params):
+  ids = np.random.default_rng(5).integers(2, 50, (BATCH, TARGETS)).astype(np.int32)
+  model = t5.T5(tiny_config(dropout=0.1))
+  params = tiny_params
+  apply = lambda seed, deterministic: model.apply(  # noqa: E731
+      params, ids, ids, deterministic=deterministic, rngs={"dropout": jax.random.key(seed)})
+  np.testing.assert_array_equal(apply(0, True), apply(1, True))
+  assert not np.allclose(apply(0, False), apply(1, False))
+  np.testing.assert_array_equal(apply(0, False), apply(0, False))
+
+
+def test_architecture_misuse_is_a_config_error():
+  ids = jnp.ones((1, 4), jnp.int32)
+  with pytest.raises(ConfigError, match="has no encoder"):
+    t5.T5(tiny_config(architecture="decoder_only")).init(jax.random.key(0), ids, ids,
+                                                         deterministic=True)
+  with pytest.raises(ConfigError, match="prefix_lm"):
+    t5.T5(tiny_config(architecture="prefix_lm")).init(jax.random.key(0), None, ids,
+                                                       deterministic=True)
+  with pytest.raises(ConfigError, match="model.architecture='seq2seq'"):
+    t5.T5(tiny_config(architecture="seq2seq")).init(jax.random.key(0), ids, ids,
+                                                    deterministic=True)
