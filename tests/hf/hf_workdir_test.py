@@ -184,7 +184,7 @@ def test_activation_and_unsupported_families():
     families.model_from_hf(families.get("albert"), dict(fields, inner_group_num=2))
   with pytest.raises(ConfigError, match="XLNet issue"):
     families.get("xlnet")
-  with pytest.raises(ConfigError, match="T5 issue"):
+  with pytest.raises(ConfigError, match="hf/ has no T5 family"):
     families.get("t5")
 
 
