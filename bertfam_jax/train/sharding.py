@@ -103,7 +103,8 @@ def _divisible(named: NamedSharding, shape, mesh: Mesh) -> NamedSharding:
 
 def opt_state_shardings(abstract_opt_state, param_shardings, mesh: Mesh):
   """Shards every optimizer-state leaf like the parameter at the same path suffix (Adam moments
-  mirror the parameter tree); anything else (step counts) is replicated."""
+  mirror the parameter tree); anything else (step counts, Adafactor's factored row / column
+  moments) is replicated."""
   by_path = {}
   for path, sharding in jax.tree_util.tree_flatten_with_path(param_shardings)[0]:
     by_path[tuple(str(k) for k in path)] = sharding
@@ -114,7 +115,9 @@ def opt_state_shardings(abstract_opt_state, param_shardings, mesh: Mesh):
     for start in range(len(keys)):
       sharding = by_path.get(keys[start:])
       if sharding is not None and len(sharding.spec) <= len(leaf.shape):
-        return sharding
+        # Adafactor keeps [1]-shaped placeholders beside unfactored moments: what a dimension's
+        # axes do not divide is replicated.
+        return _divisible(sharding, leaf.shape, mesh)
     return replicated
 
   return jax.tree_util.tree_map_with_path(lookup, abstract_opt_state)
