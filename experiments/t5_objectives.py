@@ -132,17 +132,17 @@ SCALES = {
     # 2-core CPU: configs/t5.py:runlocal (T5 v1.0 mini: 2 + 2 layers, d_model 128), 128 inputs,
     # batch 32, on the embedded Wikipedia sample; every fine-tuning run on 4,000 training and
     # 500 validation examples of its task.
-    # 2-core CPU, about 45 minutes for 16 rows x 2 seeds: configs/t5.py:runlocal's T5 v1.0 mini
+    # 2-core CPU, under 45 minutes for 16 rows x 2 seeds: configs/t5.py:runlocal's T5 v1.0 mini
     # (2 + 2 layers, d_model 128) with 4,000 SentencePiece pieces + 100 sentinels, 64 inputs,
-    # batch 32, 150 steps on the embedded Wikipedia sample; each task fine-tuned for 80 steps of
+    # batch 32, 100 steps on the embedded Wikipedia sample; each task fine-tuned for 60 steps of
     # 16 examples at 0.01 (a tiny model on a short budget; 0.001 left every model at the floor)
-    # and scored on 200 validation examples.
-    "runlocal": dict(config_arg="runlocal", batch_size=32, seq_len=64, pretrain_steps=150,
-                     warmup_steps=30, peak_lr=0.02,
+    # and scored on 150 validation examples.
+    "runlocal": dict(config_arg="runlocal", batch_size=32, seq_len=64, pretrain_steps=100,
+                     warmup_steps=20, peak_lr=0.02,
                      model=dict(vocab_size=4224), tokenizer=dict(vocab_size=4000),
-                     finetune_steps=80, finetune_batch=16, finetune_lr=1e-2,
+                     finetune_steps=60, finetune_batch=16, finetune_lr=1e-2,
                      finetune_inputs=64, finetune_targets=32, finetune_train=4000,
-                     finetune_eval=200),
+                     finetune_eval=150),
     # One GPU, about an hour for the sweep: T5 small-like (4 + 4 layers, d_model 256), 256 inputs,
     # batch 128, 5,000 steps each. Not measured here (no GPU lent to this task).
     "gpu": dict(config_arg="runlocal", batch_size=128, pretrain_steps=5000, warmup_steps=500,
