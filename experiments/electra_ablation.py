@@ -51,7 +51,6 @@ ranks the rows both ways and gives Spearman's ρ between our scores (fine-tuned,
 
 from __future__ import annotations
 
-import functools
 import os
 
 from absl import app, flags
@@ -144,12 +143,7 @@ def base_config(scale: dict, seed: int):
   config.seed = seed
   config.train.batch_size = scale["batch_size"]
   config.optimizer.peak_lr = scale["peak_lr"]
-  for item in scale.get("config_overrides", ()):
-    key, _, value = item.partition("=")
-    *sections, field = key.split(".")
-    target = functools.reduce(getattr, sections, config)
-    kind = type(target[field])
-    target[field] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+  common.apply_overrides(config, scale.get("config_overrides", ()))
   return config
 
 

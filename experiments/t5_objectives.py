@@ -22,7 +22,6 @@ separate jobs on TPUs (tpu/) with --rows.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import time
@@ -181,15 +180,6 @@ def define_flags() -> None:
 # ------------------------------------------------------------------------------------- configs
 
 
-def _apply_overrides(config, items) -> None:
-  for item in items:
-    key, _, value = item.partition("=")
-    *sections, field = key.split(".")
-    target = functools.reduce(getattr, sections, config)
-    kind = type(target[field])
-    target[field] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
-
-
 def targets_length(spec: dict, inputs_length: int, objective) -> int:
   """The row's decoder length at this inputs length (see `_IID` above), a multiple of 8."""
   rule = spec["targets"]
@@ -219,7 +209,7 @@ def pretrain_config(scale: dict, spec: dict, seed: int):
   overrides = {k: v for k, v in spec.items() if k != "targets"}
   config.objective = config_lib.t5_objective(**overrides)
   config.objective.targets_length = targets_length(spec, config.data.seq_len, config.objective)
-  _apply_overrides(config, scale.get("config_overrides", ()))
+  common.apply_overrides(config, scale.get("config_overrides", ()))
   config_lib.validate(config)
   t5_objective.segment_length(config)  # the objective's own length check
   return config
