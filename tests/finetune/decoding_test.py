@@ -9,10 +9,10 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
+from bertfam_jax import config_lib
 from bertfam_jax.finetune import decoding
 from bertfam_jax.models import t5
 
@@ -20,14 +20,11 @@ VOCAB, EOS, BATCH, INPUTS, MAX_LENGTH = 13, 3, 3, 7, 6
 
 
 def tiny_config(**overrides):
-  fields = dict(
-      kind="t5", vocab_size=VOCAB, hidden=32, layers=1, decoder_layers=2, heads=4, head_dim=8,
-      mlp=48, activation="relu", gated_mlp=False, dropout=0.0, layer_norm_eps=1e-6,
-      relative_buckets=8, relative_max_distance=12, tie_embeddings=False,
-      architecture="encoder_decoder", dtype="float32", attention_impl="", remat_policy="none",
-      scan_layers=False)
+  fields = dict(vocab_size=VOCAB, hidden=32, layers=1, decoder_layers=2, heads=4, head_dim=8,
+                mlp=48, dropout=0.0, relative_buckets=8, relative_max_distance=12,
+                tie_embeddings=False)
   fields.update(overrides)
-  return ml_collections.ConfigDict(fields)
+  return config_lib.t5_model("mini", **fields)
 
 
 MODELS = {"unrolled": t5.T5(tiny_config()), "scanned": t5.T5(tiny_config(scan_layers=True))}

@@ -8,7 +8,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -21,14 +20,11 @@ BATCH, INPUTS, TARGETS = 3, 14, 10  # one set of shapes, so eager ops compile on
 
 
 def tiny_config(**overrides):
-  fields = dict(
-      kind="t5", vocab_size=50, hidden=32, layers=2, decoder_layers=2, heads=4, head_dim=8,
-      mlp=48, activation="relu", gated_mlp=False, dropout=0.0, layer_norm_eps=1e-6,
-      relative_buckets=8, relative_max_distance=12, tie_embeddings=True,
-      architecture="encoder_decoder", dtype="float32", attention_impl="", remat_policy="none",
-      scan_layers=False)
+  fields = dict(vocab_size=50, hidden=32, layers=2, decoder_layers=2, heads=4, head_dim=8,
+                mlp=48, dropout=0.0, relative_buckets=8, relative_max_distance=12,
+                tie_embeddings=True)
   fields.update(overrides)
-  return ml_collections.ConfigDict(fields)
+  return config_lib.t5_model("mini", **fields)
 
 
 def init_params(model, *args, **kwargs):
