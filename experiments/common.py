@@ -230,12 +230,14 @@ def mean_std(value: tuple[float, float]) -> str:
 def plot(table: list[dict], path: str, title: str,
          paper: tuple[str, dict[str, float]] | None = None) -> None:
   """Bars of fine-tuned and probe accuracy per row (mean, error bars one std over seeds). With
-  `paper` = (label, {row: score}), a side panel shows those scores for the rows that have one."""
+  `paper` = (label, {row: score}), a side panel shows those scores for the rows that have one
+  (none when no row has one, e.g. a one-row job of the floor)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   names = [row["row"] for row in table]
-  if paper is None:
+  quoted = [name for name in names if paper is not None and name in paper[1]]
+  if not quoted:
     fig, ax = plt.subplots(figsize=(8, 4))
   else:
     fig, (ax, side) = plt.subplots(1, 2, figsize=(12, 4.5), width_ratios=(3, 2))
@@ -249,9 +251,8 @@ def plot(table: list[dict], path: str, title: str,
   ax.set_ylabel("supersense validation (×100)")
   ax.set_title(title)
   ax.legend()
-  if paper is not None:
+  if quoted:
     label, scores = paper
-    quoted = [name for name in names if name in scores]
     values = [scores[name] for name in quoted]
     side.bar(np.arange(len(quoted)), values, 0.6, color="tab:gray")
     for i, value in enumerate(values):

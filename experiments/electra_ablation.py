@@ -120,17 +120,20 @@ SCALES = {
                   finetune_seq_len=64, finetune_epochs=3, finetune_lr=1e-4),
 }
 
-_SCALE = flags.DEFINE_enum("scale", "runlocal", sorted(SCALES), "Sweep size.")
-_ROWS = flags.DEFINE_list("rows", [name for name, _ in ROWS], "Rows to run (paper names).")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds: pre-training and fine-tuning.")
-_OUT = flags.DEFINE_string("out", "", "Results directory (default experiments/results/"
-                           "electra_ablation/<scale>).")
-_STEPS = flags.DEFINE_integer("pretrain_steps", 0, "Override the scale's ELECTRA steps (the "
-                              "budget; the other rows follow at equal FLOPs).")
-_WORKDIRS = flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default <out>/runs; "
-                                "not committed).")
-_OVERRIDES = flags.DEFINE_list("config_overrides", [], "Extra config settings for every row, "
-                               "key=value with dotted keys (e.g. data.tfds_data_dir=/data).")
+def define_flags() -> None:
+  """The command line (defined only when run as a script, so that importing this module beside
+  another experiment defines no flag twice)."""
+  flags.DEFINE_enum("scale", "runlocal", sorted(SCALES), "Sweep size.")
+  flags.DEFINE_list("rows", [name for name, _ in ROWS], "Rows to run (paper names).")
+  flags.DEFINE_list("seeds", ["0", "1"], "Seeds: pre-training and fine-tuning.")
+  flags.DEFINE_string("out", "", "Results directory (default experiments/results/"
+                      "electra_ablation/<scale>).")
+  flags.DEFINE_integer("pretrain_steps", 0, "Override the scale's ELECTRA steps (the budget; "
+                       "the other rows follow at equal FLOPs).")
+  flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default <out>/runs; not "
+                      "committed).")
+  flags.DEFINE_list("config_overrides", [], "Extra config settings for every row, key=value "
+                    "with dotted keys (e.g. data.tfds_data_dir=/data).")
 
 
 # ------------------------------------------------------------------------------------- configs
@@ -340,32 +343,40 @@ def markdown_table(table: list[dict], results: list[dict], scale_name: str) -> s
   return "\n".join(lines) + "\n"
 
 
-def main(argv):
-  del argv
-  scale = dict(SCALES[_SCALE.value], config_overrides=_OVERRIDES.value)
-  if _STEPS.value:
-    scale.update(electra_steps=_STEPS.value,
-                 warmup_steps=min(scale["warmup_steps"], _STEPS.value // 2))
-  out = _OUT.value or os.path.join("experiments", "results", "electra_ablation", _SCALE.value)
-  workdirs = _WORKDIRS.value or os.path.join(out, "runs")
-  os.makedirs(out, exist_ok=True)
-  common.check_rows(_ROWS.value, ROWS)
-  for name, overrides in ROWS:  # fail on a bad config before hours of other rows
-    if name in _ROWS.value and overrides is not None:
-      pretrain_config(scale, overrides, 0)
-  task = common.supersense_task(scale)
-  results = common.run_sweep(
-      ROWS, _ROWS.value, list(map(int, _SEEDS.value)), os.path.join(out, "results.jsonl"),
-      lambda name, overrides, seed: run_row(name, overrides, seed, scale, workdirs, task))
+def write_summary(results: list[dict], out: str, scale_name: str) -> str:
+  """Writes OUT/table.md and OUT/plot.png from `results`; returns the markdown. Also what
+  `python -m experiments.launch summary` calls on the merged rows."""
   table = common.summarise(results, [name for name, _ in ROWS])
-  markdown = markdown_table(table, results, _SCALE.value)
+  markdown = markdown_table(table, results, scale_name)
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(markdown)
   common.plot(table, os.path.join(out, "plot.png"),
-              f"ELECTRA efficiency analysis ({_SCALE.value}), equal compute, mean ± std over "
+              f"ELECTRA efficiency analysis ({scale_name}), equal compute, mean ± std over "
               "seeds", paper=("GLUE dev (paper Table 5, as quoted in the issue)", PAPER_GLUE))
-  print(markdown)
+  return markdown
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  scale = dict(SCALES[f.scale], config_overrides=f.config_overrides)
+  if f.pretrain_steps:
+    scale.update(electra_steps=f.pretrain_steps,
+                 warmup_steps=min(scale["warmup_steps"], f.pretrain_steps // 2))
+  out = f.out or os.path.join("experiments", "results", "electra_ablation", f.scale)
+  workdirs = f.workdirs or os.path.join(out, "runs")
+  os.makedirs(out, exist_ok=True)
+  common.check_rows(f.rows, ROWS)
+  for name, overrides in ROWS:  # fail on a bad config before hours of other rows
+    if name in f.rows and overrides is not None:
+      pretrain_config(scale, overrides, 0)
+  task = common.supersense_task(scale)
+  results = common.run_sweep(
+      ROWS, f.rows, list(map(int, f.seeds)), os.path.join(out, "results.jsonl"),
+      lambda name, overrides, seed: run_row(name, overrides, seed, scale, workdirs, task))
+  print(write_summary(results, out, f.scale))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

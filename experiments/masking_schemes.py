@@ -66,14 +66,17 @@ SCALES = {
                 finetune_seq_len=48, finetune_epochs=3, finetune_lr=1e-4),
 }
 
-_SCALE = flags.DEFINE_enum("scale", "runlocal", sorted(SCALES), "Sweep size.")
-_ROWS = flags.DEFINE_list("rows", [name for name, _ in ROWS], "Rows to run (paper names).")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds: pre-training and fine-tuning.")
-_OUT = flags.DEFINE_string("out", "", "Results directory (default experiments/results/"
-                           "masking_schemes/<scale>).")
-_STEPS = flags.DEFINE_integer("pretrain_steps", 0, "Override the scale's pre-training steps.")
-_WORKDIRS = flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default <out>/runs; "
-                                "not committed).")
+def define_flags() -> None:
+  """The command line (defined only when run as a script, so that importing this module beside
+  another experiment defines no flag twice)."""
+  flags.DEFINE_enum("scale", "runlocal", sorted(SCALES), "Sweep size.")
+  flags.DEFINE_list("rows", [name for name, _ in ROWS], "Rows to run (paper names).")
+  flags.DEFINE_list("seeds", ["0", "1"], "Seeds: pre-training and fine-tuning.")
+  flags.DEFINE_string("out", "", "Results directory (default experiments/results/"
+                      "masking_schemes/<scale>).")
+  flags.DEFINE_integer("pretrain_steps", 0, "Override the scale's pre-training steps.")
+  flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default <out>/runs; not "
+                      "committed).")
 
 
 def pretrain_config(scale: dict, overrides: dict, seed: int):
@@ -114,27 +117,36 @@ def markdown_table(table: list[dict], scale_name: str) -> str:
   return "\n".join(lines) + "\n"
 
 
+def write_summary(results: list[dict], out: str, scale_name: str) -> str:
+  """Writes OUT/table.md and OUT/plot.png from `results`; returns the markdown. Also what
+  `python -m experiments.launch summary` calls on the merged rows."""
+  table = common.summarise(results, [name for name, _ in ROWS])
+  markdown = markdown_table(table, scale_name)
+  with open(os.path.join(out, "table.md"), "w") as f:
+    f.write(markdown)
+  common.plot(table, os.path.join(out, "plot.png"),
+              f"Masking schemes ({scale_name}), mean ± std over seeds")
+  return markdown
+
+
 def main(argv):
   del argv
-  scale = SCALES[_SCALE.value]
-  if _STEPS.value:
-    scale = {**scale, "pretrain": {**scale["pretrain"], "total_steps": _STEPS.value},
-             "warmup_steps": min(scale["warmup_steps"], _STEPS.value // 2)}
-  out = _OUT.value or os.path.join("experiments", "results", "masking_schemes", _SCALE.value)
-  workdirs = _WORKDIRS.value or os.path.join(out, "runs")
+  f = flags.FLAGS
+  scale = SCALES[f.scale]
+  if f.pretrain_steps:
+    scale = {**scale, "pretrain": {**scale["pretrain"], "total_steps": f.pretrain_steps},
+             "warmup_steps": min(scale["warmup_steps"], f.pretrain_steps // 2)}
+  out = f.out or os.path.join("experiments", "results", "masking_schemes", f.scale)
+  workdirs = f.workdirs or os.path.join(out, "runs")
   os.makedirs(out, exist_ok=True)
-  common.check_rows(_ROWS.value, ROWS)
+  common.check_rows(f.rows, ROWS)
   task = common.supersense_task(scale)
   results = common.run_sweep(
-      ROWS, _ROWS.value, list(map(int, _SEEDS.value)), os.path.join(out, "results.jsonl"),
+      ROWS, f.rows, list(map(int, f.seeds)), os.path.join(out, "results.jsonl"),
       lambda name, overrides, seed: run_row(name, overrides, seed, scale, workdirs, task))
-  table = common.summarise(results, [name for name, _ in ROWS])
-  with open(os.path.join(out, "table.md"), "w") as f:
-    f.write(markdown_table(table, _SCALE.value))
-  common.plot(table, os.path.join(out, "plot.png"),
-              f"Masking schemes ({_SCALE.value}), mean ± std over seeds")
-  print(markdown_table(table, _SCALE.value))
+  print(write_summary(results, out, f.scale))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

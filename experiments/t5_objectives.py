@@ -12,7 +12,7 @@ tasks and scores its greedy outputs on their validation splits:
 standing in for the paper's GLUE, SQuAD and CNNDM columns (classification, question answering,
 summarisation scored with ROUGE-2); the paper's numbers are printed beside ours. ROWS is a plain
 list of (paper row name, objective overrides): the same rows run here one after another, or as
-separate jobs on TPUs (tpu/) with --rows.
+one job per row and seed, here N at a time, on SLURM or on TPUs (python -m experiments.launch).
 
   # The whole sweep on a 2-core CPU (committed under experiments/results/t5_objectives/runlocal):
   python -m experiments.t5_objectives --scale=runlocal
@@ -376,15 +376,21 @@ def main(argv):
   results = common.run_sweep(
       ROWS, f.rows, seeds, os.path.join(out, "results.jsonl"),
       lambda name, spec, seed: run_row(name, spec, seed, scale, workdirs))
+  print(write_summary(results, out, f.scale))
+
+
+def write_summary(results: list[dict], out: str, scale_name: str) -> str:
+  """Writes OUT/table.md (with the rank agreement) and OUT/plot.png from `results`; returns the
+  markdown. Also what `python -m experiments.launch summary` calls on the merged rows."""
   table = common.summarise(results, [name for name, _ in ROWS], scores=SCORES)
-  markdown = markdown_table(table, results, f.scale, len(seeds))
+  markdown = markdown_table(table, results, scale_name, len({r["seed"] for r in results}))
   markdown += "\nRank agreement with the paper within each block:\n" + "\n".join(
       rank_agreement(table)) + "\n"
   with open(os.path.join(out, "table.md"), "w") as fh:
     fh.write(markdown)
   plot(table, os.path.join(out, "plot.png"),
-       f"T5 objective comparison ({f.scale}), mean ± std over seeds; paper in gray")
-  print(markdown)
+       f"T5 objective comparison ({scale_name}), mean ± std over seeds; paper in gray")
+  return markdown
 
 
 if __name__ == "__main__":
