@@ -4,8 +4,9 @@ In one process, on the same device and the same shapes (--batch_size x config.da
   ours  the real model, optimizer and jitted train step of --config, timed by
         `train_throughput.measure` (synthetic on-device batch, first compiling step and --warmup
         steps excluded, mean of --steps steps);
-  HF    `BertForPreTraining` (config.objective.sentence_task set, e.g. BERT's NSP) or
-        `RobertaForMaskedLM` (none) built from the same config.model: sizes, vocab, max positions,
+  HF    `BertForPreTraining` (config.objective.sentence_task set, e.g. BERT's NSP),
+        `AlbertForPreTraining` (share_layers='all') or `RobertaForMaskedLM` (none) built from
+        the same config.model (benchmarks/table.py adds `T5ForConditionalGeneration`): sizes, vocab, max positions,
         token types, LayerNorm eps, activation (gelu_tanh -> 'gelu_new', gelu -> 'gelu'), dropout
         probabilities; trained in train mode with torch.optim.AdamW (betas, eps, weight decay of
         config.optimizer, LayerNorm/bias excluded from decay as ours unless decay_norm_and_bias,
@@ -57,17 +58,19 @@ from bertfam_jax.train import flops as flops_lib
 from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/bert.py:runlocal; override fields with "
-    "--config.<section>.<key>=value.", lock_config=True)
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch size; default: the config's "
-                                   "train.batch_size.")
-_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per implementation.")
-_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after the first (compiling) step.")
-_TORCH_COMPILE = flags.DEFINE_bool("torch_compile", False, "Wrap the HF model in torch.compile.")
-_OUTPUT = flags.DEFINE_string("output", None, "Optional JSONL file; one object per run is "
-                              "appended.")
-flags.mark_flag_as_required("config")
+if __name__ == "__main__":
+  # Flags only when run as a script: benchmarks/table.py imports the functions below.
+  _CONFIG = config_flags.DEFINE_config_file(
+      "config", None, "Config file, e.g. configs/bert.py:runlocal; override fields with "
+      "--config.<section>.<key>=value.", lock_config=True)
+  _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch size; default: the "
+                                     "config's train.batch_size.")
+  _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per implementation.")
+  _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after the first (compiling) step.")
+  _TORCH_COMPILE = flags.DEFINE_bool("torch_compile", False, "Wrap the HF model in torch.compile.")
+  _OUTPUT = flags.DEFINE_string("output", None, "Optional JSONL file; one object per run is "
+                                "appended.")
+  flags.mark_flag_as_required("config")
 
 HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 ROBERTA_PAD_ID = 1  # fairseq's <pad>; HF's RoBERTa positions of real tokens start at pad + 1
@@ -105,11 +108,27 @@ def import_torch():
 
 
 def hf_model(config, transformers, attn_implementation: str):
-  """The HF PyTorch model of `config.model` (see the module docstring), randomly initialised."""
+  """The HF PyTorch model of `config.model` (see the module docstring), randomly initialised:
+  T5ForConditionalGeneration for T5, AlbertForPreTraining for ALBERT (factorised embedding, one
+  shared layer group), BertForPreTraining with a sentence task, else RobertaForMaskedLM."""
   m = config.model
   if m.activation not in HF_ACTIVATIONS:
     raise ConfigError(f"model.activation={m.activation!r} has no HF counterpart here; "
                       f"known: {sorted(HF_ACTIVATIONS)}.")
+  if m.get("kind") == "t5":
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=m.vocab_size, d_model=m.hidden, d_kv=m.head_dim, d_ff=m.mlp,
+        num_layers=m.layers, num_decoder_layers=m.decoder_layers, num_heads=m.heads,
+        relative_attention_num_buckets=m.relative_buckets,
+        relative_attention_max_distance=m.relative_max_distance, dropout_rate=m.dropout,
+        layer_norm_epsilon=m.layer_norm_eps,
+        feed_forward_proj=("gated-gelu" if m.gated_mlp else "relu"),
+        tie_word_embeddings=m.tie_embeddings, decoder_start_token_id=0,
+        attn_implementation=attn_implementation))
+    if not m.tie_embeddings:  # transformers 5 always ties lm_head to the shared table; v1.1 not
+      import torch  # pylint: disable=g-import-not-at-top
+      model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    return model
   common = dict(
       vocab_size=m.vocab_size, hidden_size=m.hidden, num_hidden_layers=m.layers,
       num_attention_heads=m.heads, intermediate_size=m.mlp,
@@ -117,7 +136,12 @@ def hf_model(config, transformers, attn_implementation: str):
       hidden_act=HF_ACTIVATIONS[m.activation], hidden_dropout_prob=m.dropout,
       attention_probs_dropout_prob=m.attention_dropout, initializer_range=m.initializer_range,
       attn_implementation=attn_implementation)
-  if config.objective.sentence_task:
+  if m.share_layers == "all":
+    return transformers.AlbertForPreTraining(transformers.AlbertConfig(
+        embedding_size=m.embedding_size or m.hidden, max_position_embeddings=m.max_positions,
+        num_hidden_groups=m.hidden_groups, inner_group_num=1, classifier_dropout_prob=m.dropout,
+        **common))
+  if config.objective.get("sentence_task"):
     return transformers.BertForPreTraining(
         transformers.BertConfig(max_position_embeddings=m.max_positions, **common))
   return transformers.RobertaForMaskedLM(transformers.RobertaConfig(
@@ -136,11 +160,15 @@ def hf_model_with_attention(config, transformers):
 
 def hf_inputs(config, batch, torch, device):
   """Our synthetic `batch` as HF keyword arguments on `device`."""
-  rows, length = batch["input_ids"].shape
+  host = {k: np.asarray(v) for k, v in batch.items()}
+  if config.model.get("kind") == "t5":
+    inputs = dict(input_ids=host["input_ids"], attention_mask=host["input_mask"],
+                  decoder_input_ids=host["decoder_input_ids"], labels=host["decoder_target_ids"])
+    return {k: torch.as_tensor(np.asarray(v, np.int64), device=device) for k, v in inputs.items()}
+  rows, length = host["input_ids"].shape
   preds = config.objective.max_predictions
   if preds >= length:
     raise ConfigError(f"objective.max_predictions={preds} must be below data.seq_len={length}.")
-  host = {k: np.asarray(v) for k, v in batch.items()}
   # `preds` distinct positions per row (ours may repeat one; HF's count must be exactly ours),
   # never position 0, labelled with our targets.
   rng = np.random.default_rng(0)
@@ -150,8 +178,10 @@ def hf_inputs(config, batch, torch, device):
   np.put_along_axis(labels, positions, host["mlm_targets"].astype(np.int64), axis=1)
   inputs = dict(input_ids=host["input_ids"], attention_mask=host["input_mask"],
                 token_type_ids=host["segment_ids"], labels=labels)
-  if config.objective.sentence_task:
-    inputs["next_sentence_label"] = host["sentence_label"]
+  sentence_task = config.objective.get("sentence_task")
+  if sentence_task:
+    key = "sentence_order_label" if config.model.share_layers == "all" else "next_sentence_label"
+    inputs[key] = host["sentence_label"]
   return {k: torch.as_tensor(np.asarray(v, np.int64), device=device) for k, v in inputs.items()}
 
 
@@ -167,12 +197,13 @@ def adamw(model, config, torch):
   return torch.optim.AdamW(groups, lr=0.0, betas=(o.b1, o.b2), eps=o.eps)
 
 
-def measure_hf(config, batch, row: Row, flops_per_token: float, torch, model, device) -> None:
+def measure_hf(config, batch, row: Row, flops_per_token: float, torch, model, device, *,
+               steps: int, warmup: int, compile_model: bool) -> None:
   """Times HF's train step on `batch` like `train_throughput.measure` times ours."""
   model.to(device).train()
   inputs = hf_inputs(config, batch, torch, device)
   optimizer = adamw(model, config, torch)
-  step_model = torch.compile(model) if _TORCH_COMPILE.value else model
+  step_model = torch.compile(model) if compile_model else model
   accum = config.train.grad_accum_steps
   micro = [{k: v[i::accum] for k, v in inputs.items()} for i in range(accum)]  # strided, as ours
   dtype = config.model.dtype
@@ -180,7 +211,7 @@ def measure_hf(config, batch, row: Row, flops_per_token: float, torch, model, de
               else contextlib.nullcontext())
   clip = config.optimizer.clip_norm
   schedule = optimizer_lib.learning_rate_schedule(config.optimizer, config.train.total_steps)
-  learning_rates = [float(schedule(i)) for i in range(1 + _WARMUP.value + _STEPS.value)]
+  learning_rates = [float(schedule(i)) for i in range(1 + warmup + steps)]
   steps_done = [0]
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
@@ -202,15 +233,15 @@ def measure_hf(config, batch, row: Row, flops_per_token: float, torch, model, de
   step()
   sync()
   row.first_step_s = time.perf_counter() - start
-  for _ in range(_WARMUP.value):
+  for _ in range(warmup):
     step()
   sync()
 
   start = time.perf_counter()
-  for _ in range(_STEPS.value):
+  for _ in range(steps):
     loss = step()
   sync()
-  row.step_s = (time.perf_counter() - start) / _STEPS.value
+  row.step_s = (time.perf_counter() - start) / steps
   row.tokens_per_s = config.train.batch_size * config.data.seq_len / row.step_s
   row.model_tflops_per_s = flops_per_token * row.tokens_per_s / 1e12
   row.final_loss = float(loss.float().cpu())
@@ -280,7 +311,8 @@ def run(config) -> int:
   hf_row = Row(implementation=f"HF {hf_name} (torch {torch.__version__}, {mode}, {attention})")
   batch = tt.synthetic_batch(config, batch_size, mesh)
   try:
-    measure_hf(config, batch, hf_row, flops_per_token, torch, model, device)
+    measure_hf(config, batch, hf_row, flops_per_token, torch, model, device, steps=_STEPS.value,
+               warmup=_WARMUP.value, compile_model=_TORCH_COMPILE.value)
   except Exception as e:  # noqa: BLE001 -- torch.compile fails in many ways; report, don't crash
     if not _TORCH_COMPILE.value:
       raise

@@ -81,6 +81,7 @@ class Result:
   seq_len: int
   dtype: str
   flops_per_token: float
+  setup_s: float | None = None  # state initialisation (its compilation included) and the batch
   first_step_s: float | None = None
   step_s: float | None = None
   tokens_per_s: float | None = None
@@ -134,6 +135,8 @@ def synthetic_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
   """
   if config.objective.name == "t5":
     return _t5_batch(config, batch_size, mesh)
+  if config.objective.name == "xlnet":
+    return _xlnet_batch(config, batch_size, mesh)
   length, preds = config.data.seq_len, config.objective.max_predictions
   vocab = config.model.vocab_size
   objective = config.objective
@@ -189,6 +192,40 @@ def _t5_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
   return jax.jit(make, out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
 
 
+def _xlnet_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
+  """XLNet's batch of objectives/__init__.py: a window of R (reuse_len) then A / B segments with
+  <cls> (segment 2) last, num_predict targets split between the halves as the reference's goals
+  (⌈P/2⌉, ⌊P/2⌋), random ranks within each half, half the rows reversed."""
+  length, reuse = config.data.seq_len, config.model.reuse_len
+  preds, vocab = config.objective.num_predict, config.model.vocab_size
+
+  def make(rng):
+    ids_rng, first_rng, second_rng, rank_rng, target_rng = jax.random.split(rng, 5)
+    halves = [(first_rng, 0, reuse, preds - preds // 2), (second_rng, reuse, length, preds // 2)]
+    positions = jnp.concatenate([
+        start + jnp.sort(jax.vmap(lambda k: jax.random.permutation(k, end - start)[:count])(
+            jax.random.split(key, batch_size)), axis=1)
+        for key, start, end, count in halves], axis=1)
+    ranks = jnp.concatenate([
+        start + jax.vmap(lambda k: jax.random.permutation(k, end - start))(
+            jax.random.split(jax.random.fold_in(rank_rng, start), batch_size))
+        for _, start, end, _ in halves], axis=1)
+    is_target = jnp.zeros((batch_size, length), bool).at[
+        jnp.arange(batch_size)[:, None], positions].set(True)
+    segment_L = jnp.where(jnp.arange(length) < (reuse + length) // 2, 0, 1).at[-1].set(2)
+    return dict(
+        input_ids=jax.random.randint(ids_rng, (batch_size, length), 5, vocab, jnp.int32),
+        segment_ids=jnp.broadcast_to(segment_L.astype(jnp.int32), (batch_size, length)),
+        input_mask=jnp.ones((batch_size, length), jnp.int32),
+        perm_rank=jnp.where(is_target, ranks, -1).astype(jnp.int32),
+        target_positions=positions.astype(jnp.int32),
+        target_ids=jax.random.randint(target_rng, (batch_size, preds), 5, vocab, jnp.int32),
+        target_weights=jnp.ones((batch_size, preds), jnp.float32),
+        direction=jnp.where(jnp.arange(batch_size) % 2 == 0, 1.0, -1.0).astype(jnp.float32))
+
+  return jax.jit(make, out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
+
+
 def peak_memory_bytes() -> int | None:
   stats = [d.memory_stats() for d in jax.local_devices()]
   peaks = [s["peak_bytes_in_use"] for s in stats if s and "peak_bytes_in_use" in s]
@@ -208,10 +245,12 @@ def measure(config, mesh, result: Result, *, steps: int, warmup: int):
   the first (compiling) step alone, `warmup` untimed steps, then the mean of `steps` timed ones.
   Returns the last step's metrics."""
   batch_size = config.train.batch_size
+  start = time.perf_counter()
   state, train_step = step_lib.fresh_train_step(config, mesh,
                                                 objectives.get(config.objective.name))
   batch = jax.block_until_ready(synthetic_batch(config, batch_size, mesh))
   jax.block_until_ready(state)
+  result.setup_s = time.perf_counter() - start
 
   start = time.perf_counter()
   state, metrics = jax.block_until_ready(train_step(state, batch))

@@ -111,8 +111,12 @@ def base_config() -> ml_collections.ConfigDict:
       seq_len=128,
       packing="sentence_pairs",   # sentence_pairs (BERT) | full_sentences (RoBERTa) |
                                   # document_blocks (SpanBERT) | electra_segments (ELECTRA)
+                                  # | t5_segments (T5) | xlnet_streams (XLNet)
       short_seq_prob=0.1,
       docs_per_chunk=2000,
+      # Independent data streams (data/pipeline.py); 0 = one per process. Fixed, the batches do
+      # not depend on the process count: a run resumes on any number of processes dividing it.
+      num_shards=0,
       prefetch=2,
       cache_dir="",           # '' = $BERTFAM_CACHE or ~/.cache/bertfam_jax
   ))
@@ -325,6 +329,54 @@ def t5_model(size: str, version: str = "1.0", **overrides) -> ml_collections.Con
   return m
 
 
+XLNET_SIZES = {
+    "mini": dict(hidden=128, layers=2, heads=2, head_dim=64, mlp=512),
+    "base": dict(hidden=768, layers=12, heads=12, head_dim=64, mlp=3072),
+    "large": dict(hidden=1024, layers=24, heads=16, head_dim=64, mlp=4096),
+}
+
+
+def xlnet_model(size: str, **overrides) -> ml_collections.ConfigDict:
+  """XLNet's Transformer-XL (models/xlnet.py; zihangdai/xlnet modeling.py, spec §6.4): relative
+  positions (sinusoidal, r_w / r_r biases), relative segments (r_s, seg_embed), untied per-layer
+  biases, post-LN ε 1e-12, no absolute positions, GELU (the reference's tanh form; HF's
+  XLNetConfig defaults to the exact one), dropout 0.1 (also on attention), init N(0, 0.02); memory of `mem_len` states of the previous window's first `reuse_len` tokens
+  (README large: 384 and 256 of 512). Vocabulary 32,000 (SentencePiece, cased)."""
+  if size not in XLNET_SIZES:
+    raise ConfigError(f"Unknown XLNet size {size!r}; choose one of {sorted(XLNET_SIZES)}.")
+  m = ml_collections.ConfigDict(dict(
+      kind="xlnet",
+      vocab_size=32000,
+      activation="gelu_tanh",
+      dropout=0.1,
+      attention_dropout=0.1,
+      layer_norm_eps=1e-12,
+      initializer_range=0.02,
+      untie_r=True,
+      mem_len=384,
+      reuse_len=256,
+      clamp_len=-1,
+      dtype="float32",
+      attention_impl="",
+      remat_policy="none",
+      scan_layers=False,
+  ))
+  m.update(XLNET_SIZES[size])
+  m.update(overrides)
+  return m
+
+
+def xlnet_objective(**overrides) -> ml_collections.ConfigDict:
+  """Permutation LM (objectives/xlnet.py; data_utils.py flags): 85 targets per 512-token window
+  chosen by n-gram spans (n ≤ 5, p ∝ 1/n, context n·alpha/beta), permutations within blocks of
+  perm_size, half the rows reversed (bi_data), an <eod> after each document."""
+  o = ml_collections.ConfigDict(dict(
+      name="xlnet", num_predict=85, mask_alpha=6.0, mask_beta=1.0, max_ngram=5, perm_size=256,
+      bi_data=True, use_eod=True))
+  o.update(overrides)
+  return o
+
+
 T5_NOISE_MASKS = ("random_spans", "iid", "random_prefix", "bart_infilling")
 T5_ENCODINGS = ("original", "noise_token_to_sentinel", "noise_span_to_sentinel",
                 "nonnoise_span_to_sentinel", "noise_span_to_unique_sentinel",
@@ -435,15 +487,18 @@ def validate(c: ml_collections.ConfigDict) -> None:
   d, m, t = c.data, c.model, c.train
   if m.get("kind") == "t5":
     _validate_t5(c)
+  elif m.get("kind") == "xlnet":
+    _validate_xlnet(c)
   elif d.seq_len > m.max_positions:
     raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions={m.max_positions}; "
                       f"lower --config.data.seq_len or raise --config.model.max_positions.")
   if d.seq_len < 8:
     raise ConfigError(f"data.seq_len={d.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8.")
-  if m.get("kind") != "t5":
+  if m.get("kind") not in ("t5", "xlnet"):
     if m.hidden % m.heads:
       raise ConfigError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}.")
     _validate_model(m)
+  _validate_attention(m)
   if c.optimizer.name not in OPTIMIZERS:
     raise ConfigError(f"optimizer.name={c.optimizer.name!r}; choose one of {OPTIMIZERS}.")
   if d.source not in ("embedded_wiki", "tfds", "text"):
@@ -452,6 +507,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ConfigError("data.source='text' needs --config.data.text_files=PATH[,PATH...] (globs allowed).")
   if d.packing not in PACKINGS:
     raise ConfigError(f"data.packing={d.packing!r}; choose one of {PACKINGS}.")
+  if d.num_shards < 0 or (d.num_shards and t.batch_size % d.num_shards):
+    raise ConfigError(f"data.num_shards={d.num_shards} must be 0 (one per process) or divide "
+                      f"train.batch_size={t.batch_size}.")
   _validate_mlm_objective(c)
   _validate_electra_objective(c)
   if t.batch_size % t.grad_accum_steps:
@@ -465,6 +523,27 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"mesh {dict(c.mesh)}: sizes must be positive with at most one -1.")
   if "max_predictions" in c.objective and c.objective.max_predictions <= 0:
     raise ConfigError("objective.max_predictions must be positive.")
+
+
+ATTENTION_IMPLS = ("", "xla", "cudnn")
+
+
+def _validate_attention(m: ml_collections.ConfigDict) -> None:
+  """cuDNN flash attention runs in bf16 / fp16 only, and `jax.nn.dot_product_attention` has no
+  dropout: 'cudnn' with attention dropout would silently train on the explicit path."""
+  if m.attention_impl not in ATTENTION_IMPLS:
+    raise ConfigError(f"model.attention_impl={m.attention_impl!r}; choose one of "
+                      f"{ATTENTION_IMPLS} ('' lets JAX choose).")
+  if m.attention_impl != "cudnn":
+    return
+  if m.dtype not in ("bfloat16", "float16"):
+    raise ConfigError(f"model.attention_impl='cudnn' needs --config.model.dtype=bfloat16 (or "
+                      f"float16); it is {m.dtype!r}.")
+  dropout_field = "dropout" if m.get("kind") == "t5" else "attention_dropout"
+  if m[dropout_field] > 0:
+    raise ConfigError(f"model.attention_impl='cudnn' has no attention dropout; set "
+                      f"--config.model.{dropout_field}=0 (a deviation from the paper's "
+                      f"{m[dropout_field]}) or --config.model.attention_impl=''.")
 
 
 OPTIMIZERS = ("adamw", "lamb", "adafactor")
@@ -494,7 +573,7 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
 
 
 PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments",
-            "t5_segments")
+            "t5_segments", "xlnet_streams")
 MLM_CHOICES = dict(
     mask_style=("bert", "fairseq", "spanbert"),
     mask_scheme=("token", "token_with_replacement", "whole_word", "ngram", "span", "units"),
@@ -578,6 +657,31 @@ def _validate_t5(c: ml_collections.ConfigDict) -> None:
   if c.tokenizer.kind == "sentencepiece" and c.tokenizer.extra_ids < 1 and (
       "sentinel" in o.inputs_encoding + o.targets_encoding):
     raise ConfigError("Sentinel encodings need sentinel ids: set --config.tokenizer.extra_ids=100.")
+
+
+def _validate_xlnet(c: ml_collections.ConfigDict) -> None:
+  """XLNet's windows: R (reuse_len) + A <sep> B <sep> <cls>, permutation blocks, memory."""
+  m, o, d = c.model, c.objective, c.data
+  if o.get("name") != "xlnet":
+    raise ConfigError(f"model.kind='xlnet' trains with objective.name='xlnet', not "
+                      f"{o.get('name')!r}.")
+  if d.packing != "xlnet_streams":
+    raise ConfigError("XLNet reads parallel token streams: set --config.data.packing=xlnet_streams.")
+  if not 0 < m.reuse_len < d.seq_len - 3:
+    raise ConfigError(f"model.reuse_len={m.reuse_len} must leave room for A <sep> B <sep> <cls> "
+                      f"in data.seq_len={d.seq_len}: use 0 < reuse_len < seq_len - 3 (the paper: "
+                      f"256 of 512).")
+  if m.mem_len < 0:
+    raise ConfigError(f"model.mem_len={m.mem_len} must be >= 0 (0: no memory).")
+  for length in (m.reuse_len, d.seq_len - m.reuse_len):
+    if length % o.perm_size:
+      raise ConfigError(f"objective.perm_size={o.perm_size} must divide both halves of a window "
+                        f"(reuse_len={m.reuse_len}, seq_len - reuse_len={d.seq_len - m.reuse_len}).")
+  if not 0 < o.num_predict <= d.seq_len:
+    raise ConfigError(f"objective.num_predict={o.num_predict} must be in [1, data.seq_len].")
+  if m.mem_len and c.train.grad_accum_steps != 1:
+    raise ConfigError("XLNet's memory carries each row from one batch to the next: set "
+                      "--config.train.grad_accum_steps=1 (or --config.model.mem_len=0).")
 
 
 def effective_mask_rate(c: ml_collections.ConfigDict) -> float:

@@ -2,16 +2,19 @@
 pre-trains; `--config=configs/finetune.py:task=NAME,init=PATH` (a config with a `finetune`
 section) fine-tunes and evaluates.
 
-Multi-host: on Cloud TPU and under SLURM `jax.distributed.initialize()` finds its settings in the
-environment; elsewhere pass --coordinator_address, --num_processes and --process_id.
+Multi-host: `jax.distributed` is initialised when the environment is a multi-process job (srun
+with SLURM_NTASKS > 1, a multi-host Cloud TPU / GKE slice, a multislice job) or when
+--coordinator_address, --num_processes and --process_id are given (`train/distributed.py`).
 """
 
+import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.train import distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/roberta.py:runlocal. Fields can be overridden with "
@@ -21,22 +24,20 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and 
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (hosts).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
-                                 "auto: initialise jax.distributed when flags or a TPU/SLURM "
-                                 "environment ask for it.")
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "on", "off"],
+    "auto: initialise jax.distributed when the flags above or a multi-process SLURM/TPU "
+    "environment ask for it; on: always (JAX detects the rest, e.g. from Cloud TPU metadata); "
+    "off: never.")
 flags.mark_flags_as_required(["config", "workdir"])
 
-
 def _maybe_initialize_distributed():
-  import os  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  explicit = _COORDINATOR.value is not None
-  from_env = any(k in os.environ for k in ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES",
-                                           "MEGASCALE_COORDINATOR_ADDRESS"))
-  if _DISTRIBUTED.value == "off" or (_DISTRIBUTED.value == "auto" and not (explicit or from_env)):
+  kwargs = distributed.init_kwargs(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                                   _PROCESS_ID.value, os.environ)
+  if kwargs is None:
     return
-  jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                             num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  jax.distributed.initialize(**kwargs)
   logging.info("jax.distributed: process %d of %d", jax.process_index(), jax.process_count())
 
 
@@ -69,14 +70,21 @@ def main(argv):
       tf.config.set_visible_devices([], "GPU")
     except ImportError:
       pass
-  _maybe_initialize_distributed()
+  try:
+    _maybe_initialize_distributed()   # before anything touches a device
+  except ConfigError as e:
+    _fail(e)
   from bertfam_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
   from bertfam_jax.train import train  # pylint: disable=g-import-not-at-top
   try:
     (finetune.run if finetuning else train.run)(config, _WORKDIR.value)
   except (ConfigError, train.NonFiniteLossError) as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    _fail(e)
+
+
+def _fail(error: Exception):
+  print(f"error: {error}", file=sys.stderr, flush=True)
+  sys.exit(2)
 
 
 if __name__ == "__main__":

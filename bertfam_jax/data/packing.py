@@ -13,9 +13,11 @@ and, for sentence pairs, sentence_label [n] int32.
 from __future__ import annotations
 
 import bisect
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
+
+from bertfam_jax.config_lib import ConfigError
 
 Document = list[np.ndarray]   # sentences, each [len] int token ids
 
@@ -604,3 +606,64 @@ def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndar
       decoder_positions=decoder_positions,
       decoder_loss_weights=(decoder_segment_ids > 0).astype(np.float32),
   )
+
+
+# ----------------------------------------------------------------------------- XLNet
+
+
+def eod_id(tokenizer) -> int:
+  """The end-of-document id: `tokenizer.eod_id` when the vocabulary has one (XLNet's <eod> = 7),
+  else [SEP] (our SentencePiece layout has no <eod>; [SEP] is then a functional token: it takes
+  part in the order with its rank and is never predicted)."""
+  eod = getattr(tokenizer, "eod_id", None)
+  return tokenizer.sep_id if eod is None else eod
+
+
+def xlnet_streams(docs: Sequence[Sequence[np.ndarray]], num_rows: int, *, bi_data: bool,
+                eod_id: int, use_eod: bool = True) -> dict[str, np.ndarray]:
+  """A chunk's documents as `num_rows` parallel token streams (the reference's data layout).
+
+  _create_data: sentences are concatenated with a sentence id alternating per sentence; with
+  `use_eod` an <eod> follows every document and shares its last sentence's id (so a cut point
+  never falls before an <eod>). batchify: the stream is cut into rows of ⌊len / rows⌋ tokens,
+  the tail dropped. bi_data: num_rows / 2 forward rows, then the same rows reversed.
+
+  Args:
+    docs: documents, each a list of [len] int token arrays (sentences, no special tokens).
+    num_rows: R, the rows of a (per data shard) batch.
+    bi_data: half the rows reversed.
+    eod_id: the end-of-document token (`eod_id(tokenizer)`).
+    use_eod: append it after every document.
+
+  Returns:
+    input_ids [R, T] int32, sent_ids [R, T] int32 (0/1), reverse [R] bool.
+  """
+  if num_rows < 1 or (bi_data and num_rows % 2):
+    raise ConfigError(f"XLNet's bi_data needs an even number of rows per batch (per data shard), "
+                      f"got {num_rows}; use an even --config.train.batch_size per shard or "
+                      f"--config.objective.bi_data=False.")
+  pieces, ids, sent_id = [], [], 1   # the reference starts with sent_id = True
+  for doc in docs:
+    sentences = [np.asarray(s, np.int32) for s in doc if len(s)]
+    if not sentences:
+      continue
+    for sentence in sentences:
+      pieces.append(sentence)
+      ids.append(np.full(len(sentence), sent_id, np.int32))
+      sent_id ^= 1
+    if use_eod:
+      pieces.append(np.array([eod_id], np.int32))
+      ids.append(np.array([sent_id ^ 1], np.int32))
+  data = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+  sent_ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+  forward = num_rows // 2 if bi_data else num_rows
+  steps = len(data) // forward
+  data = data[:forward * steps].reshape(forward, steps)
+  sent_ids = sent_ids[:forward * steps].reshape(forward, steps)
+  reverse = np.zeros(forward, bool)
+  if bi_data:
+    data = np.concatenate([data, data[:, ::-1]])
+    sent_ids = np.concatenate([sent_ids, sent_ids[:, ::-1]])
+    reverse = np.concatenate([reverse, ~reverse])
+  return dict(input_ids=np.ascontiguousarray(data), sent_ids=np.ascontiguousarray(sent_ids),
+              reverse=reverse)

@@ -1,11 +1,21 @@
 """The host input pipeline: documents -> sentences -> tokens -> packed examples -> noised batches.
 
 Deterministic from (config.seed, position) and exactly resumable: the position after the last
-batch handed out is three small ints, `state()`, and `restore(state)` continues the stream bit
-for bit. Each process reads its own documents (`sources.process_shard`) and produces local
-batches; `make_global_batch` assembles them into global `jax.Array`s.
+batch handed out is three small ints per data shard, `state()`, and `restore` of every process's
+state continues the stream bit for bit. `make_global_batch` assembles every process's local batch
+into global `jax.Array`s.
 
-Layout of one epoch on one process: the process's documents are permuted and cut into chunks of
+Data shards: the documents are split into `data.num_shards` disjoint contiguous shards
+(`sources.process_shard`; default 0 = one per process), each an independent stream with its own
+position. Process p of P reads the contiguous block of shards `process_shards(S, p, P)`, and its
+local batch is its shards' batches of batch_size / S rows concatenated in shard order, so the
+global batch is every shard's batch in shard order, a function of (seed, step, num_shards) alone
+(processes own the batch rows in process order, as on the meshes `sharding.make_mesh` builds on
+CPU: tests/integration/multiprocess_test.py). With a fixed num_shards, 1 process x 8 devices and
+2 processes x 4 devices see the same batches, and a checkpoint (every shard's position) resumes
+on any number of processes dividing num_shards.
+
+Layout of one epoch of one shard: the shard's documents are permuted and cut into chunks of
 `data.docs_per_chunk` documents; the chunks are visited in a permuted order; a chunk is split into
 sentences, tokenized, packed (`data.packing`), noised by the objective's `features_fn` as a whole,
 and its examples are shuffled. Batches may span chunk and epoch boundaries.
@@ -18,7 +28,8 @@ Three seeds per epoch decide what changes between epochs:
     order = epoch, so every instance keeps one of dupe_factor fixed masks.
   'dynamic' (RoBERTa, fairseq): layout = 0 (fixed blocks), mask = order = epoch, so every time an
     example is seen it gets a new mask.
-Every generator is `np.random.default_rng([seed, purpose, seed_value, process_index, chunk_id])`.
+Every generator is `np.random.default_rng([seed, purpose, seed_value, shard, chunk_id])` (with one
+shard per process, shard = process index).
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from absl import logging
 import jax
@@ -50,10 +61,36 @@ _MEMO_MAX_CHARS = 100_000_000
 
 
 class _Position(NamedTuple):
-  """Where the stream stands: the next example is `offset` in chunk `chunk` of `epoch`."""
+  """Where a shard's stream stands: the next example is `offset` in chunk `chunk` of `epoch`."""
   epoch: int
   chunk: int
   offset: int
+
+
+def _state_key(field: str, local_shard: int) -> str:
+  """The `Pipeline.state()` key of a position field of a process's `local_shard`-th shard:
+  'epoch', 'chunk', 'offset' for the first (the format of checkpoints before data shards), then
+  'epoch_1', ..."""
+  return f"{field}_{local_shard}" if local_shard else field
+
+
+def shard_positions(process_states: Sequence[Mapping[str, int]]) -> list[_Position]:
+  """Every shard's position, in shard order, from every process's `Pipeline.state()` in process
+  order."""
+  return [_Position(*(int(state[_state_key(f, j)]) for f in _Position._fields))
+          for state in process_states for j in range(len(state) // len(_Position._fields))]
+
+
+def process_shards(num_shards: int, process_index: int, process_count: int) -> range:
+  """The data shards process `process_index` reads: the contiguous block of
+  num_shards / process_count shards, so that the processes' local batches in process order hold
+  the shards in order."""
+  if num_shards % process_count:
+    raise config_lib.ConfigError(
+        f"data.num_shards={num_shards} is not a multiple of the {process_count} processes; use a "
+        f"multiple of {process_count}, or 0 (one shard per process).")
+  per_process = num_shards // process_count
+  return range(process_index * per_process, (process_index + 1) * per_process)
 
 
 class _Failure(NamedTuple):
@@ -99,37 +136,43 @@ class _Prefetcher:
 
 
 class Pipeline:
-  """An endless, resumable iterator of local batches (dicts of [local_batch_size, ...] arrays).
+  """An endless, resumable iterator of local batches (dicts of [local_batch_size, ...] arrays):
+  the concatenated batches of the data shards this process reads.
 
   Example:
     pipe = Pipeline(config, tokenizer, sources.get_documents(config.data, 'train'),
                     objective.make_features(config, tokenizer), jax.process_index(),
                     jax.process_count(), config.train.batch_size // jax.process_count())
-    pipe.restore(saved_state)          # optional
+    pipe.restore(saved_states)         # optional: every process's state(), in process order
     batch = next(pipe); saved_state = pipe.state()
   """
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: tokenizers.Tokenizer,
                documents: Sequence[str], features_fn: FeaturesFn, process_index: int,
                process_count: int, local_batch_size: int, *, epoch_mode: str | None = None,
-               segment_len: int | None = None, replace_examples: bool = False):
+               segment_len: int | None = None, replace_examples: bool = False,
+               ordered: bool = False):
     """Builds the pipeline; no document is read until the first batch.
 
     Args:
-      config: the full config (reads `seed`, `data.*`, `objective.masking/dupe_factor`).
+      config: the full config (reads `seed`, `data.*` including `data.num_shards`,
+        `objective.masking/dupe_factor`).
       tokenizer: turns sentences into ids and supplies the special ids.
       documents: all documents of the split (every process passes the same sequence).
       features_fn: the objective's host-side noising, applied to a whole chunk of packed
         examples with a generator seeded by mask_seed; its outputs are merged over the packed
         arrays (so it may return only the keys it adds or changes).
       process_index, process_count: this process and the number of processes.
-      local_batch_size: examples per batch on this process.
+      local_batch_size: examples per batch on this process (its shards share it equally).
       epoch_mode: 'static' or 'dynamic' (see the module docstring); defaults to
         `config.objective.masking`, else 'dynamic'.
       segment_len: raw tokens per segment of `data.packing='t5_segments'` (T5 derives it from
         the objective: `objectives.t5.pipeline_options`); default `data.seq_len`.
       replace_examples: `features_fn` returns the whole batch, not keys to merge (T5 packs
         several noised segments into one row, so its rows are not the packed ones).
+      ordered: keep the examples of a chunk in `features_fn`'s order (no example shuffle):
+        XLNet emits consecutive windows of its batch's parallel streams, step-major, so that
+        row r of a batch continues row r of the one before (its memory).
     """
     self._config = config
     self._tokenizer = tokenizer
@@ -137,15 +180,24 @@ class Pipeline:
     self._features_fn = features_fn
     self._segment_len = segment_len or config.data.seq_len
     self._replace_examples = replace_examples
+    self._ordered = ordered
     self._process_index = process_index
-    self._batch_size = local_batch_size
-    self._doc_ids = sources.process_shard(len(documents), process_index, process_count)
-    if not len(self._doc_ids):
+    self._num_shards = config.data.num_shards or process_count
+    self.shards = process_shards(self._num_shards, process_index, process_count)
+    if local_batch_size % len(self.shards):
       raise config_lib.ConfigError(
-          f"Process {process_index} of {process_count} gets none of the {len(documents)} "
-          f"documents; use a larger corpus or fewer processes.")
+          f"The local batch of {local_batch_size} examples does not split over the "
+          f"{len(self.shards)} data shards of a process; use a train.batch_size divisible by "
+          f"data.num_shards={self._num_shards}.")
+    self._batch_size = local_batch_size // len(self.shards)   # per shard
+    self._doc_ids = {shard: sources.process_shard(len(documents), shard, self._num_shards)
+                     for shard in self.shards}
+    for shard, doc_ids in self._doc_ids.items():
+      if not len(doc_ids):
+        raise config_lib.ConfigError(
+            f"Data shard {shard} of {self._num_shards} gets none of the {len(documents)} "
+            f"documents; use a larger corpus or fewer shards (data.num_shards, or processes).")
     self._docs_per_chunk = config.data.docs_per_chunk
-    self._num_chunks = -(-len(self._doc_ids) // self._docs_per_chunk)
     self._epoch_mode = epoch_mode or config.objective.get("masking", "dynamic")
     if self._epoch_mode == "static":
       self._dupe_factor = config.objective.get("dupe_factor", 0)
@@ -158,15 +210,15 @@ class Pipeline:
     memoise = (isinstance(documents, list) and
                sum(len(d) for d in documents) <= _MEMO_MAX_CHARS)
     self._token_memo: dict[int, list[np.ndarray]] | None = {} if memoise else None
-    self._doc_order_cache: tuple[int, np.ndarray] | None = None
-    self._position = _Position(0, 0, 0)
-    self._stream = None   # a _Prefetcher or a generator, started lazily from self._position
+    self._doc_order_cache: dict[int, tuple[int, np.ndarray]] = {}   # shard: (layout_seed, order)
+    self._positions = (_Position(0, 0, 0),) * len(self.shards)
+    self._stream = None   # a _Prefetcher or a generator, started lazily from self._positions
 
   # -- seeds and layout ---------------------------------------------------------------------
 
-  def _rng(self, purpose: int, seed_value: int, chunk_id: int = 0) -> np.random.Generator:
-    return np.random.default_rng(
-        [self._config.seed, purpose, seed_value, self._process_index, chunk_id])
+  def _rng(self, purpose: int, seed_value: int, shard: int,
+           chunk_id: int = 0) -> np.random.Generator:
+    return np.random.default_rng([self._config.seed, purpose, seed_value, shard, chunk_id])
 
   def _seeds(self, epoch: int) -> tuple[int, int, int]:
     """(layout_seed, mask_seed, order_seed) of an epoch."""
@@ -174,22 +226,29 @@ class Pipeline:
       return epoch % self._dupe_factor, epoch % self._dupe_factor, epoch
     return 0, epoch, epoch
 
-  def _doc_order(self, layout_seed: int) -> np.ndarray:
-    cached = self._doc_order_cache   # read once: eval_batches may run beside the prefetcher
+  def _num_chunks(self, shard: int) -> int:
+    return -(-len(self._doc_ids[shard]) // self._docs_per_chunk)
+
+  def _doc_order(self, shard: int, layout_seed: int) -> np.ndarray:
+    # Read once: eval_batches may run beside the prefetcher.
+    cached = self._doc_order_cache.get(shard)
     if cached is None or cached[0] != layout_seed:
-      cached = (layout_seed, self._rng(_DOC_ORDER, layout_seed).permutation(self._doc_ids))
-      self._doc_order_cache = cached
+      order = self._rng(_DOC_ORDER, layout_seed, shard).permutation(self._doc_ids[shard])
+      cached = self._doc_order_cache[shard] = (layout_seed, order)
     return cached[1]
 
-  def _chunk_id(self, epoch: int, chunk: int) -> int:
-    """Which chunk of the epoch's document order is visited `chunk`-th."""
+  def _chunk_id(self, shard: int, epoch: int, chunk: int) -> int:
+    """Which chunk of the shard's epoch document order is visited `chunk`-th."""
     order_seed = self._seeds(epoch)[2]
-    return int(self._rng(_CHUNK_ORDER, order_seed).permutation(self._num_chunks)[chunk])
+    order = self._rng(_CHUNK_ORDER, order_seed, shard).permutation(self._num_chunks(shard))
+    return int(order[chunk])
 
-  def chunk_documents(self, epoch: int, chunk: int) -> np.ndarray:
-    """[<= docs_per_chunk] indices into `documents` of the `chunk`-th chunk of `epoch`."""
-    chunk_id = self._chunk_id(epoch, chunk)
-    order = self._doc_order(self._seeds(epoch)[0])
+  def chunk_documents(self, epoch: int, chunk: int, shard: int | None = None) -> np.ndarray:
+    """[<= docs_per_chunk] indices into `documents` of the `chunk`-th chunk of `epoch` of `shard`
+    (one of `shards`; default the first)."""
+    shard = self.shards[0] if shard is None else shard
+    chunk_id = self._chunk_id(shard, epoch, chunk)
+    order = self._doc_order(shard, self._seeds(epoch)[0])
     return order[chunk_id * self._docs_per_chunk:(chunk_id + 1) * self._docs_per_chunk]
 
   # -- one chunk ------------------------------------------------------------------------------
@@ -217,6 +276,10 @@ class Pipeline:
       return packing.token_segments(docs, self._segment_len, pad_id=tok.pad_id,
                                     concat_documents=self._config.objective.get(
                                         "concat_documents", True))
+    if data.packing == "xlnet_streams":
+      objective = self._config.objective
+      return packing.xlnet_streams(docs, self._batch_size, bi_data=objective.bi_data,
+                                   eod_id=packing.eod_id(tok), use_eod=objective.use_eod)
     if data.packing == "electra_segments":
       return packing.electra_segments(docs, data.seq_len, rng, cls_id=tok.cls_id,
                                       sep_id=tok.sep_id, pad_id=tok.pad_id)
@@ -227,37 +290,46 @@ class Pipeline:
     raise config_lib.ConfigError(f"data.packing={data.packing!r}; choose one of "
                                  f"{config_lib.PACKINGS}.")
 
-  def chunk_examples(self, epoch: int, chunk: int) -> Batch:
-    """All examples of one chunk, noised and shuffled: dict of [n_chunk, ...] arrays."""
+  def chunk_examples(self, epoch: int, chunk: int, shard: int | None = None) -> Batch:
+    """All examples of one chunk of `shard` (default the first of `shards`), noised and
+    shuffled: dict of [n_chunk, ...] arrays."""
+    shard = self.shards[0] if shard is None else shard
     layout_seed, mask_seed, order_seed = self._seeds(epoch)
-    chunk_id = self._chunk_id(epoch, chunk)
-    docs = self._tokenize(self.chunk_documents(epoch, chunk))
+    chunk_id = self._chunk_id(shard, epoch, chunk)
+    doc_ids = self.chunk_documents(epoch, chunk, shard)
+    # The documents a process actually reads (--verbosity=1); tests/integration checks them.
+    logging.debug("Data shard %d of %d (process %d) reads documents %s of %d.", shard,
+                  self._num_shards, self._process_index, doc_ids.tolist(), len(self._documents))
+    docs = self._tokenize(doc_ids)
     # Seeded by the chunk's identity (not its visiting position), so with a repeated layout
     # seed the same documents give the same instances and, in static mode, the same masks.
-    examples = self._pack(docs, self._rng(_PACK, layout_seed, chunk_id))
-    features = self._features_fn(examples, self._rng(_MASK, mask_seed, chunk_id))
+    examples = self._pack(docs, self._rng(_PACK, layout_seed, shard, chunk_id))
+    features = self._features_fn(examples, self._rng(_MASK, mask_seed, shard, chunk_id))
     examples = features if self._replace_examples else {**examples, **features}
-    order = self._rng(_EXAMPLE_ORDER, order_seed, chunk_id).permutation(
+    if self._ordered:
+      return examples
+    order = self._rng(_EXAMPLE_ORDER, order_seed, shard, chunk_id).permutation(
         len(examples["input_ids"]))
     return {key: value[order] for key, value in examples.items()}
 
   # -- the batch stream -----------------------------------------------------------------------
 
-  def _too_small(self, num_examples: int) -> config_lib.ConfigError:
+  def _too_small(self, shard: int, num_examples: int) -> config_lib.ConfigError:
     data = self._config.data
     return config_lib.ConfigError(
-        f"One epoch of this process's {len(self._doc_ids)} documents packs into only "
+        f"One epoch of data shard {shard}'s {len(self._doc_ids[shard])} documents packs into only "
         f"{num_examples} examples (data.packing={data.packing}, seq_len={data.seq_len}), fewer "
-        f"than one local batch of {self._batch_size}. Lower --config.data.seq_len or "
-        f"--config.train.batch_size, or use a larger corpus (--config.data.source).")
+        f"than one batch of {self._batch_size} (per shard). Lower --config.data.seq_len, "
+        f"--config.train.batch_size or data.num_shards, or use a larger corpus "
+        f"(--config.data.source).")
 
-  def _batches(self, position: _Position) -> Iterator[tuple[Batch, _Position]]:
-    """Yields (batch, position after it) from `position` on, forever."""
+  def _batches(self, shard: int, position: _Position) -> Iterator[tuple[Batch, _Position]]:
+    """Yields (batch of one shard, its position after it) from `position` on, forever."""
     epoch, chunk, offset = position
     parts, num_pending = [], 0
     epoch_examples = 0 if (chunk, offset) == (0, 0) else None   # counted only for whole epochs
     while True:
-      examples = self.chunk_examples(epoch, chunk)
+      examples = self.chunk_examples(epoch, chunk, shard)
       num_examples = len(examples["input_ids"])
       if epoch_examples is not None:
         epoch_examples += num_examples - offset
@@ -272,13 +344,22 @@ class Pipeline:
           yield self._concat(parts), _Position(epoch, chunk, offset)
           parts, num_pending = [], 0
       chunk, offset = chunk + 1, 0
-      if chunk == self._num_chunks:
+      if chunk == self._num_chunks(shard):
         if epoch_examples is not None and epoch_examples < self._batch_size:
-          raise self._too_small(epoch_examples)
+          raise self._too_small(shard, epoch_examples)
         epoch, chunk, epoch_examples = epoch + 1, 0, 0
       if num_pending == self._batch_size:
         yield self._concat(parts), _Position(epoch, chunk, 0)
         parts, num_pending = [], 0
+
+  def _local_batches(self, positions: Sequence[_Position]
+                     ) -> Iterator[tuple[Batch, tuple[_Position, ...]]]:
+    """Yields (local batch, this process's shards' positions after it): the shards' batches in
+    order."""
+    streams = [self._batches(shard, position) for shard, position in zip(self.shards, positions)]
+    for items in zip(*streams):
+      batches, after = zip(*items)
+      yield self._concat(list(batches)), after
 
   @staticmethod
   def _concat(parts: list[Batch]) -> Batch:
@@ -293,23 +374,44 @@ class Pipeline:
 
   def __next__(self) -> Batch:
     if self._stream is None:
-      stream = self._batches(self._position)
+      stream = self._local_batches(self._positions)
       depth = self._config.data.prefetch
       self._stream = _Prefetcher(stream, depth) if depth > 0 else stream
     if isinstance(self._stream, _Prefetcher):
-      batch, self._position = self._stream.get()
+      batch, self._positions = self._stream.get()
     else:
-      batch, self._position = next(self._stream)
+      batch, self._positions = next(self._stream)
     return batch
 
   def state(self) -> dict[str, int]:
-    """The position after the last batch handed out (what the consumer has received)."""
-    return dict(self._position._asdict())
+    """The positions of this process's shards after the last batch handed out (what the consumer
+    has received): epoch, chunk, offset of its first shard, epoch_1, chunk_1, offset_1 of its
+    second, ..."""
+    return {_state_key(field, j): value for j, position in enumerate(self._positions)
+            for field, value in position._asdict().items()}
 
-  def restore(self, state: dict[str, int]) -> None:
-    """Continues from a `state()`; the following batches equal the uninterrupted stream's."""
+  def restore(self, process_states: Sequence[Mapping[str, int]]) -> None:
+    """Continues from every process's `state()`, in process order (as a checkpoint holds them;
+    with one process, `[state()]`): the following batches equal the uninterrupted stream's.
+
+    The states may come from another number of processes holding the same shards. Another number
+    of shards raises when data.num_shards is set; with the default (one shard per process, here
+    a checkpoint of another process count) the stream restarts.
+    """
+    positions = shard_positions(process_states)
+    if len(positions) != self._num_shards:
+      fix = (f"--config.data.num_shards={len(positions)} (on a number of processes dividing it) "
+             f"continues the checkpoint's stream")
+      if self._config.data.num_shards:
+        raise config_lib.ConfigError(
+            f"The checkpoint holds the positions of {len(positions)} data shards but this run "
+            f"reads data.num_shards={self._num_shards}; {fix}.")
+      logging.warning("The checkpoint holds the positions of %d data shards and this run reads "
+                      "%d (one per process): the data restarts at the beginning of the stream; "
+                      "%s.", len(positions), self._num_shards, fix)
+      positions = [_Position(0, 0, 0)] * self._num_shards
     self.close()
-    self._position = _Position(int(state["epoch"]), int(state["chunk"]), int(state["offset"]))
+    self._positions = tuple(positions[shard] for shard in self.shards)
 
   def close(self) -> None:
     """Stops the prefetch thread (restarted by the next `next()`)."""
@@ -323,15 +425,15 @@ class Pipeline:
     Independent of the iteration position. If the split is smaller than `num_batches` batches,
     later batches repeat examples (with the next epoch's masks); this is logged.
     """
-    stream = self._batches(_Position(0, 0, 0))
+    stream = self._local_batches((_Position(0, 0, 0),) * len(self.shards))
     batches, positions = [], []
-    for batch, position in itertools.islice(stream, num_batches):
+    for batch, after in itertools.islice(stream, num_batches):
       batches.append(batch)
-      positions.append(position)
-    if positions and positions[-1].epoch > 0:
-      logging.warning("eval_batches(%d) wraps around the eval split (%d documents on process "
-                      "%d); examples repeat.", num_batches, len(self._doc_ids),
-                      self._process_index)
+      positions = after
+    if any(position.epoch > 0 for position in positions):
+      logging.warning("eval_batches(%d) wraps around the eval split (%d documents in data shards "
+                      "%s); examples repeat.", num_batches,
+                      sum(len(self._doc_ids[s]) for s in self.shards), list(self.shards))
     return batches
 
 

@@ -410,7 +410,8 @@ def split_sentences(text: str) -> list[str]:
 
 
 def process_shard(num_docs: int, process_index: int, process_count: int) -> np.ndarray:
-  """The document indices this process reads: contiguous, disjoint, together covering all.
+  """The document indices of shard `process_index` of `process_count` (a data shard of the
+  pipeline, by default one per process): contiguous, disjoint, together covering all.
 
   Contiguous ranges (as `tfds.even_splits`) keep each host's reads local in record files.
 

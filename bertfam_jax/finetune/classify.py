@@ -109,8 +109,9 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict:
   # Model fields added to the codebase after the run was written hold their defaults, the
   # behaviour the run had (e.g. `adapter_size`).
   model = saved.get("model", {})
-  defaults = (config_lib.t5_model("base", model.get("version", "1.0")) if model.get("kind") == "t5"
-              else config_lib.encoder("base"))
+  kind = model.get("kind")
+  defaults = (config_lib.t5_model("base", model.get("version", "1.0")) if kind == "t5"
+              else config_lib.xlnet_model("base") if kind == "xlnet" else config_lib.encoder("base"))
   saved["model"] = {**defaults.to_dict(), **model}
   return ml_collections.ConfigDict(saved)
 
@@ -153,14 +154,16 @@ def load_run_tokenizer(config, workdir: str, tokenizer_path: str = ""):
 
 
 def _run_model_and_optimizer(config):
-  """(model, tx, init inputs or None) whose state a workdir's checkpoints hold: a fine-tuning
-  run's `FineTuneModel` (config.finetune) or its pre-training objective's model."""
+  """(model, tx, init inputs or None, abstract carry or None) whose state a workdir's checkpoints
+  hold: a fine-tuning run's `FineTuneModel` (config.finetune) or its pre-training objective's
+  model (XLNet's checkpoints hold its memory too)."""
   if "finetune" in config:
     from bertfam_jax.finetune import run  # pylint: disable=g-import-not-at-top
-    return run.model_and_optimizer(config)
+    return run.model_and_optimizer(config) + (None,)
   tx, _ = optimizer_lib.make_optimizer(config)
   objective = objectives.get(config.objective.name)
-  return objective.build_model(config), tx, step_lib.objective_init_inputs(objective, config)
+  return (objective.build_model(config), tx, step_lib.objective_init_inputs(objective, config),
+          step_lib.objective_carry(objective, config))
 
 
 def restore_params(config, workdir: str):
@@ -173,9 +176,9 @@ def restore_params(config, workdir: str):
       raise ConfigError(f"{workdir} holds no checkpoint yet; let its pre-training run reach "
                         f"train.checkpoint_every steps, or pass the workdir of a finished run.")
     mesh = sharding_lib.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-    model, tx, inputs = _run_model_and_optimizer(config)
+    model, tx, inputs, carry = _run_model_and_optimizer(config)
     abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
-        model, tx, config, mesh, inputs)
+        model, tx, config, mesh, inputs, carry)
     try:
       state, _ = checkpointer.restore(step, abstract)
     except ConfigError as e:

@@ -143,8 +143,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   task = tasks.get(ft.task)
   train_lib.prepare_workdir(workdir)
   init_config, tokenizer, pretrained = classify.load_pretrained(ft.init)
+  if init_config.model.get("kind") == "xlnet":
+    if ft.method == "adapters":
+      raise ConfigError("Adapters are built into the BERT-family encoder only; fine-tune XLNet "
+                        "with --config.finetune.method=full.")
+    # The XLNet module is the whole pre-trained model: all but the output bias is the backbone
+    # (its mask_emb, the query stream's start, is kept and unused).
+    pretrained = {"encoder": {k: v for k, v in pretrained.items() if k != "lm_loss"}}
   resolved = _resolved_config(config, init_config)
-  if ft.max_seq_len > resolved.model.max_positions:
+  if ft.max_seq_len > resolved.model.get("max_positions", ft.max_seq_len):
     raise ConfigError(f"finetune.max_seq_len={ft.max_seq_len} exceeds the encoder's "
                       f"max_positions={resolved.model.max_positions}; pass "
                       f"--config.finetune.max_seq_len={resolved.model.max_positions} or less.")
@@ -216,7 +223,7 @@ def featurize(task, tokenizer, examples, config, training: bool) -> dict[str, np
   data, and the segment ids zeroed for encoders with one token type (RoBERTa: its pairs are
   `<s> A </s></s> B </s>`, all type 0)."""
   data = features.featurize(task, tokenizer, examples, config.finetune, training)
-  if config.model.type_vocab_size <= 1:
+  if config.model.get("type_vocab_size", 2) <= 1:  # XLNet's relative segments: A vs B matters
     data["segment_ids"] = np.zeros_like(data["segment_ids"])
   if training:
     data = {k: v for k, v in data.items() if k in INPUT_KEYS + LABEL_KEYS}
@@ -255,7 +262,7 @@ def build_model(config) -> tuple[finetune_models.FineTuneModel, dict[str, np.nda
   task = tasks.get(config.finetune.task)
   model = finetune_models.FineTuneModel(
       ml_collections.FrozenConfigDict(config.model), task.kind, task.num_outputs,
-      features=config.finetune.features)
+      features=config.finetune.features, backbone=finetune_models.backbone_for(config.model))
   shape = (1, 2, 8) if task.kind == "multiple_choice" else (1, 8)
   example = dict(input_ids=np.zeros(shape, np.int32), input_mask=np.ones(shape, np.int32),
                  segment_ids=np.zeros(shape, np.int32))

@@ -1,7 +1,7 @@
 """The HF model families we read and write: config translation and which heads each HF class holds.
 
-`FAMILIES[model_type]` is a `Family`; XLNet and T5 are registered as unavailable (XLNet's network
-is not here yet; T5's is, without a name table here yet), so `get(model_type)` names the reason
+`FAMILIES[model_type]` is a `Family`; XLNet and T5 are registered as unavailable (their networks
+are here, verified against transformers, without a name table in hf/ yet), so `get(model_type)` names the reason
 instead of failing later. A family lists its
 `Architecture`s (HF classes) most heads first; `detect` picks the first whose head parameters the
 checkpoint holds, so e.g. bert-base-uncased (config says BertForMaskedLM, weights hold NSP too)
@@ -276,8 +276,9 @@ FAMILIES = {
                       summary_activation="gelu"),
         model_from_hf=_electra_from_hf, model_to_hf=_electra_to_hf, encoder=_electra_encoder,
         packing="electra_segments"),
-    "xlnet": Family("xlnet", unavailable="XLNet checkpoints arrive with the XLNet issue (its "
-                    "two-stream network is not in bertfam_jax yet)."),
+    "xlnet": Family("xlnet", unavailable="XLNet checkpoints cannot be imported or exported yet: "
+                    "bertfam_jax.models.xlnet matches XLNetLMHeadModel (tests/models/"
+                    "xlnet_model_test.py holds the name mapping), but hf/ has no XLNet family."),
     "t5": Family("t5", unavailable="T5 checkpoints cannot be imported or exported yet: "
                  "bertfam_jax.models.t5 matches T5ForConditionalGeneration (tests/models/"
                  "t5_hf_parity_test.py holds the name mapping), but hf/ has no T5 family."),

@@ -64,9 +64,10 @@ def layer_plan(c) -> list[tuple[tuple[str, str], ...]]:
       "attention": lambda i, g: ((f"attention_group_{g}", "attention"), (f"layer_{i}", "ffn")),
       "ffn": lambda i, g: ((f"layer_{i}", "attention"), (f"ffn_group_{g}", "ffn")),
   }
-  if c.share_layers not in plans:
-    raise ValueError(f"model.share_layers={c.share_layers!r}; choose one of {sorted(plans)}.")
-  return [plans[c.share_layers](i, i * c.hidden_groups // c.layers) for i in range(c.layers)]
+  share, groups = c.get("share_layers", "none"), c.get("hidden_groups", 1)  # none for XLNet
+  if share not in plans:
+    raise ValueError(f"model.share_layers={share!r}; choose one of {sorted(plans)}.")
+  return [plans[share](i, i * groups // c.layers) for i in range(c.layers)]
 
 
 class TransformerLayer(nn.Module):

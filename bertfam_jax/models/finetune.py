@@ -11,8 +11,9 @@ kind: 'classification_head' ({'pooler', 'classifier'}: a pre-trained NSP/SOP poo
 Backbones: `BACKBONES[family](config_model, name="encoder")` builds a module whose
 `__call__(input_ids, input_mask, segment_ids, *, deterministic, return_all_layers=False)` returns
 hidden states [batch, length, hidden], or with `return_all_layers` the pair (those, [layers + 1,
-batch, length, hidden]) as `Encoder` does. A family with another network (XLNet, T5's encoder)
-adds one entry.
+batch, length, hidden]) as `Encoder` does. `backbone_for(config_model)` picks the entry:
+'xlnet' for model.kind='xlnet' (the content stream, no permutation: every token sees every
+token), else 'encoder'. A family with another network (T5's encoder) adds one entry.
 """
 
 from __future__ import annotations
@@ -22,9 +23,28 @@ from typing import Any
 import flax.linen as nn
 
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.models import encoder, heads
+from bertfam_jax.models import encoder, heads, xlnet
 
-BACKBONES = {"encoder": encoder.Encoder}
+
+class XLNetContent(xlnet.XLNet):
+  """XLNet as a fine-tuning backbone: the content stream of the whole sequence, bidirectional
+  (no perm_mask), no query stream and no memory, as the reference's classifiers use it."""
+
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool,
+               return_all_layers: bool = False):
+    if return_all_layers:
+      raise ConfigError("XLNet fine-tuning reads its last layer only; set "
+                        "--config.finetune.features=last.")
+    return super().__call__(input_ids, segment_ids=segment_ids, input_mask=input_mask,
+                            deterministic=deterministic)["content"]
+
+
+BACKBONES = {"encoder": encoder.Encoder, "xlnet": XLNetContent}
+
+
+def backbone_for(config_model) -> str:
+  """The BACKBONES key of a pre-trained `model` section."""
+  return "xlnet" if config_model.get("kind") == "xlnet" else "encoder"
 
 FEATURES = ("last", "weighted_sum")
 

@@ -118,8 +118,10 @@ class SelfAttention(nn.Module):
   `jax.nn.dot_product_attention` cannot do (it has no dropout argument). So `attention_dropout > 0`
   (the faithful default) computes softmax explicitly; `attention_dropout == 0` routes through
   `jax.nn.dot_product_attention(implementation=attention_impl)`, which is where cuDNN flash
-  attention is one switch (`attention_impl='cudnn'`, bf16). That is a documented deviation a
-  GPU fast-path config opts into, never a silent one.
+  attention is one switch (`attention_impl='cudnn'`, bf16; padding is passed as key lengths, so
+  the mask must be right padding, as every pipeline here makes it). That is a documented
+  deviation a GPU fast-path config opts into, never a silent one: config validation refuses
+  'cudnn' with attention dropout or in float32.
   """
   heads: int
   head_dim: int
@@ -141,6 +143,13 @@ class SelfAttention(nn.Module):
     q_BLNH, k_BLNH, v_BLNH = (nn.with_logical_constraint(t, axes) for t in (q_BLNH, k_BLNH, v_BLNH))
     if self.attention_dropout > 0 and not deterministic:
       out_BLNH = self._explicit_attention(q_BLNH, k_BLNH, v_BLNH, mask_B11L)
+    elif self.attention_impl == "cudnn":
+      # cuDNN flash attention takes padding as key lengths (its PADDING mask type) rather than a
+      # materialised mask; every pipeline here pads on the right, so the mask is a prefix.
+      lengths_B = jnp.sum(mask_B11L[:, 0, 0, :], axis=-1, dtype=jnp.int32)
+      out_BLNH = jax.nn.dot_product_attention(q_BLNH, k_BLNH, v_BLNH,
+                                              key_value_seq_lengths=lengths_B,
+                                              implementation="cudnn")
     else:
       out_BLNH = jax.nn.dot_product_attention(
           q_BLNH, k_BLNH, v_BLNH, mask=mask_B11L, implementation=self.attention_impl or None)

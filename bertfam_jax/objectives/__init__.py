@@ -42,18 +42,27 @@ examples packed per row, segment ids 1..k, 0 = padding):
   decoder_input_ids    [n, Lt] int32  targets shifted right within each segment, 0 (BOS) first
   decoder_segment_ids, decoder_positions                                   [n, Lt] int32
   decoder_loss_weights [n, Lt] float32 1.0 on every real target token
-Later objectives add their own keys here (`perm_mask`, `target_mapping`...).
+XLNet (objectives/xlnet.py; `P` = objective.num_predict; rows are consecutive windows of parallel
+streams, so the batch's row r continues row r of the previous batch):
+  input_ids, segment_ids (0 R / A / first <sep>, 1 B / second <sep>, 2 <cls>), input_mask [n, L]
+  perm_rank        [n, L] int32   rank of each position in the factorisation order within its half,
+                                  -1 for non-targets (context, placed first); `device_masks` turns
+                                  it into perm_mask [n, L, L] (1 = may not attend) on the device
+  target_positions [n, P] int32   the targets, in increasing position order (target_mapping rows)
+  target_ids       [n, P] int32   their tokens;  target_weights [n, P] float32 1.0 real, 0.0 padding
+  direction        [n]    float32 +1 forward row, -1 reversed row (bi_data)
 
 Adding an objective touches its module, one line in OBJECTIVES, its config and its tests; never
 `train/`.
 """
 
-from bertfam_jax.objectives import electra, mlm, t5
+from bertfam_jax.objectives import electra, mlm, t5, xlnet
 
 OBJECTIVES = {
     "mlm": mlm,
     "electra": electra,
     "t5": t5,
+    "xlnet": xlnet,
 }
 
 

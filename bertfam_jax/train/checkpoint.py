@@ -101,6 +101,14 @@ class Checkpointer:
   def restore(self, step: int, abstract_state):
     """Restores onto the shardings in `abstract_state` (any mesh). Returns (state, data_state or
     None when the checkpoint was written by a different number of processes)."""
+    state, data_states = self.restore_every_process(step, abstract_state)
+    if len(data_states) != jax.process_count():
+      return state, None
+    return state, data_states[jax.process_index()]
+
+  def restore_every_process(self, step: int, abstract_state):
+    """Restores onto the shardings in `abstract_state` (any mesh). Returns (state, the
+    data_state of every process that wrote the checkpoint, in process order)."""
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
@@ -111,9 +119,7 @@ class Checkpointer:
           f"this model ({type(e).__name__}: {detail}). It is left untouched; move it aside to resume "
           f"from an earlier step, or use a new --workdir.") from e
     data = restored["data"]
-    if len(data["processes"]) != jax.process_count():
-      return restored["state"], None
-    return restored["state"], dict(zip(data["keys"], data["processes"][jax.process_index()]))
+    return restored["state"], [dict(zip(data["keys"], row)) for row in data["processes"]]
 
   def close(self) -> None:
     self.manager.wait_until_finished()

@@ -45,6 +45,19 @@ LOGICAL_AXIS_RULES = (
 
 BATCH_SPEC = P(("data", "fsdp"))
 
+# The sharding strategies as `config.mesh` settings (-1: the remaining devices), e.g. FSDP is
+# --config.mesh.data=1 --config.mesh.fsdp=-1. tests/train/step_test.py checks that each trains as
+# one device does; benchmarks/sharding_memory.py reports their per-device state memory.
+STRATEGIES = {
+    "data": dict(data=-1, fsdp=1, tensor=1),        # state replicated, batch split
+    "fsdp": dict(data=1, fsdp=-1, tensor=1),        # parameters + optimizer state split along embed
+    "tensor": dict(data=1, fsdp=1, tensor=-1),      # Megatron: heads, MLP columns, vocabulary
+    "data+fsdp": dict(data=2, fsdp=-1, tensor=1),
+    "data+tensor": dict(data=2, fsdp=1, tensor=-1),
+    "fsdp+tensor": dict(data=1, fsdp=-1, tensor=2),
+    "data+fsdp+tensor": dict(data=2, fsdp=-1, tensor=2),
+}
+
 
 def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
   """Resolves the one `-1` in {data, fsdp, tensor} and checks the product against the devices."""

@@ -20,6 +20,9 @@ class TrainState:
   step: jax.Array      # int32 scalar: the number of updates applied
   params: Any
   opt_state: Any
+  # Recurrent state an objective threads from one step to the next (XLNet's memory: per layer
+  # [batch, mem_len, hidden]); None for every other objective.
+  carry: Any = None
 
 
 def init_batch(config, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -39,9 +42,18 @@ def objective_init_inputs(objective, config):
   return init_inputs(config) if init_inputs else init_batch(config, 1)
 
 
-def abstract_state(model, tx, config, mesh, inputs=None):
+def objective_carry(objective, config):
+  """The abstract step-to-step state of `objective` for the global batch (its
+  `init_carry(config, batch_size)`, e.g. XLNet's memory), or None when it keeps none."""
+  init_carry = getattr(objective, "init_carry", None)
+  carry = jax.eval_shape(lambda: init_carry(config, config.train.batch_size)) if init_carry else None
+  return carry if jax.tree.leaves(carry) else None
+
+
+def abstract_state(model, tx, config, mesh, inputs=None, carry=None):
   """Shapes and NamedShardings of the train state, computed without allocating anything.
-  `inputs`: the keyword inputs that trace `model.init` (default `init_batch(config, 1)`)."""
+  `inputs`: the keyword inputs that trace `model.init` (default `init_batch(config, 1)`);
+  `carry`: the objective's abstract carry (`objective_carry`), batch-sharded, or None."""
   rng = jax.random.key(0)
   inputs = init_batch(config, 1) if inputs is None else inputs
   boxed = jax.eval_shape(lambda: model.init(
@@ -51,23 +63,27 @@ def abstract_state(model, tx, config, mesh, inputs=None):
                         is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
   opt_state = jax.eval_shape(tx.init, params)
   replicated = NamedSharding(mesh, P())
+  batch_sh = sharding_lib.batch_sharding(mesh)
   shardings = TrainState(step=replicated, params=param_sh,
-                         opt_state=sharding_lib.opt_state_shardings(opt_state, param_sh, mesh))
-  shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt_state)
+                         opt_state=sharding_lib.opt_state_shardings(opt_state, param_sh, mesh),
+                         carry=jax.tree.map(lambda _: batch_sh, carry))
+  shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt_state,
+                      carry=carry)
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                       shapes, shardings), shardings
 
 
-def init_state(model, tx, config, shardings, seed: int, inputs=None) -> TrainState:
+def init_state(model, tx, config, shardings, seed: int, inputs=None, carry=None) -> TrainState:
   """Initialises parameters directly into their shardings (never materialised on one device);
-  `inputs` as for `abstract_state`."""
+  `inputs` and `carry` as for `abstract_state` (the carry starts at zeros)."""
   inputs = init_batch(config, 1) if inputs is None else inputs
 
   def init():
     rng = jax.random.key(seed)
     params = nn.meta.unbox(model.init({"params": rng, "dropout": rng}, **inputs,
                                       deterministic=True))
-    return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
+    return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params),
+                      carry=jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), carry))
 
   return jax.jit(init, out_shardings=shardings)()
 
@@ -78,9 +94,10 @@ def fresh_train_step(config, mesh, objective):
   Returns (state, train_step)."""
   model = objective.build_model(config)
   tx, schedule = optimizer_lib.make_optimizer(config)
-  inputs = objective_init_inputs(objective, config)
-  _, shardings = with_mesh_context(abstract_state, mesh)(model, tx, config, mesh, inputs)
-  state = with_mesh_context(init_state, mesh)(model, tx, config, shardings, config.seed, inputs)
+  inputs, carry = objective_init_inputs(objective, config), objective_carry(objective, config)
+  _, shardings = with_mesh_context(abstract_state, mesh)(model, tx, config, mesh, inputs, carry)
+  state = with_mesh_context(init_state, mesh)(model, tx, config, shardings, config.seed, inputs,
+                                              carry)
   return state, make_train_step(model, tx, schedule, objective.loss_fn, config, shardings, mesh)
 
 
@@ -90,32 +107,46 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
 
   With `grad_accum_steps = k` the global batch is split into k micro-batches scanned in sequence;
   the update uses the mean of their gradients (each micro-batch loss is already a mean).
+
+  When the state has a carry (`objective_carry`), `loss_fn(..., carry=state.carry)` returns
+  `(loss, metrics, new_carry)` and the new carry (no gradient flows into it) is the next step's.
   """
   accum = config.train.grad_accum_steps
   base_rng = jax.random.key(config.seed + 1)
+  carrying = state_shardings.carry is not None
+  if carrying and accum > 1:
+    raise ValueError("An objective that carries state between steps (XLNet's memory) cannot "
+                     "split a batch into micro-batches: set --config.train.grad_accum_steps=1.")
 
-  def micro_grads(params, batch, rng):
-    (loss, metrics), grads = jax.value_and_grad(
-        lambda p: loss_fn(model, p, batch, rng, config), has_aux=True)(params)
-    return grads, dict(metrics, loss=(loss, jnp.ones([], jnp.float32)))
+  def micro_grads(params, batch, rng, carry=None):
+    def loss_and_aux(p):
+      if not carrying:
+        loss, metrics = loss_fn(model, p, batch, rng, config)
+        return loss, (metrics, None)
+      loss, metrics, new_carry = loss_fn(model, p, batch, rng, config, carry=carry)
+      return loss, (metrics, new_carry)
+
+    (loss, (metrics, new_carry)), grads = jax.value_and_grad(loss_and_aux, has_aux=True)(params)
+    return grads, dict(metrics, loss=(loss, jnp.ones([], jnp.float32))), new_carry
 
   def step(state, batch):
     rng = jax.random.fold_in(base_rng, state.step)
+    carry = state.carry
     if accum == 1:
-      grads, metrics = micro_grads(state.params, batch, rng)
+      grads, metrics, carry = micro_grads(state.params, batch, rng, carry)
     else:
       # Strided micro-batches (rows i, i+k, i+2k, ...) keep every device's rows on that device;
       # contiguous slices of a batch-sharded array would reshuffle data between devices.
       micro = jax.tree.map(
           lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
 
-      def body(carry, inputs):
+      def body(total, inputs):
         index, mb = inputs
-        grads, metrics = micro_grads(state.params, mb, jax.random.fold_in(rng, index))
-        return jax.tree.map(jnp.add, carry, (grads, metrics)), None
+        grads, metrics, _ = micro_grads(state.params, mb, jax.random.fold_in(rng, index))
+        return jax.tree.map(jnp.add, total, (grads, metrics)), None
 
-      zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_grads, state.params,
-                                                          jax.tree.map(lambda x: x[0], micro), rng))
+      zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+          lambda *a: micro_grads(*a)[:2], state.params, jax.tree.map(lambda x: x[0], micro), rng))
       (grads, metrics), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro))
       grads = jax.tree.map(lambda g: g / accum, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -125,7 +156,8 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
                    learning_rate=(schedule(state.step), one),
                    grad_norm=(optax.tree.norm(grads), one),
                    param_norm=(optax.tree.norm(params), one))
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                      carry=carry), metrics
 
   batch_sh = sharding_lib.batch_sharding(mesh)
   replicated = NamedSharding(mesh, P())

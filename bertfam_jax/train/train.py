@@ -92,17 +92,15 @@ def _load_tokenizer(config, train_docs, workdir):
   return tokenizer
 
 
-def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs):
-  """Returns (state, data_state, resumed_step) following the resume precedence; `inputs` trace
-  `model.init` (the objective's `init_inputs`)."""
+def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs, carry):
+  """Returns (state, data_states, resumed_step) following the resume precedence, data_states
+  being the checkpoint's data positions of every process (None when starting); `inputs` trace
+  `model.init` (the objective's `init_inputs`), `carry` is its abstract step-to-step state."""
   latest = checkpointer.latest_step()
   if latest is not None:
-    state, data_state = checkpointer.restore(latest, abstract)
-    if data_state is None:
-      logging.warning("Checkpoint was written by a different number of processes; the data "
-                      "position restarts at the beginning of the stream.")
-    return state, data_state, latest
-  state = step_lib.init_state(model, tx, config, shardings, config.seed, inputs)
+    state, data_states = checkpointer.restore_every_process(latest, abstract)
+    return state, data_states, latest
+  state = step_lib.init_state(model, tx, config, shardings, config.seed, inputs, carry)
   if config.train.init_from:
     source = checkpoint_lib.Checkpointer(config.train.init_from, keep=1, read_only=True)
     step = source.latest_step()
@@ -136,19 +134,20 @@ def run(config, workdir: str) -> dict[str, float]:
   tx, schedule = optimizer_lib.make_optimizer(config)
   with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
   inputs = step_lib.objective_init_inputs(objective, config)
-  abstract, shardings = with_ctx(step_lib.abstract_state)(model, tx, config, mesh, inputs)
+  carry = step_lib.objective_carry(objective, config)
+  abstract, shardings = with_ctx(step_lib.abstract_state)(model, tx, config, mesh, inputs, carry)
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                              config.train.keep_checkpoints)
-  state, data_state, resumed_step = with_ctx(_initial_state)(
-      config, model, tx, abstract, shardings, checkpointer, inputs)
+  state, data_states, resumed_step = with_ctx(_initial_state)(
+      config, model, tx, abstract, shardings, checkpointer, inputs, carry)
 
   features_fn = objective.make_features(config, tokenizer)
   pipe_args = dict(process_index=jax.process_index(), process_count=jax.process_count(),
                    local_batch_size=local_batch,
                    **getattr(objective, "pipeline_options", lambda _: {})(config))
   train_pipe = pipeline_lib.Pipeline(config, tokenizer, train_docs, features_fn, **pipe_args)
-  if data_state is not None:
-    train_pipe.restore(data_state)
+  if data_states is not None:
+    train_pipe.restore(data_states)
   eval_batches = []
   if len(eval_docs) and config.train.eval_batches:
     eval_pipe = pipeline_lib.Pipeline(config, tokenizer, eval_docs, features_fn, **pipe_args)

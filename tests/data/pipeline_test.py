@@ -1,4 +1,5 @@
-"""Tests for bertfam_jax.data.pipeline: determinism, exact resume, sharding, epoch seeds, errors."""
+"""Tests for bertfam_jax.data.pipeline: determinism, exact resume, sharding, data shards, epoch
+seeds, errors."""
 
 import itertools
 
@@ -123,11 +124,11 @@ def test_restore_reproduces_the_uninterrupted_stream(make, packing):
     assert set(state) == {"epoch", "chunk", "offset"}
     assert all(isinstance(v, int) for v in state.values())
     resumed = make(packing=packing, epoch_mode=epoch_mode)
-    resumed.restore(state)
+    resumed.restore([state])
     assert_batches_equal(take(resumed, total - k), reference[k:])
     # Restoring the running pipeline itself rewinds it.
     take(p, 3)
-    p.restore(state)
+    p.restore([state])
     assert_batches_equal(take(p, 2), reference[k:k + 2])
 
 
@@ -149,6 +150,66 @@ def test_processes_read_disjoint_documents(make, documents):
   assert seen[0].isdisjoint(seen[1])
   assert seen[0] | seen[1] == set(range(len(documents)))
   assert not np.array_equal(next(shards[0])["input_ids"], next(shards[1])["input_ids"])
+
+
+def global_batches(pipes, n):
+  """n global batches: the processes' local batches concatenated in process order."""
+  return [{k: np.concatenate([b[k] for b in local]) for k in local[0]}
+          for local in zip(*(take(p, n) for p in pipes))]
+
+
+def test_data_shards_make_the_batches_independent_of_the_process_count(make, documents):
+  """With data.num_shards fixed, 1, 2 and 4 processes give the same global batches, and with one
+  shard per process a shard's stream is the default pipeline's stream of that process."""
+  docs, n = documents[:4], 12   # one document per shard; the last one's epoch is 8 batches
+  one = take(make(docs=docs, num_shards=4), n)
+  for count in (2, 4):
+    pipes = [make(process_index=i, process_count=count, docs=docs, batch_size=BATCH // count,
+                  num_shards=4) for i in range(count)]
+    assert [list(p.shards) for p in pipes] == np.arange(4).reshape(count, -1).tolist()
+    assert_batches_equal(global_batches(pipes, n), one)
+  default = [make(process_index=i, process_count=4, docs=docs, batch_size=BATCH // 4)
+             for i in range(4)]
+  assert_batches_equal(global_batches(default, n), one)
+
+
+def test_shard_positions_resume_on_another_process_count(make, documents):
+  """Two processes' states (a checkpoint) continue on one process, and its state on two."""
+  docs = documents[:4]   # shard 1's epoch is 15.25 batches: batches 13-20 cross it
+  reference = take(make(docs=docs, num_shards=2, prefetch=0), 20)
+  pipes = [make(process_index=i, process_count=2, docs=docs, batch_size=BATCH // 2,
+                num_shards=2) for i in range(2)]
+  assert_batches_equal(global_batches(pipes, 7), reference[:7])
+  one = make(docs=docs, num_shards=2)
+  one.restore([p.state() for p in pipes])
+  assert set(one.state()) == {"epoch", "chunk", "offset", "epoch_1", "chunk_1", "offset_1"}
+  assert_batches_equal(take(one, 6), reference[7:13])
+  again = [make(process_index=i, process_count=2, docs=docs, batch_size=BATCH // 2,
+                num_shards=2) for i in range(2)]
+  for p in again:
+    p.restore([one.state()])
+  assert_batches_equal(global_batches(again, 7), reference[13:])
+
+
+def test_restore_with_another_number_of_shards(make):
+  two_processes = [dict(epoch=0, chunk=1, offset=3)] * 2
+  with pytest.raises(config_lib.ConfigError, match=r"2 data shards.*num_shards=4; "
+                                                   r"--config.data.num_shards=2 "):
+    make(num_shards=4).restore(two_processes)
+  # One shard per process (the default): a checkpoint of 2 processes restarts the stream on 1.
+  p = make(prefetch=0)
+  p.restore(two_processes)
+  assert p.state() == dict(epoch=0, chunk=0, offset=0)
+  assert_batches_equal(take(p, 2), take(make(), 2))
+
+
+def test_data_shards_that_cannot_be_split(make, documents):
+  with pytest.raises(config_lib.ConfigError, match=r"num_shards=3 is not a multiple of the 2 "):
+    make(process_index=0, process_count=2, num_shards=3)
+  with pytest.raises(config_lib.ConfigError, match=r"batch of 6 .*num_shards=4"):
+    make(batch_size=6, num_shards=4)
+  with pytest.raises(config_lib.ConfigError, match=r"Data shard 0 of 3 gets none of the 2 "):
+    make(docs=documents[:2], num_shards=3, batch_size=3)
 
 
 def epoch_examples(p, epoch):

@@ -1,21 +1,35 @@
-"""Two processes x 4 CPU devices (jax.distributed with a coordinator on 127.0.0.1): every process
-reads its own documents, the global batch is assembled from both, checkpoints are written by both
-and the job resumes from them."""
+"""Two processes x 4 CPU devices (jax.distributed with a coordinator on 127.0.0.1) against one
+process x 8 devices, both reading data.num_shards=2 shards: every process reads its own
+documents, the global batch is assembled from both, checkpoints are written by both, and the job
+resumes from them, on two processes and on one."""
 
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+
+import numpy as np
+
+from bertfam_jax import config_lib
+from bertfam_jax.data import pipeline
+from bertfam_jax.train import train
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_TINY = ("--config.model.hidden=32", "--config.model.layers=2", "--config.model.heads=2",
-         "--config.model.mlp=64", "--config.model.vocab_size=512",
-         "--config.model.max_positions=32", "--config.data.seq_len=32",
-         "--config.objective.max_predictions=5", "--config.train.batch_size=16",
-         "--config.optimizer.warmup_steps=2", "--config.train.log_every=1",
-         "--config.train.checkpoint_every=3", "--config.train.eval_every=3",
-         "--config.train.eval_batches=1", "--config.mesh.data=4", "--config.mesh.fsdp=2")
+_TINY = {"model.hidden": 32, "model.layers": 2, "model.heads": 2, "model.mlp": 64,
+         "model.vocab_size": 512, "model.max_positions": 32, "data.seq_len": 32,
+         "objective.max_predictions": 5, "train.batch_size": 16,
+         # A learning rate independent of train.total_steps, so that 3 steps resumed to 6 are
+         # the uninterrupted run of 6.
+         "optimizer.schedule": "constant",
+         "train.log_every": 1, "train.checkpoint_every": 3, "train.eval_every": 3,
+         "train.eval_batches": 1, "mesh.data": 4, "mesh.fsdp": 2, "data.num_shards": 2}
+# "Data shard 1 of 2 (process 1) reads documents [3, 41, ...] of 85." (pipeline.chunk_examples)
+_READS = re.compile(r"Data shard (\d+) of 2 \(process (\d+)\) reads documents \[([\d, ]*)\] of "
+                    r"(\d+)\.")
 
 
 def _free_port() -> int:
@@ -24,20 +38,41 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_two_processes(workdir, total_steps):
+def _run_two_processes(workdir, total_steps, *flags):
+  """Returns each process's (stdout, stderr)."""
   port = _free_port()
   env = dict(os.environ, PYTHONPATH=_REPO,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  overrides = [f"--config.{k}={v}" for k, v in _TINY.items()]
+  # Files, not pipes: a process blocked on a full pipe would stall the other in a collective.
+  files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(2)]
   procs = [subprocess.Popen(
       [sys.executable, "-m", "bertfam_jax.main", "--config=configs/bert.py:runlocal",
-       f"--workdir={workdir}", *_TINY, f"--config.train.total_steps={total_steps}",
-       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-      cwd=_REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
-  outputs = [p.communicate(timeout=400) for p in procs]
+       f"--workdir={workdir}", *overrides, f"--config.train.total_steps={total_steps}",
+       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
+       *flags],
+      cwd=_REPO, env=env, stdout=out, stderr=err) for i, (out, err) in enumerate(files)]
+  for p in procs:
+    p.wait(timeout=400)
+  outputs = [tuple(_read(f) for f in pair) for pair in files]
   for p, (_, err) in zip(procs, outputs):
     assert p.returncode == 0, err[-3000:]
   return outputs
+
+
+def _read(file) -> str:
+  file.seek(0)
+  with file:
+    return file.read()
+
+
+def _run_one_process(workdir, total_steps, **overrides):
+  """The same run in this process, on its 8 devices."""
+  config = config_lib.load_config(os.path.join(_REPO, "configs", "bert.py"), "runlocal")
+  for key, value in {**_TINY, "train.total_steps": total_steps, **overrides}.items():
+    section, field = key.split(".")
+    config[section][field] = value
+  train.run(config, workdir)
 
 
 def _losses(workdir):
@@ -45,16 +80,59 @@ def _losses(workdir):
     return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
 
 
-def test_two_processes_train_checkpoint_and_resume(tmp_path):
-  workdir = str(tmp_path / "two")
-  outputs = _run_two_processes(workdir, total_steps=3)
+def _data_positions(workdir, step):
+  """Every data shard's position in a checkpoint, whatever number of processes wrote it."""
+  with open(os.path.join(workdir, "checkpoints", str(step), "data", "metadata")) as f:
+    data = json.load(f)
+  return pipeline.shard_positions([dict(zip(data["keys"], row)) for row in data["processes"]])
+
+
+def _documents_read(stderr):
+  """{(shard, process, number of documents in the split): [document ids]} from the debug log."""
+  reads = {}
+  for shard, process, ids, num_docs in _READS.findall(stderr):
+    reads.setdefault((int(shard), int(process), int(num_docs)), []).extend(
+        int(i) for i in ids.split(", ") if i)
+  return reads
+
+
+def test_two_processes_equal_one_read_disjoint_data_and_resume_on_either(tmp_path):
+  two, one, reference = (str(tmp_path / name) for name in ("two", "one", "reference"))
+  outputs = _run_two_processes(two, 3, "--verbosity=1")
   # Process 0 prints the progress; both ran the same global steps on an 8-device mesh.
   assert "mesh {'data': 4, 'fsdp': 2, 'tensor': 1}" in outputs[0][0]
   assert "step 3/3" in outputs[0][0] and "step 3/3" not in outputs[1][0]
-  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["3"]
-  first = _losses(workdir)
-  _run_two_processes(workdir, total_steps=6)  # resumes from step 3
-  resumed = _losses(workdir)
-  assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
-  assert all(resumed[s] == first[s] for s in (1, 2, 3))
-  assert all(0 < loss < 20 for loss in resumed.values())
+  assert os.listdir(os.path.join(two, "checkpoints")) == ["3"]
+  # The documents each process really read (logged where a chunk is read): process p read data
+  # shard p only; the processes' documents are disjoint and together every document of a split.
+  num_train, num_eval = map(int, re.search(r"(\d+) train / (\d+) eval documents",
+                                           outputs[0][0]).groups())
+  for num_docs in (num_train, num_eval):
+    read = []
+    for process, (_, stderr) in enumerate(outputs):
+      reads = _documents_read(stderr)
+      assert {(s, p) for s, p, _ in reads} == {(process, process)}, reads.keys()
+      read.append(set(reads[process, process, num_docs]))
+    assert read[0].isdisjoint(read[1]) and read[0] | read[1] == set(range(num_docs))
+  shutil.copytree(two, one)
+  _run_two_processes(two, 6)   # resumes from step 3
+  losses = _losses(two)
+  assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+  assert all(0 < loss < 20 for loss in losses.values())
+
+  # One process x 8 devices reads the same two shards: the same batches, so the same losses (to
+  # the rounding of the cross-process reductions), and the same data positions.
+  _run_one_process(reference, 6, **{"train.checkpoint_every": 6})
+  reference_losses = _losses(reference)
+  np.testing.assert_allclose([reference_losses[s] for s in range(1, 7)],
+                             [losses[s] for s in range(1, 7)], rtol=1e-5)
+  assert len(_data_positions(two, 6)) == 2
+  assert _data_positions(reference, 6) == _data_positions(two, 6)
+
+  # The checkpoint written by the two processes resumes in one: the state and both shards'
+  # positions are restored, and steps 4-6 continue the two-process run.
+  _run_one_process(one, 6)
+  resumed = _losses(one)
+  np.testing.assert_allclose([resumed[s] for s in (4, 5, 6)], [losses[s] for s in (4, 5, 6)],
+                             rtol=1e-5)
+  assert _data_positions(one, 6) == _data_positions(two, 6)

@@ -1,4 +1,7 @@
-"""The jitted train step: sharded equals single-device, accumulation, and learning on a tiny model."""
+"""The jitted train step: every sharding strategy equals one device; accumulation; learning on a
+tiny model."""
+
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -8,14 +11,16 @@ from jax.sharding import PartitionSpec as P
 
 from bertfam_jax import config_lib as cl
 from bertfam_jax.objectives import mlm
-from bertfam_jax.train import sharding, step as step_lib
+from bertfam_jax.train import optimizer, sharding, step as step_lib
 
-VOCAB, LENGTH, PREDICTIONS, BATCH = 97, 16, 4, 8
+# Heads, MLP width and vocabulary divisible by 8: tensor parallelism up to 8 shards them all.
+VOCAB, HEADS, LENGTH, PREDICTIONS, BATCH = 96, 8, 16, 4, 8
 
 
-def tiny_config(**mesh):
+def tiny_config(vocab_size=VOCAB, **mesh):
   c = cl.base_config()
-  c.model.update(hidden=32, layers=2, heads=4, mlp=64, vocab_size=VOCAB, max_positions=LENGTH)
+  c.model.update(hidden=32, layers=2, heads=HEADS, mlp=64, vocab_size=vocab_size,
+                 max_positions=LENGTH)
   c.data.seq_len = LENGTH
   c.objective.max_predictions = PREDICTIONS
   c.optimizer.update(peak_lr=1e-2, warmup_steps=2)
@@ -48,13 +53,24 @@ def put(batch, mesh):
   return {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}
 
 
-def run_steps(config, batches, devices=None):
+class Run(NamedTuple):
+  losses: list[float]
+  grad_norms: list[float]
+  first_moment: Any   # Adam's mu after the first step: (1 - b1) · the clipped gradient tree
+  params: Any         # after the last step
+
+
+def run_steps(config, batches, devices=None) -> Run:
   mesh, state, train_step = setup(config, devices)
-  losses = []
+  losses, grad_norms, first_moment = [], [], None
   for batch in batches:
     state, metrics = train_step(state, put(batch, mesh))
-    losses.append(step_lib.finalize_metrics(jax.device_get(metrics))["loss"])
-  return losses, jax.device_get(state.params)
+    scalars = step_lib.finalize_metrics(jax.device_get(metrics))
+    losses.append(scalars["loss"])
+    grad_norms.append(scalars["grad_norm"])
+    if first_moment is None:   # opt_state: (clip, adam, decay, lr) states
+      first_moment = jax.device_get(state.opt_state[1].mu)
+  return Run(losses, grad_norms, first_moment, jax.device_get(state.params))
 
 
 @pytest.fixture(scope="module")
@@ -63,28 +79,52 @@ def single_device_run():
   return batches, run_steps(tiny_config(), batches, jax.devices()[:1])
 
 
-@pytest.mark.parametrize("mesh", [dict(data=2, fsdp=2, tensor=2), dict(data=1, fsdp=8),
-                                  dict(data=2, tensor=4)])
+@pytest.mark.parametrize("mesh", sharding.STRATEGIES.values(), ids=sharding.STRATEGIES.keys())
 def test_sharded_step_equals_single_device(single_device_run, mesh):
-  batches, (ref_losses, ref_params) = single_device_run
-  losses, params = run_steps(tiny_config(**mesh), batches)
-  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-  # Parameters after 3 updates agree, so the gradients did at every step.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6), params,
-               ref_params)
+  """Each strategy (data=8, fsdp=8, tensor=8 and their combinations) on 8 devices."""
+  batches, reference = single_device_run
+  run = run_steps(tiny_config(**mesh), batches)
+  np.testing.assert_allclose(run.losses, reference.losses, rtol=2e-5)
+  np.testing.assert_allclose(run.grad_norms, reference.grad_norms, rtol=1e-4)
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6)  # noqa: E731
+  jax.tree.map(close, run.first_moment, reference.first_moment)   # the first gradients
+  jax.tree.map(close, run.params, reference.params)   # so the gradients of every step
+
+
+def abstract_state(config):
+  """The train state's shapes and shardings on config.mesh (8 devices), without allocating."""
+  mesh = sharding.make_mesh(config.mesh)
+  model, (tx, _) = mlm.build_model(config), optimizer.make_optimizer(config)
+  return step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, config, mesh)[0]
 
 
 def test_parameters_are_sharded_by_logical_rules():
-  config = tiny_config(data=2, fsdp=2, tensor=2)
-  _, state, _ = setup(config)
-  layer = state.params["params"]["encoder"]["layer_0"]
+  state = abstract_state(tiny_config(data=2, fsdp=2, tensor=2))
+  encoder = state.params["params"]["encoder"]
+  layer = encoder["layer_0"]
   assert layer["mlp"]["intermediate"]["kernel"].sharding.spec == P("fsdp", "tensor")
   assert layer["attention"]["query"]["kernel"].sharding.spec == P("fsdp", "tensor", None)
-  # 97 is not divisible by tensor=2: the vocabulary dimension falls back to replication.
-  embedding = state.params["params"]["encoder"]["word_embeddings"]["embedding"]
-  assert embedding.sharding.spec == P(None, "fsdp")
+  assert encoder["word_embeddings"]["embedding"].sharding.spec == P("tensor", "fsdp")
   mu = state.opt_state[1].mu["params"]["encoder"]["layer_0"]["mlp"]["intermediate"]["kernel"]
   assert mu.sharding.spec == P("fsdp", "tensor")  # optimizer state sharded like its parameter
+  # 97 is not divisible by tensor=2: the vocabulary dimension falls back to replication.
+  state = abstract_state(tiny_config(vocab_size=97, data=2, fsdp=2, tensor=2))
+  assert state.params["params"]["encoder"]["word_embeddings"]["embedding"].sharding.spec == P(
+      None, "fsdp")
+
+
+def test_tensor_parallelism_shards_heads_mlp_and_vocabulary():
+  """tensor=8: every device holds 1/8 of each head-, MLP- and vocabulary-sized dimension and a
+  whole copy of what has none (LayerNorm)."""
+  encoder = abstract_state(tiny_config(data=1, tensor=8)).params["params"]["encoder"]
+  layer = encoder["layer_0"]
+  shard = lambda x: x.sharding.shard_shape(x.shape)  # noqa: E731
+  assert shard(layer["attention"]["query"]["kernel"]) == (32, HEADS // 8, 32 // HEADS)
+  assert shard(layer["attention"]["output"]["kernel"]) == (HEADS // 8, 32 // HEADS, 32)
+  assert shard(layer["mlp"]["intermediate"]["kernel"]) == (32, 64 // 8)
+  assert shard(layer["mlp"]["output"]["kernel"]) == (64 // 8, 32)
+  assert shard(encoder["word_embeddings"]["embedding"]) == (VOCAB // 8, 32)
+  assert shard(layer["attention_ln"]["norm"]["scale"]) == (32,)
 
 
 def test_gradient_accumulation_matches_mean_of_micro_batch_gradients():
@@ -99,16 +139,16 @@ def test_gradient_accumulation_matches_mean_of_micro_batch_gradients():
   c2 = tiny_config()
   c2.model.update(dropout=0.0, attention_dropout=0.0)
   c2.train.grad_accum_steps = 2
-  loss1, params1 = run_steps(c1, [doubled])
-  loss2, params2 = run_steps(c2, [doubled])
-  np.testing.assert_allclose(loss2[0], loss1[0], rtol=1e-5)  # logged loss: mean over micro-batches
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6), params1,
-               params2)
+  run1, run2 = run_steps(c1, [doubled]), run_steps(c2, [doubled])
+  # logged loss: mean over micro-batches
+  np.testing.assert_allclose(run2.losses[0], run1.losses[0], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6), run1.params,
+               run2.params)
 
 
 def test_loss_decreases_when_fitting_one_batch():
   batch = random_batch(3)
   config = tiny_config()
   config.optimizer.peak_lr = 3e-3
-  losses, _ = run_steps(config, [batch] * 30)
+  losses = run_steps(config, [batch] * 30).losses
   assert losses[-1] < 0.5 * losses[0], losses

