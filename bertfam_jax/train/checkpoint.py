@@ -15,6 +15,7 @@ from jax.experimental import multihost_utils
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.train import step as step_lib
 
 # Sections whose change makes an existing checkpoint meaningless (a different network, vocabulary
 # or objective). Optimizer, schedule, batch and step counts may change between resumptions.
@@ -90,7 +91,7 @@ class Checkpointer:
     per_process = np.asarray(multihost_utils.process_allgather(local)).reshape(
         jax.process_count(), len(keys))
     data = {"keys": keys, "processes": per_process.tolist()}
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_on_disk(state)),
                                                     data=ocp.args.JsonSave(data)), force=True)
     if jax.default_backend() == "cpu":
       # On CPU the host copy orbax takes before returning can alias the device buffers, which the
@@ -111,7 +112,7 @@ class Checkpointer:
     data_state of every process that wrote the checkpoint, in process order)."""
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+          state=ocp.args.StandardRestore(_on_disk(abstract_state)), data=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise bare Exception)
       detail = " ".join(str(e).split())[:300]
       raise ConfigError(
@@ -119,8 +120,23 @@ class Checkpointer:
           f"this model ({type(e).__name__}: {detail}). It is left untouched; move it aside to resume "
           f"from an earlier step, or use a new --workdir.") from e
     data = restored["data"]
-    return restored["state"], [dict(zip(data["keys"], row)) for row in data["processes"]]
+    state = restored["state"]
+    if isinstance(abstract_state, step_lib.TrainState):
+      state = step_lib.TrainState(**state, carry=state.get("carry"))
+    return state, [dict(zip(data["keys"], row)) for row in data["processes"]]
 
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _on_disk(state):
+  """A `TrainState` as the tree its checkpoints hold: {step, params, opt_state}, plus `carry` only
+  for objectives that keep one (XLNet's memory), so checkpoints written before the carry existed
+  restore unchanged."""
+  if not isinstance(state, step_lib.TrainState):
+    return state
+  tree = dict(step=state.step, params=state.params, opt_state=state.opt_state)
+  if state.carry is not None:
+    tree["carry"] = state.carry
+  return tree

@@ -186,3 +186,31 @@ def test_init_from_without_a_checkpoint(tmp_path):
   with pytest.raises(ConfigError, match="holds no checkpoint"):
     train.run(config, str(tmp_path / "run"))
   assert not os.path.exists(config.train.init_from)  # nothing created in another run's place
+
+
+def test_a_checkpoint_from_before_the_carry_restores(uninterrupted, tmp_path):
+  """Checkpoints hold {step, params, opt_state} (+ carry only for objectives that keep one, e.g.
+  XLNet's memory), so one written before `TrainState.carry` existed (that tree, saved by orbax as
+  the loop did then) still restores, into a TrainState without carry."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.objectives import mlm  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.train import optimizer, sharding, step  # pylint: disable=g-import-not-at-top
+  config = tiny_config()
+  mesh = sharding.make_mesh(config.mesh)
+  model, (tx, _) = mlm.build_model(config), optimizer.make_optimizer(config)
+  abstract, _ = step.with_mesh_context(step.abstract_state, mesh)(model, tx, config, mesh)
+  ckpt = checkpoint.Checkpointer(os.path.join(uninterrupted, "checkpoints"), keep=5)
+  state, _ = ckpt.restore(4, abstract)
+  ckpt.close()
+  old_format = dict(step=state.step, params=state.params, opt_state=state.opt_state)
+  manager = ocp.CheckpointManager(str(tmp_path / "old"))
+  manager.save(4, args=ocp.args.Composite(state=ocp.args.StandardSave(old_format),
+                                          data=ocp.args.JsonSave({"keys": [], "processes": [[]]})))
+  manager.wait_until_finished()
+  manager.close()
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "old"), keep=5)
+  restored, _ = ckpt.restore(4, abstract)
+  ckpt.close()
+  assert isinstance(restored, step.TrainState) and restored.carry is None
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params),
+               jax.device_get(state.params))
