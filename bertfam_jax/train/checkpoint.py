@@ -122,7 +122,11 @@ class Checkpointer:
     data = restored["data"]
     state = restored["state"]
     if isinstance(abstract_state, step_lib.TrainState):
-      state = step_lib.TrainState(**state, carry=state.get("carry"))
+      carry = abstract_state.carry
+      if carry is not None:  # the tree (tuple of per-layer arrays) the train step was traced with
+        carry = jax.tree.unflatten(jax.tree.structure(carry), jax.tree.leaves(state["carry"]))
+      state = step_lib.TrainState(step=state["step"], params=state["params"],
+                                  opt_state=state["opt_state"], carry=carry)
     return state, [dict(zip(data["keys"], row)) for row in data["processes"]]
 
   def close(self) -> None:
