@@ -145,21 +145,9 @@ def row_config(row: BenchRow, *, fast_path: bool, extra: tuple[str, ...] = ()):
   elif fast_path:
     dropout = "model.dropout=0" if config.model.get("kind") == "t5" else "model.attention_dropout=0"
     items = [dropout, *FAST_PATH, *items]
-  apply_overrides(config, items)
+  config_lib.apply_overrides(config, items)
   config_lib.validate(config)
   return config
-
-
-def apply_overrides(config, items) -> None:
-  """`section.key=value` items, each value cast to the type of the field it replaces."""
-  for item in items:
-    key, _, value = item.partition("=")
-    *sections, field = key.split(".")
-    target = config
-    for section in sections:
-      target = target[section]
-    kind = type(target[field])
-    target[field] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
 
 
 def run_cell(cell: dict) -> dict:

@@ -78,6 +78,19 @@ def parse_arg(arg: str | None, **defaults) -> Arg:
   return Arg(**values)
 
 
+def apply_overrides(config: ml_collections.ConfigDict, items) -> None:
+  """Sets `section.key=value` items on `config`, each value cast to the type of the field it
+  replaces (the experiments' --config_overrides, benchmarks/table.py's rows)."""
+  for item in items:
+    key, _, value = item.partition("=")
+    *sections, field = key.split(".")
+    target = config
+    for section in sections:
+      target = target[section]
+    kind = type(target[field])
+    target[field] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+
+
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
   """`get_config(arg)` of a config file, loaded from its path as `--config=path:arg` does."""
   spec = importlib.util.spec_from_file_location(

@@ -15,7 +15,6 @@ all), finetune_seq_len, finetune_epochs and finetune_lr.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -115,17 +114,6 @@ def pretrain_and_score(name: str, config, seed: int, scale: dict, workdir: str |
 
 
 # -------------------------------------------------------------------------------- results, sweep
-
-
-def apply_overrides(config, items: Sequence[str]) -> None:
-  """Sets `section.key=value` items (the --config_overrides flag) on `config`, each value cast to
-  the type of the field it replaces."""
-  for item in items:
-    key, _, value = item.partition("=")
-    *sections, field = key.split(".")
-    target = functools.reduce(getattr, sections, config)
-    kind = type(target[field])
-    target[field] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
 
 
 def check_rows(selected: Sequence[str], rows: Sequence[tuple]) -> None:

@@ -146,7 +146,7 @@ def base_config(scale: dict, seed: int):
   config.seed = seed
   config.train.batch_size = scale["batch_size"]
   config.optimizer.peak_lr = scale["peak_lr"]
-  common.apply_overrides(config, scale.get("config_overrides", ()))
+  config_lib.apply_overrides(config, scale.get("config_overrides", ()))
   return config
 
 

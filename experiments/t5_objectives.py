@@ -209,7 +209,7 @@ def pretrain_config(scale: dict, spec: dict, seed: int):
   overrides = {k: v for k, v in spec.items() if k != "targets"}
   config.objective = config_lib.t5_objective(**overrides)
   config.objective.targets_length = targets_length(spec, config.data.seq_len, config.objective)
-  common.apply_overrides(config, scale.get("config_overrides", ()))
+  config_lib.apply_overrides(config, scale.get("config_overrides", ()))
   config_lib.validate(config)
   t5_objective.segment_length(config)  # the objective's own length check
   return config
