@@ -9,17 +9,26 @@ same device (so neither allocator holds memory the other needs, and a crash or O
   ours            `train_throughput.measure`: the jitted train step of the real model, optimizer
                   and sharding on a synthetic on-device batch; first step (compile) and 3 warm-up
                   steps excluded, mean of --steps steps
-  HF eager        the same model in transformers (PyTorch), `attn_implementation='sdpa'`, bf16
-                  autocast, torch.optim.AdamW (`hf_compare.measure_hf`, same inputs and schedule)
-  HF compiled     the same, the model wrapped in `torch.compile` (compilation excluded)
+  HF eager        the same model in transformers (PyTorch), parameter for parameter,
+                  `attn_implementation='sdpa'` ('eager' for XLNet, which has no other), bf16
+                  autocast, torch.optim.AdamW (`hf_compare.measure_hf`, same inputs, loss terms
+                  and schedule)
+  HF compiled     the same, its loss (forward + loss) wrapped in `torch.compile` (compilation
+                  excluded)
+
+The HF peers (hf_compare.py's docstring has the details): BertForPreTraining, RobertaForMaskedLM,
+AlbertForPreTraining and T5ForConditionalGeneration with HF's own losses; SpanBERT is HF's
+BertForMaskedLM plus our span boundary head written in torch (HF has none); ELECTRA is HF's
+ElectraForMaskedLM generator and ElectraForPreTraining discriminator sharing the embeddings, joined
+by our torch step (generator MLM, sampling without gradient, 50 x replaced-token detection); XLNet
+is XLNetLMHeadModel with the permutation mask, target mapping and memory carried between steps.
 
 tokens/s count every position of the batch (T5: the encoder inputs). Model FLOPs are ours for
 both (the objective's `flops_per_token`, ../shared/PERF.md §3: matmul FLOPs of forward and
-backward, attention counted in full, heads at the positions they compute; HF's dense MLM head
-does more work that is not credited). MFU divides by the device's dense bf16 peak (H100 SXM:
-989 TFLOP/s). Peak memory is the process's peak (JAX `peak_bytes_in_use`, torch
-`max_memory_allocated`). Rows whose family has no HF pre-training model (ELECTRA's joint
-generator + discriminator step, SpanBERT's SBO) have no HF cells. The optimizer is AdamW on both
+backward, attention counted in full, heads at the positions they compute; HF's dense MLM heads
+and XLNet's query stream attending from every position do more work that is not credited). MFU
+divides by the device's dense bf16 peak (H100 SXM: 989 TFLOP/s). Peak memory is the process's
+peak (JAX `peak_bytes_in_use`, torch `max_memory_allocated`). The optimizer is AdamW on both
 sides (ALBERT's LAMB and T5's Adafactor are swapped for it in those rows so the ratio compares
 models, not optimizers).
 
@@ -66,7 +75,7 @@ class BenchRow:
   seq_len: int
   batch: int
   overrides: tuple[str, ...] = ()
-  hf: bool = True
+  hf: bool = True  # False: no HF peer (its cells read "no HF peer"); every row has one today
 
 
 # BERT / RoBERTa / ALBERT predict ~15% of the positions (BERT's max_predictions_per_seq 20 @ 128,
@@ -84,10 +93,9 @@ ROWS = (
              ("objective.max_predictions=77",)),
     BenchRow("albert-base-512", "ALBERT-base", "albert.py:size=base", 512, 64,
              ("objective.max_predictions=77",)),
-    BenchRow("spanbert-base-512", "SpanBERT-base (MLM + SBO)", "spanbert.py:size=base", 512, 64,
-             (), hf=False),
+    BenchRow("spanbert-base-512", "SpanBERT-base (MLM + SBO)", "spanbert.py:size=base", 512, 64),
     BenchRow("electra-base-512", "ELECTRA-base (generator + discriminator)",
-             "electra.py:size=base", 512, 64, (), hf=False),
+             "electra.py:size=base", 512, 64),
     # T5's attention adds a learned position bias whose gradient cuDNN must return; on an H100
     # (2026-11-23) that cell did not finish its first step in 8 minutes, so T5 keeps XLA's
     # attention here until it is profiled.
@@ -95,7 +103,7 @@ ROWS = (
              ("objective.targets_length=114", "model.attention_impl=")),
     # XLNet's recipe window (256 reused + 256 new, memory 384, 85 targets): both streams.
     BenchRow("xlnet-base-512", "XLNet-base (two streams, memory 384)", "xlnet.py:size=base", 512,
-             32, (), hf=False),
+             32),
     # A CPU-sized row for smoke runs and tests.
     BenchRow("bert-mini-128", "BERT-mini", "bert.py:size=mini", 128, 8,
              ("objective.max_predictions=20",)),
@@ -191,7 +199,8 @@ def measure_hf(config, cell: dict) -> dict:
   batch = tt.synthetic_batch(config, config.train.batch_size, cpu_mesh)
   model, attention = hf_compare.hf_model_with_attention(config, transformers)
   flops_per_token = objectives.get(config.objective.name).flops_per_token(config)
-  row = hf_compare.Row(implementation=f"HF {type(model).__name__}")
+  name = hf_compare.peer_name(model)
+  row = hf_compare.Row(implementation=f"HF {name}")
   hf_compare.measure_hf(config, batch, row, flops_per_token, torch, model, device,
                         steps=cell["steps"], warmup=cell["warmup"],
                         compile_model=cell["impl"] == "compile")
@@ -200,7 +209,7 @@ def measure_hf(config, cell: dict) -> dict:
       tokens_per_s=row.tokens_per_s, flops_per_token=flops_per_token,
       device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
       peak_memory_bytes=torch.cuda.max_memory_allocated() if device == "cuda" else None,
-      attn_implementation=attention, hf_model=type(model).__name__,
+      attn_implementation=attention, hf_model=name,
       torch_version=torch.__version__, transformers_version=transformers.__version__)
   peak = next((p for k, p in flops_lib.PEAK_BF16_FLOPS.items() if k in record["device"]), None)
   record["mfu"] = flops_per_token * row.tokens_per_s / peak if peak else None

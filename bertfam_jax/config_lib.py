@@ -80,15 +80,27 @@ def parse_arg(arg: str | None, **defaults) -> Arg:
 
 def apply_overrides(config: ml_collections.ConfigDict, items) -> None:
   """Sets `section.key=value` items on `config`, each value cast to the type of the field it
-  replaces (the experiments' --config_overrides, benchmarks/table.py's rows)."""
+  replaces (the experiments' --config_overrides, benchmarks/table.py's rows); ConfigError for
+  an item that is not `section.key=value` of an existing field, or a value of the wrong type."""
   for item in items:
-    key, _, value = item.partition("=")
+    key, equals, value = item.partition("=")
     *sections, field = key.split(".")
     target = config
-    for section in sections:
-      target = target[section]
-    kind = type(target[field])
-    target[field] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    try:
+      for section in sections:
+        target = target[section]
+      kind = type(target[field])
+    except (KeyError, AttributeError, TypeError):
+      raise ConfigError(f"override {item!r}: the config has no field {key!r}; overrides are "
+                        "section.key=value with the config file's names (e.g. "
+                        "model.dtype=bfloat16).") from None
+    if not equals:
+      raise ConfigError(f"override {item!r} has no value: write {key}=VALUE.")
+    try:
+      target[field] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    except (TypeError, ValueError):
+      raise ConfigError(f"override {item!r}: {key} is a {kind.__name__}, and {value!r} is not "
+                        "one.") from None
 
 
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
@@ -140,6 +152,7 @@ def base_config() -> ml_collections.ConfigDict:
       train_max_sentences=2_000_000,
       vocab_size=0,           # SentencePiece pieces; 0 = model.vocab_size - extra_ids
       extra_ids=0,            # T5 sentinels appended after the pieces (100 in T5)
+      user_symbols="",        # more user-defined pieces after [MASK], comma-separated (XLNet: <eod>)
   ))
   c.model = encoder("base")
   c.optimizer = bert_adamw(peak_lr=1e-4, warmup_steps=10_000)

@@ -33,7 +33,7 @@ def get_config(arg=None):
   config.objective = cl.xlnet_objective()
   config.data.update(source="tfds", tfds_name="wikipedia/20230601.en", train_split="train[:99%]",
                      eval_split="train[99%:]", seq_len=512, packing="xlnet_streams")
-  config.tokenizer.model_type = "unigram"
+  config.tokenizer.update(model_type="unigram", user_symbols="<eod>")
   config.optimizer = cl.bert_adamw(peak_lr=4e-4, eps=1e-6, warmup_steps=40_000,
                                    schedule="linear_after_warmup")
   config.train.update(batch_size=8192, total_steps=500_000)

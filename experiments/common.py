@@ -7,6 +7,7 @@ that returns one result dict; this module provides the rest:
   pretrain_and_score(...)           pre-train a config in a workdir (or not: the floor), then
                                     fine-tune and probe its encoder on the task
   run_sweep(...)                    seeds × rows, appending to results.jsonl, skipping finished rows
+  define_sweep_flags / sweep_dirs   the flags every experiment takes and the directories they name
   summarise / mean_std / plot       mean ± sample std over seeds, table cells and the bar chart
 
 A scale is a dict with at least finetune_train / finetune_eval (examples kept per split, None for
@@ -20,10 +21,11 @@ import os
 import time
 from typing import Callable, Sequence
 
-from absl import app
+from absl import app, flags
 import jax
 import numpy as np
 
+from bertfam_jax import config_lib
 from bertfam_jax.data import sources, tokenizers, wordnet
 from bertfam_jax.finetune import classify, features, probe
 from bertfam_jax.train import train
@@ -113,14 +115,55 @@ def pretrain_and_score(name: str, config, seed: int, scale: dict, workdir: str |
               total_seconds=round(time.time() - start, 1))
 
 
+# ------------------------------------------------------------------------------ command line
+
+
+def define_sweep_flags(experiment: str, rows: Sequence[tuple], scales: dict) -> None:
+  """The flags every experiment takes (an experiment defines them only when run as a script, so
+  that importing it beside another experiment defines no flag twice): --scale, --rows, --seeds,
+  --out, --workdirs, --config_overrides and --compilation_cache."""
+  flags.DEFINE_enum("scale", "runlocal", sorted(scales), "Sweep size.")
+  flags.DEFINE_list("rows", [name for name, _ in rows], "Rows to run (paper names).")
+  flags.DEFINE_list("seeds", ["0", "1"], "Seeds: pre-training and fine-tuning.")
+  flags.DEFINE_string("out", "", f"Results directory (default experiments/results/{experiment}/"
+                      "<scale>).")
+  flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default <out>/runs; not committed).")
+  flags.DEFINE_list("config_overrides", [], "Extra config settings for every row, key=value with "
+                    "dotted keys (e.g. data.tfds_data_dir=/data).")
+  flags.DEFINE_string("compilation_cache", "", "JAX's persistent compilation cache (default "
+                      "<workdirs>/jax_cache): rows of one shape compile once.")
+
+
+def sweep_dirs(experiment: str) -> tuple[str, str]:
+  """(results directory, workdirs directory) from the parsed sweep flags; creates the first and
+  points JAX's persistent compilation cache at --compilation_cache (default <workdirs>/jax_cache)."""
+  f = flags.FLAGS
+  out = f.out or os.path.join("experiments", "results", experiment, f.scale)
+  workdirs = f.workdirs or os.path.join(out, "runs")
+  os.makedirs(out, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir",
+                    f.compilation_cache or os.path.join(workdirs, "jax_cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  return out, workdirs
+
+
 # -------------------------------------------------------------------------------- results, sweep
 
 
-def check_rows(selected: Sequence[str], rows: Sequence[tuple]) -> None:
-  """Raises app.UsageError for a --rows name that is not a row."""
+def check_rows(selected: Sequence[str], rows: Sequence[tuple],
+               make_config: Callable[[object], object]) -> None:
+  """Raises app.UsageError for a --rows name that is not a row, or a selected row whose
+  `make_config(spec)` raises ConfigError (a bad --config_overrides), before hours of other rows
+  run. Specs that are None (the no-pre-training floor) build no config."""
   unknown = set(selected) - {name for name, _ in rows}
   if unknown:
     raise app.UsageError(f"Unknown rows {sorted(unknown)}; choose from {[n for n, _ in rows]}.")
+  for name, spec in rows:
+    if name in selected and spec is not None:
+      try:
+        make_config(spec)
+      except config_lib.ConfigError as e:
+        raise app.UsageError(f"row {name!r}: {e}") from None
 
 
 def read_results(path: str) -> list[dict]:

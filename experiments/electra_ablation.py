@@ -123,17 +123,9 @@ SCALES = {
 def define_flags() -> None:
   """The command line (defined only when run as a script, so that importing this module beside
   another experiment defines no flag twice)."""
-  flags.DEFINE_enum("scale", "runlocal", sorted(SCALES), "Sweep size.")
-  flags.DEFINE_list("rows", [name for name, _ in ROWS], "Rows to run (paper names).")
-  flags.DEFINE_list("seeds", ["0", "1"], "Seeds: pre-training and fine-tuning.")
-  flags.DEFINE_string("out", "", "Results directory (default experiments/results/"
-                      "electra_ablation/<scale>).")
+  common.define_sweep_flags("electra_ablation", ROWS, SCALES)
   flags.DEFINE_integer("pretrain_steps", 0, "Override the scale's ELECTRA steps (the budget; "
                        "the other rows follow at equal FLOPs).")
-  flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default <out>/runs; not "
-                      "committed).")
-  flags.DEFINE_list("config_overrides", [], "Extra config settings for every row, key=value "
-                    "with dotted keys (e.g. data.tfds_data_dir=/data).")
 
 
 # ------------------------------------------------------------------------------------- configs
@@ -363,13 +355,8 @@ def main(argv):
   if f.pretrain_steps:
     scale.update(electra_steps=f.pretrain_steps,
                  warmup_steps=min(scale["warmup_steps"], f.pretrain_steps // 2))
-  out = f.out or os.path.join("experiments", "results", "electra_ablation", f.scale)
-  workdirs = f.workdirs or os.path.join(out, "runs")
-  os.makedirs(out, exist_ok=True)
-  common.check_rows(f.rows, ROWS)
-  for name, overrides in ROWS:  # fail on a bad config before hours of other rows
-    if name in f.rows and overrides is not None:
-      pretrain_config(scale, overrides, 0)
+  common.check_rows(f.rows, ROWS, lambda spec: pretrain_config(scale, spec, 0))
+  out, workdirs = common.sweep_dirs("electra_ablation")
   task = common.supersense_task(scale)
   results = common.run_sweep(
       ROWS, f.rows, list(map(int, f.seeds)), os.path.join(out, "results.jsonl"),

@@ -69,14 +69,8 @@ SCALES = {
 def define_flags() -> None:
   """The command line (defined only when run as a script, so that importing this module beside
   another experiment defines no flag twice)."""
-  flags.DEFINE_enum("scale", "runlocal", sorted(SCALES), "Sweep size.")
-  flags.DEFINE_list("rows", [name for name, _ in ROWS], "Rows to run (paper names).")
-  flags.DEFINE_list("seeds", ["0", "1"], "Seeds: pre-training and fine-tuning.")
-  flags.DEFINE_string("out", "", "Results directory (default experiments/results/"
-                      "masking_schemes/<scale>).")
+  common.define_sweep_flags("masking_schemes", ROWS, SCALES)
   flags.DEFINE_integer("pretrain_steps", 0, "Override the scale's pre-training steps.")
-  flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default <out>/runs; not "
-                      "committed).")
 
 
 def pretrain_config(scale: dict, overrides: dict, seed: int):
@@ -90,6 +84,7 @@ def pretrain_config(scale: dict, overrides: dict, seed: int):
                       checkpoint_every=scale["pretrain"]["total_steps"],
                       log_every=max(1, scale["pretrain"]["total_steps"] // 10))
   config.optimizer.update(peak_lr=scale["peak_lr"], warmup_steps=scale["warmup_steps"])
+  config_lib.apply_overrides(config, scale.get("config_overrides", ()))
   return config
 
 
@@ -132,14 +127,12 @@ def write_summary(results: list[dict], out: str, scale_name: str) -> str:
 def main(argv):
   del argv
   f = flags.FLAGS
-  scale = SCALES[f.scale]
+  scale = dict(SCALES[f.scale], config_overrides=f.config_overrides)
   if f.pretrain_steps:
     scale = {**scale, "pretrain": {**scale["pretrain"], "total_steps": f.pretrain_steps},
              "warmup_steps": min(scale["warmup_steps"], f.pretrain_steps // 2)}
-  out = f.out or os.path.join("experiments", "results", "masking_schemes", f.scale)
-  workdirs = f.workdirs or os.path.join(out, "runs")
-  os.makedirs(out, exist_ok=True)
-  common.check_rows(f.rows, ROWS)
+  common.check_rows(f.rows, ROWS, lambda spec: pretrain_config(scale, spec, 0))
+  out, workdirs = common.sweep_dirs("masking_schemes")
   task = common.supersense_task(scale)
   results = common.run_sweep(
       ROWS, f.rows, list(map(int, f.seeds)), os.path.join(out, "results.jsonl"),

@@ -27,7 +27,6 @@ import os
 import time
 
 from absl import app, flags
-import jax
 import numpy as np
 
 from bertfam_jax import config_lib
@@ -165,16 +164,7 @@ SCALES = {
 def define_flags() -> None:
   """The command line (defined only when run as a script, so that importing this module beside
   another experiment defines no flag twice)."""
-  flags.DEFINE_enum("scale", "runlocal", sorted(SCALES), "Sweep size.")
-  flags.DEFINE_list("rows", [name for name, _ in ROWS], "Rows to run (paper names).")
-  flags.DEFINE_list("seeds", ["0", "1"], "Seeds: pre-training and fine-tuning.")
-  flags.DEFINE_string("out", "", "Results directory (default experiments/results/t5_objectives/"
-                      "<scale>).")
-  flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default <out>/runs; not committed).")
-  flags.DEFINE_list("config_overrides", [], "Extra config settings for every row, key=value with "
-                    "dotted keys (e.g. data.tfds_data_dir=/data).")
-  flags.DEFINE_string("compilation_cache", "", "JAX's persistent compilation cache (default "
-                      "<workdirs>/jax_cache): rows of one shape compile once.")
+  common.define_sweep_flags("t5_objectives", ROWS, SCALES)
 
 
 # ------------------------------------------------------------------------------------- configs
@@ -362,16 +352,8 @@ def main(argv):
   del argv
   f = flags.FLAGS
   scale = dict(SCALES[f.scale], config_overrides=f.config_overrides)
-  out = f.out or os.path.join("experiments", "results", "t5_objectives", f.scale)
-  workdirs = f.workdirs or os.path.join(out, "runs")
-  os.makedirs(out, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir",
-                    f.compilation_cache or os.path.join(workdirs, "jax_cache"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  common.check_rows(f.rows, ROWS)
-  for name, spec in ROWS:  # fail on a bad config before hours of other rows
-    if name in f.rows and spec is not None:
-      pretrain_config(scale, spec, 0)
+  common.check_rows(f.rows, ROWS, lambda spec: pretrain_config(scale, spec, 0))
+  out, workdirs = common.sweep_dirs("t5_objectives")
   seeds = list(map(int, f.seeds))
   results = common.run_sweep(
       ROWS, f.rows, seeds, os.path.join(out, "results.jsonl"),

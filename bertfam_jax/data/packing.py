@@ -612,9 +612,10 @@ def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndar
 
 
 def eod_id(tokenizer) -> int:
-  """The end-of-document id: `tokenizer.eod_id` when the vocabulary has one (XLNet's <eod> = 7),
-  else [SEP] (our SentencePiece layout has no <eod>; [SEP] is then a functional token: it takes
-  part in the order with its rank and is never predicted)."""
+  """The end-of-document id: `tokenizer.eod_id` when the vocabulary has one (configs/xlnet.py's
+  tokenizers have `<eod>` = 5, XLNet's released one 7; an ordinary token, predicted like any
+  other as in the reference), else [SEP] (a functional token: it takes part in the order with
+  its rank and is never predicted)."""
   eod = getattr(tokenizer, "eod_id", None)
   return tokenizer.sep_id if eod is None else eod
 

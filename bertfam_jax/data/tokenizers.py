@@ -1,7 +1,8 @@
 """Tokenizers: a SentencePiece model with BERT's special tokens, loaded or trained and cached.
 
 Id layout of the models trained here (ALBERT's released SentencePiece layout):
-  0 <pad>, 1 <unk>, 2 [CLS], 3 [SEP], 4 [MASK]; no BOS/EOS pieces.
+  0 <pad>, 1 <unk>, 2 [CLS], 3 [SEP], 4 [MASK]; no BOS/EOS pieces; then the pieces of
+  `tokenizer.user_symbols` (XLNet's `<eod>`, the end-of-document token: 5).
 RoBERTa's `<s>` / `</s>` map onto [CLS] / [SEP] (see `packing.full_sentences`); T5's EOS is [SEP]
 (`eos_id`) and its decoder BOS is <pad> (seqio's `bos_id=0`).
 T5's sentinels (`tokenizer.extra_ids`, 100 in T5) are ids appended after the SentencePiece pieces
@@ -29,6 +30,7 @@ from bertfam_jax import config_lib
 from bertfam_jax.data import sources
 
 CLS, SEP, MASK = "[CLS]", "[SEP]", "[MASK]"
+EOD = "<eod>"  # XLNet's end of document, where `tokenizer.user_symbols` asks for it
 _NUM_THREADS = min(os.cpu_count() or 1, 16)
 _PRINTABLE_ASCII = "".join(chr(c) for c in range(33, 127))
 # Bump when the training recipe below changes, so cached models are not reused across recipes.
@@ -43,6 +45,7 @@ class Tokenizer:
     extra_ids: sentinel ids after the pieces (T5: 100; 0 for the BERT family).
     sentinel_start: the id of `<extra_id_0>` (vocab_size − 1; sentinel k is sentinel_start − k).
     eos_id: end of sequence for sequence-to-sequence targets ([SEP]).
+    eod_id: the `<eod>` piece, or None when the vocabulary has none (`packing.eod_id`).
     pad_id, unk_id, cls_id, sep_id, mask_id: special ids.
     special_ids: [num_special] int32, the control and user-defined pieces (pad, [CLS], [SEP],
       [MASK]); `<unk>` is an ordinary, maskable token as BERT's [UNK] is.
@@ -64,6 +67,7 @@ class Tokenizer:
     self.unk_id = self._sp.unk_id()
     self.cls_id, self.sep_id, self.mask_id = (self._special_id(p) for p in (CLS, SEP, MASK))
     self.eos_id = self.sep_id
+    self.eod_id = self.piece_id(EOD)
     if self.pad_id < 0:
       raise config_lib.ConfigError("The SentencePiece model has no pad piece (pad_id=-1); "
                                    "train it with --pad_id=0.")
@@ -80,6 +84,11 @@ class Tokenizer:
   def from_file(cls, path: str, extra_ids: int = 0) -> "Tokenizer":
     with open(path, "rb") as f:
       return cls(f.read(), extra_ids)
+
+  def piece_id(self, piece: str) -> int | None:
+    """The id of `piece`, or None when the vocabulary does not have it."""
+    piece_id = self._sp.piece_to_id(piece)  # the <unk> id for a piece it does not have
+    return piece_id if self._sp.id_to_piece(piece_id) == piece else None
 
   def _special_id(self, piece: str) -> int:
     piece_id = self._sp.piece_to_id(piece)
@@ -164,8 +173,10 @@ def training_sentences(documents: Sequence[str], max_sentences: int) -> list[str
   return sentences[:max_sentences]
 
 
-def train_sentencepiece(sentences: Sequence[str], vocab_size: int, model_type: str) -> bytes:
-  """Trains a SentencePiece model with the layout above and returns its serialized proto.
+def train_sentencepiece(sentences: Sequence[str], vocab_size: int, model_type: str,
+                        user_symbols: Sequence[str] = ()) -> bytes:
+  """Trains a SentencePiece model with the layout above (`user_symbols` after [MASK]) and returns
+  its serialized proto.
 
   Deterministic: the sentences are given explicitly (no sampling: input_sentence_size covers
   all of them, no shuffling) and SentencePiece's own generator is seeded.
@@ -177,7 +188,7 @@ def train_sentencepiece(sentences: Sequence[str], vocab_size: int, model_type: s
         sentence_iterator=iter(sentences), model_writer=model,
         vocab_size=vocab_size, model_type=model_type,
         pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
-        user_defined_symbols=[CLS, SEP, MASK],
+        user_defined_symbols=[CLS, SEP, MASK, *user_symbols],
         # Printable ASCII always gets a piece, so rare punctuation ('?', '~') never becomes <unk>
         # in small corpora (character_coverage alone drops the rarest characters).
         required_chars=_PRINTABLE_ASCII,
@@ -192,12 +203,19 @@ def train_sentencepiece(sentences: Sequence[str], vocab_size: int, model_type: s
 
 
 def cache_path(config: ml_collections.ConfigDict) -> str:
-  """Where a trained tokenizer for this (source, vocab, type, sample size) is cached."""
+  """Where a trained tokenizer for this (source, vocab, type, sample size, user symbols) is
+  cached (keys without user symbols are those of the models trained before they existed)."""
   key = "|".join([sources.source_identity(config.data), config.tokenizer.kind,
                   str(num_pieces(config)), config.tokenizer.model_type,
-                  str(config.tokenizer.train_max_sentences), str(_RECIPE_VERSION)])
+                  str(config.tokenizer.train_max_sentences), str(_RECIPE_VERSION)]
+                 + list(user_symbols(config)))
   digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
   return os.path.join(sources.cache_root(config.data), "tokenizers", f"{digest}.model")
+
+
+def user_symbols(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """`tokenizer.user_symbols` as a tuple of pieces."""
+  return tuple(s.strip() for s in config.tokenizer.get("user_symbols", "").split(",") if s.strip())
 
 
 def num_pieces(config: ml_collections.ConfigDict) -> int:
@@ -208,6 +226,13 @@ def num_pieces(config: ml_collections.ConfigDict) -> int:
 
 
 def _check_vocab(tokenizer: Tokenizer, config: ml_collections.ConfigDict, origin: str) -> None:
+  missing = [s for s in user_symbols(config) if tokenizer.piece_id(s) is None]
+  if missing:
+    raise config_lib.ConfigError(
+        f"The tokenizer at {origin} has no {', '.join(missing)} piece, which "
+        f"tokenizer.user_symbols={config.tokenizer.user_symbols!r} asks for; train it with "
+        f"--user_defined_symbols={CLS},{SEP},{MASK},{config.tokenizer.user_symbols} (or leave "
+        f"tokenizer.model_path empty), or set --config.tokenizer.user_symbols=''.")
   if tokenizer.num_pieces != num_pieces(config) or tokenizer.vocab_size > config.model.vocab_size:
     raise config_lib.ConfigError(
         f"The tokenizer at {origin} has {tokenizer.num_pieces} pieces (+ {tokenizer.extra_ids} "
@@ -246,7 +271,8 @@ def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
   else:
     start = time.time()
     sentences = training_sentences(documents, config.tokenizer.train_max_sentences)
-    proto = train_sentencepiece(sentences, num_pieces(config), config.tokenizer.model_type)
+    proto = train_sentencepiece(sentences, num_pieces(config), config.tokenizer.model_type,
+                                user_symbols(config))
     sources.write_atomically(path, proto)
     logging.info("Trained a %d-piece %s SentencePiece model on %d sentences in %.1f s: %s",
                  num_pieces(config), config.tokenizer.model_type, len(sentences),

@@ -186,6 +186,8 @@ def with_mesh_context(fn, mesh):
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding_lib.LOGICAL_AXIS_RULES):
       return fn(*args)
 
+  if hasattr(fn, "lower"):  # a jitted `fn`: keep ahead-of-time lowering (benchmarks/profile_step.py)
+    call.lower = with_mesh_context(fn.lower, mesh)
   return call
 
 

@@ -158,3 +158,20 @@ def test_t5_extra_ids_follow_the_pieces_in_reverse(config, documents, tokenizer)
   c.model.vocab_size = VOCAB + 5   # the sentinels no longer fit the table
   with pytest.raises(config_lib.ConfigError, match="model.vocab_size=1010"):
     tokenizers.load_or_train(c, documents)
+
+
+def test_user_symbols_follow_mask_and_name_the_eod(config, documents, tokenizer):
+  """XLNet's `<eod>`: a user-defined piece right after [MASK], in its own cache entry; the
+  default layout (no user symbols) keeps the cache key it always had and has no eod_id."""
+  assert tokenizer.eod_id is None
+  c = config.copy_and_resolve_references()
+  c.tokenizer.user_symbols = "<eod>"
+  assert tokenizers.cache_path(c) != tokenizers.cache_path(config)
+  with_eod = tokenizers.load_or_train(c, documents)
+  assert with_eod.eod_id == 5 and with_eod.vocab_size == VOCAB
+  assert 5 in with_eod.special_ids and with_eod.word_start[5]
+  assert with_eod.encode(["end<eod>"])[0][-1] == 5
+  # A given model without the piece is refused with the fix.
+  c.tokenizer.model_path = tokenizers.cache_path(config)
+  with pytest.raises(config_lib.ConfigError, match="no <eod> piece.*user_symbols=''"):
+    tokenizers.load_or_train(c, documents)

@@ -17,6 +17,7 @@ import numpy as np
 from bertfam_jax import config_lib
 from bertfam_jax.data import pipeline
 from bertfam_jax.train import train
+from run_records import train_records
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TINY = {"model.hidden": 32, "model.layers": 2, "model.heads": 2, "model.mlp": 64,
@@ -76,8 +77,7 @@ def _run_one_process(workdir, total_steps, **overrides):
 
 
 def _losses(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+  return {step: r["loss"] for step, r in train_records(workdir).items()}
 
 
 def _data_positions(workdir, step):

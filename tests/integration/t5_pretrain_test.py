@@ -1,6 +1,5 @@
 """T5 pre-training through the one train loop: configs/t5.py shrunk, on the embedded corpus."""
 
-import json
 import os
 import shutil
 
@@ -13,6 +12,7 @@ from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import train
+from run_records import metric_records, train_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -31,12 +31,6 @@ def tiny_config(**objective):
   return c
 
 
-def read_metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: r for r in records if "loss" in r}
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("t5"))
@@ -45,18 +39,13 @@ def uninterrupted(tmp_path_factory):
 
 
 def test_loss_falls_and_the_run_writes_its_outputs(uninterrupted):
-  metrics = read_metrics(uninterrupted)
+  metrics = train_records(uninterrupted)
   assert sorted(metrics) == [5, 10, 15, 20, 25, 30]
   assert metrics[30]["t5_loss"] < 0.85 * metrics[5]["t5_loss"]
   assert 0 < metrics[30]["z_loss"] < 0.1 * metrics[30]["t5_loss"]
   for key in ("t5_accuracy", "learning_rate", "tokens_per_sec", "eval_t5_loss"):
-    assert key in metrics[30] or key in read_all(uninterrupted)[-1], key
+    assert key in metrics[30] or key in metric_records(uninterrupted)[-1], key
   assert sorted(os.listdir(os.path.join(uninterrupted, "checkpoints"))) == ["15", "30"]
-
-
-def read_all(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
 
 
 def test_resume_reproduces_the_run(uninterrupted, tmp_path):
@@ -66,7 +55,7 @@ def test_resume_reproduces_the_run(uninterrupted, tmp_path):
   shutil.copytree(uninterrupted, workdir)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "30"))
   train.run(tiny_config(), workdir)
-  resumed, reference = read_metrics(workdir), read_metrics(uninterrupted)
+  resumed, reference = train_records(workdir), train_records(uninterrupted)
   assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
                                                         for s in (20, 25, 30)]
 

@@ -3,7 +3,6 @@
 The memory is the train state's carry: it is sharded like the batch, checkpointed with the state,
 and row r of every batch continues row r of the one before."""
 
-import json
 import os
 import shutil
 
@@ -16,6 +15,7 @@ from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import xlnet
 from bertfam_jax.train import sharding, step as step_lib, train
+from run_records import metric_records, train_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH, REUSE = 8, 16
@@ -36,12 +36,6 @@ def tiny_config():
   return c
 
 
-def read_metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: r for r in records if "loss" in r}
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("xlnet"))
@@ -50,13 +44,12 @@ def uninterrupted(tmp_path_factory):
 
 
 def test_loss_falls_and_the_run_writes_its_outputs(uninterrupted):
-  metrics = read_metrics(uninterrupted)
+  metrics = train_records(uninterrupted)
   assert sorted(metrics) == [5, 10, 15, 20, 25, 30]
   # 48 targets a step make the training loss noisy; the held-out loss is the steadier signal.
   assert metrics[30]["plm_loss"] < metrics[5]["plm_loss"]
   assert "plm_accuracy" in metrics[30] and metrics[30]["tokens_per_sec"] > 0
-  with open(os.path.join(uninterrupted, "metrics.jsonl")) as f:
-    evals = [r for r in map(json.loads, f) if "eval_plm_loss" in r]
+  evals = [r for r in metric_records(uninterrupted) if "eval_plm_loss" in r]
   assert evals[-1]["eval_plm_loss"] < 0.9 * np.log(512)  # from the uniform prior's 6.24
   assert sorted(os.listdir(os.path.join(uninterrupted, "checkpoints"))) == ["15", "30"]
 
@@ -68,7 +61,7 @@ def test_resume_reproduces_the_run(uninterrupted, tmp_path):
   shutil.copytree(uninterrupted, workdir)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "30"))
   train.run(tiny_config(), workdir)
-  resumed, reference = read_metrics(workdir), read_metrics(uninterrupted)
+  resumed, reference = train_records(workdir), train_records(uninterrupted)
   assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
                                                         for s in (20, 25, 30)]
 

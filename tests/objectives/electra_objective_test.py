@@ -1,7 +1,6 @@
 """ELECTRA's objective: its masking statistics, sampling, what the discriminator sees and is asked,
 loss weighting and gradient paths, the efficiency-analysis variants, sharding and resume."""
 
-import json
 import os
 import pathlib
 import shutil
@@ -18,6 +17,7 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax.finetune import classify
 from bertfam_jax.objectives import electra
 from bertfam_jax.train import sharding, step as step_lib, train
+from run_records import train_records
 
 # The project tokenizer layout: <pad> 0, <unk> 1, [CLS] 2, [SEP] 3, [MASK] 4.
 VOCAB, LENGTH, BATCH = 61, 32, 8
@@ -338,10 +338,8 @@ def _corpus_config():
 
 
 def _losses(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: (r["loss"], r["generator_mlm_loss"], r["discriminator_loss"])
-          for r in records if "loss" in r and "tokens_per_sec" in r}
+  return {step: (r["loss"], r["generator_mlm_loss"], r["discriminator_loss"])
+          for step, r in train_records(workdir).items() if "tokens_per_sec" in r}
 
 
 def test_resume_restores_generator_discriminator_and_optimizer_exactly(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import checkpoint, train
+from run_records import train_records
 
 
 def tiny_config(**train_overrides):
@@ -26,12 +27,6 @@ def tiny_config(**train_overrides):
   return c
 
 
-def read_metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: r for r in records if "loss" in r}
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("uninterrupted"))
@@ -40,7 +35,7 @@ def uninterrupted(tmp_path_factory):
 
 
 def test_writes_metrics_checkpoints_and_config(uninterrupted):
-  metrics = read_metrics(uninterrupted)
+  metrics = train_records(uninterrupted)
   assert sorted(metrics) == list(range(1, 9))
   for key in ("loss", "mlm_accuracy", "learning_rate", "tokens_per_sec", "nsp_accuracy"):
     assert key in metrics[8], key
@@ -68,7 +63,7 @@ def test_resume_from_checkpoint_reproduces_the_run(uninterrupted, tmp_path, mesh
   config = tiny_config()
   config.mesh.update({**dict(data=-1, fsdp=1, tensor=1), **mesh})
   train.run(config, workdir)
-  resumed, reference = read_metrics(workdir), read_metrics(uninterrupted)
+  resumed, reference = train_records(workdir), train_records(uninterrupted)
   assert sorted(resumed) == list(range(1, 9))  # lines after step 4 were replaced, not duplicated
   losses = [resumed[s]["loss"] for s in range(5, 9)]
   expected = [reference[s]["loss"] for s in range(5, 9)]
@@ -175,7 +170,7 @@ def test_init_from_starts_a_new_run_from_trained_parameters(uninterrupted, tmp_p
   config.train.init_from = os.path.join(uninterrupted, "checkpoints")
   workdir = str(tmp_path / "phase2")
   train.run(config, workdir)
-  phase2, phase1 = read_metrics(workdir), read_metrics(uninterrupted)
+  phase2, phase1 = train_records(workdir), train_records(uninterrupted)
   assert sorted(phase2) == [1, 2]
   assert phase2[1]["loss"] < phase1[1]["loss"] - 0.3  # trained, not random, parameters
 
