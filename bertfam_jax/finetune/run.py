@@ -17,6 +17,9 @@ seed and step). After every epoch the evaluation split is predicted and scored; 
   eval_results.json    the last evaluation: task, split, step, examples, scores, trained fraction
   predictions.jsonl    one line per evaluation example: its id / index, prediction and gold label
   checkpoints/<step>/  the fine-tuned state (latest `train.keep_checkpoints`)
+
+A T5 `init` is fine-tuned text-to-text by `finetune/seq2seq.py` through the same
+`train_and_evaluate` (a `Recipe` of its model, optimizer and loss, and its decoding as the score).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import functools
 import json
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 from flax import traverse_util
@@ -33,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bertfam_jax import config_lib
@@ -125,12 +129,16 @@ def take(data: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]
 
 
 def is_text_to_text(init: str) -> bool:
-  """Whether `init` is a T5 workdir, fine-tuned text-to-text (`finetune/seq2seq.py`)."""
+  """Whether `init` is a T5, fine-tuned text-to-text (`finetune/seq2seq.py`): one of our T5
+  workdirs, or a transformers T5 checkpoint directory (config.json's model_type 't5')."""
   path = os.path.join(init, "config.json")
-  if classify.is_transformers_checkpoint(init) or not os.path.exists(path):
+  if not os.path.exists(path):
     return False
   with open(path) as f:
-    return json.load(f).get("model", {}).get("kind") == "t5"
+    config = json.load(f)
+  if classify.is_transformers_checkpoint(init):
+    return config.get("model_type") == "t5"
+  return config.get("model", {}).get("kind") == "t5"
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -150,7 +158,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     # The XLNet module is the whole pre-trained model: all but the output bias is the backbone
     # (its mask_emb, the query stream's start, is kept and unused).
     pretrained = {"encoder": {k: v for k, v in pretrained.items() if k != "lm_loss"}}
-  resolved = _resolved_config(config, init_config)
+  resolved = resolved_config(config, init_config)
   if ft.max_seq_len > resolved.model.get("max_positions", ft.max_seq_len):
     raise ConfigError(f"finetune.max_seq_len={ft.max_seq_len} exceeds the encoder's "
                       f"max_positions={resolved.model.max_positions}; pass "
@@ -185,37 +193,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   fraction = optim.trainable_fraction(ft, resolved.model, shapes)
   train_metrics.print_progress(f"method {ft.method}: {100 * fraction:.2f}% of the parameters "
                                f"are trained.")
+  transfer = None if ft.from_scratch else functools.partial(
+      transfer_pretrained, pretrained=pretrained, reuse_pooler=ft.reuse_pooler)
 
-  with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
-  abstract, shardings = with_ctx(step_lib.abstract_state)(model, tx, resolved, mesh, example)
-  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                             config.train.keep_checkpoints)
-  writer = None
-  try:
-    latest = checkpointer.latest_step()
-    if latest is not None:
-      state, _ = checkpointer.restore(latest, abstract)
-      train_metrics.print_progress(f"Resumed from step {latest}.")
-    else:
-      state = with_ctx(step_lib.init_state)(model, tx, resolved, shardings, config.seed, example)
-      if not ft.from_scratch:
-        params = transfer_pretrained(jax.device_get(state.params["params"]), pretrained,
-                                     reuse_pooler=ft.reuse_pooler)
-        state = with_ctx(_fresh_optimizer_state)(tx, {"params": params}, shardings)
-    writer = train_metrics.MetricsWriter(workdir, resume_step=latest)
-    loss_fn = _make_loss_fn(task.kind)
-    train_step = step_lib.make_train_step(model, tx, schedule, loss_fn, resolved, shardings, mesh)
-    score = functools.partial(evaluate, task, _make_predict(model, shardings, mesh),
-                              eval_data=eval_data, eval_examples=eval_examples,
-                              tokenizer=tokenizer, config=resolved, mesh=mesh)
-    results = _loop(resolved, state, train_step, score, train_data, total_steps,
-                    steps_per_epoch, mesh, checkpointer, writer, workdir,
-                    dict(trained_fraction=fraction))
-  finally:
-    checkpointer.close()
-    if writer is not None:
-      writer.close()
-  return results
+  def make_score(shardings):
+    return functools.partial(evaluate, task, _make_predict(model, shardings, mesh),
+                             eval_data=eval_data, eval_examples=eval_examples,
+                             tokenizer=tokenizer, config=resolved, mesh=mesh)
+
+  return train_and_evaluate(
+      resolved, workdir, mesh, Recipe(model, example, tx, schedule, _make_loss_fn(task.kind)),
+      transfer=transfer, make_score=make_score, train_data=train_data, total_steps=total_steps,
+      steps_per_epoch=steps_per_epoch, extra=dict(trained_fraction=fraction))
 
 
 def featurize(task, tokenizer, examples, config, training: bool) -> dict[str, np.ndarray]:
@@ -245,7 +234,7 @@ def _keep_hf_source(init: str, init_config, workdir: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _resolved_config(config, init_config) -> ml_collections.ConfigDict:
+def resolved_config(config, init_config) -> ml_collections.ConfigDict:
   """The fine-tuning config plus the pre-trained run's model, tokenizer and objective sections
   (the tokenizer path made absolute), as written to config.json."""
   resolved = ml_collections.ConfigDict(config.to_dict())
@@ -276,7 +265,11 @@ def make_optimizer(config, param_shapes, total_steps: int):
 
 def model_and_optimizer(config):
   """(model, tx, init inputs) of a fine-tuning run's config: what its checkpoints hold (the
-  optimizer state's structure does not depend on the schedule's length)."""
+  optimizer state's structure does not depend on the schedule's length), a T5's included."""
+  if config.model.get("kind") == "t5":
+    from bertfam_jax.finetune import seq2seq  # pylint: disable=g-import-not-at-top
+    recipe = seq2seq.make_recipe(config.model, 1, config.finetune.peak_lr)
+    return recipe.model, recipe.tx, recipe.example
   model, example = build_model(config)
   tx, _ = make_optimizer(config, _abstract_params(model, example), total_steps=1)
   return model, tx, example
@@ -289,12 +282,6 @@ def _abstract_params(model, example):
   return nn.meta.unbox(boxed)
 
 
-def _fresh_optimizer_state(tx, params, shardings) -> step_lib.TrainState:
-  return jax.jit(lambda p: step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=p,
-                                               opt_state=tx.init(p)),
-                 out_shardings=shardings)(params)
-
-
 def _make_loss_fn(kind: str) -> Callable:
   def loss_fn(model, params, batch, rng, config, *, deterministic=False):
     del config
@@ -305,65 +292,182 @@ def _make_loss_fn(kind: str) -> Callable:
 
 
 def _make_predict(model, shardings, mesh):
-  """Jitted `predict(params, inputs) -> outputs`, replicated on every device (and process)."""
+  """Jitted `predict(params, inputs) -> outputs` of the encoder (`sharded_predict`)."""
   def predict(params, inputs):
     return model.apply(params, *(inputs[k] for k in INPUT_KEYS), deterministic=True)
+  return sharded_predict(predict, shardings.params, mesh)
+
+
+def sharded_predict(predict: Callable, param_shardings, mesh):
+  """`predict(params, inputs) -> outputs` jitted on `mesh`: parameters as `param_shardings`,
+  inputs split over the batch axes, outputs replicated on every device (and process)."""
   return step_lib.with_mesh_context(jax.jit(
-      predict, in_shardings=(shardings.params, sharding_lib.batch_sharding(mesh)),
+      predict, in_shardings=(param_shardings, sharding_lib.batch_sharding(mesh)),
       out_shardings=NamedSharding(mesh, P())), mesh)
+
+
+# -------------------------------------------------------------------- the shared training loop
+
+
+class Recipe(NamedTuple):
+  """What a fine-tuning run trains, for `step.make_train_step`: the model, the keyword inputs
+  that trace its `init`, the optimizer and its schedule, and
+  `loss_fn(model, params, batch, rng, config, *, deterministic) -> (loss, {metric: (sum, n)})`."""
+  model: Any
+  example: dict[str, np.ndarray]
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  loss_fn: Callable
+
+
+def sharded_setup(recipe: Recipe, config, mesh):
+  """(abstract state, its shardings, jitted `train_step(state, batch)`) of `recipe` on `mesh`:
+  parameters and optimizer state sharded by the model's logical axes (`step.abstract_state`)."""
+  abstract, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
+      recipe.model, recipe.tx, config, mesh, recipe.example)
+  train_step = step_lib.make_train_step(recipe.model, recipe.tx, recipe.schedule, recipe.loss_fn,
+                                        config, shardings, mesh)
+  return abstract, shardings, train_step
+
+
+def fresh_state(recipe: Recipe, config, shardings, mesh,
+                transfer: Callable | None) -> step_lib.TrainState:
+  """A new state in `shardings`: parameters initialised from `config.seed`, then, unless
+  `transfer` is None, replaced by `transfer(the fresh 'params' tree on the host)` (the
+  pre-trained weights) under a fresh optimizer state."""
+  with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
+  state = with_ctx(step_lib.init_state)(recipe.model, recipe.tx, config, shardings, config.seed,
+                                        recipe.example)
+  if transfer is None:
+    return state
+  params = transfer(jax.device_get(state.params["params"]))
+  return with_ctx(_fresh_optimizer_state)(recipe.tx, {"params": params}, shardings)
+
+
+def _fresh_optimizer_state(tx, params, shardings) -> step_lib.TrainState:
+  return jax.jit(lambda p: step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=p,
+                                               opt_state=tx.init(p)),
+                 out_shardings=shardings)(params)
+
+
+def train_and_evaluate(config, workdir: str, mesh, recipe: Recipe, *, transfer: Callable | None,
+                       make_score: Callable, train_data: dict[str, np.ndarray],
+                       total_steps: int, steps_per_epoch: int, extra: dict) -> dict[str, Any]:
+  """The resumable, sharded fine-tuning run in `workdir` (the encoder's and the T5's).
+
+  Args:
+    config: the resolved config (seed, train, mesh, ... as written to config.json).
+    mesh: the device mesh of `config.mesh`.
+    recipe: what trains (`Recipe`).
+    transfer: `fresh_state`'s pre-trained weights, or None to train from scratch.
+    make_score: `make_score(state shardings) -> score(params)`, the evaluation of `_loop`.
+    train_data: {name: [rows, ...]} training arrays, batches drawn by `epoch_order`.
+    total_steps, steps_per_epoch: updates in all, and between evaluations and checkpoints.
+    extra: entries added to every evaluation's results.
+
+  The latest checkpoint in WORKDIR/checkpoints is restored when there is one (any mesh), else
+  the state starts fresh. Returns the last evaluation's results, without its predictions.
+  """
+  abstract, shardings, train_step = sharded_setup(recipe, config, mesh)
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                             config.train.keep_checkpoints)
+  writer = None
+  try:
+    latest = checkpointer.latest_step()
+    if latest is not None:
+      state, _ = checkpointer.restore(latest, abstract)
+      train_metrics.print_progress(f"Resumed from step {latest}.")
+    else:
+      state = fresh_state(recipe, config, shardings, mesh, transfer)
+    writer = train_metrics.MetricsWriter(workdir, resume_step=latest)
+    return _loop(config, state, train_step, make_score(shardings), train_data, total_steps,
+                 steps_per_epoch, mesh, checkpointer, writer, workdir, extra)
+  finally:
+    checkpointer.close()
+    if writer is not None:
+      writer.close()
+
+
+def train_loop(state, train_step, train_data: dict[str, np.ndarray], *, config, total_steps: int,
+               mesh, on_log: Callable | None = None, every: int = 0,
+               on_every: Callable | None = None):
+  """Steps `state` from `state.step` to `total_steps` and returns it.
+
+  Global step s trains on the rows `epoch_order(rows, train.batch_size, seed, s)` of train_data
+  ({name: [rows, ...]}), split over the mesh's batch axes: a resumed run sees the batches an
+  uninterrupted one would. `on_log(step, {metric: mean})` follows every `train.log_every` steps
+  and the last (metrics are fetched only then, so dispatch runs ahead of the host);
+  `on_every(step, state)` every `every` steps and after the last.
+  """
+  t = config.train
+  step = int(jax.device_get(state.step))
+  num_rows = len(next(iter(train_data.values())))
+  window = None
+  while step < total_steps:
+    rows = local_rows(epoch_order(num_rows, t.batch_size, config.seed, step))
+    batch = pipeline_lib.make_global_batch(take(train_data, rows), mesh, sharding_lib.BATCH_SPEC)
+    state, metrics = train_step(state, batch)
+    step += 1
+    window = metrics if window is None else step_lib.accumulate_metrics(window, metrics)
+    if on_log is not None and (step % t.log_every == 0 or step == total_steps):
+      on_log(step, step_lib.finalize_metrics(jax.device_get(window)))
+      window = None
+    if on_every is not None and (step % every == 0 or step == total_steps):
+      on_every(step, state)
+  return state
 
 
 def _loop(config, state, train_step, score: Callable, train_data, total_steps: int,
           steps_per_epoch: int, mesh, checkpointer, writer, workdir: str, extra: dict):
-  """Trains to `total_steps`; after every epoch (and the last step) `score(params)` evaluates,
-  the results are logged and written, and a checkpoint saved. Returns the last results."""
+  """`train_loop` to `total_steps`, its metrics logged; after every epoch (and the last step)
+  `score(params)` evaluates, the results are logged and written, and a checkpoint saved.
+  Returns the last results."""
   t = config.train
-  step = int(jax.device_get(state.step))
-  results, window, timer = {}, None, time.perf_counter()
-  num_train = len(train_data["input_ids"])
+  results, timer = {}, time.perf_counter()
 
-  def evaluate_and_write():
-    results = dict(score(state.params), step=step, **extra)
+  def log(step: int, scalars: dict[str, float]) -> None:
+    nonlocal timer
+    seconds = time.perf_counter() - timer
+    writer.write(step, scalars)
+    train_metrics.print_progress(
+        f"step {step}/{total_steps} | loss {scalars['loss']:.4f} | lr "
+        f"{scalars['learning_rate']:.2e} | ETA "
+        f"{train_metrics.format_duration(seconds / t.log_every * (total_steps - step))}")
+    timer = time.perf_counter()
+
+  def evaluate_and_write(step: int, params) -> dict[str, Any]:
+    results = dict(score(params), step=step, **extra)
     writer.write(step, results["scores"], prefix="eval_")
     train_metrics.print_progress(f"eval @ {step}: " + ", ".join(
         f"{k} {v:.4f}" for k, v in sorted(results["scores"].items())))
     write_results(workdir, results)
     return results
 
-  while step < total_steps:
-    rows = local_rows(epoch_order(num_train, t.batch_size, config.seed, step))
-    batch = pipeline_lib.make_global_batch(take(train_data, rows), mesh, sharding_lib.BATCH_SPEC)
-    state, metrics = train_step(state, batch)
-    step += 1
-    window = metrics if window is None else step_lib.accumulate_metrics(window, metrics)
-    if step % t.log_every == 0 or step == total_steps:
-      scalars = step_lib.finalize_metrics(jax.device_get(window))
-      seconds = time.perf_counter() - timer
-      writer.write(step, scalars)
-      train_metrics.print_progress(
-          f"step {step}/{total_steps} | loss {scalars['loss']:.4f} | lr "
-          f"{scalars['learning_rate']:.2e} | ETA "
-          f"{train_metrics.format_duration(seconds / t.log_every * (total_steps - step))}")
-      window, timer = None, time.perf_counter()
-    if step % steps_per_epoch == 0 or step == total_steps:
-      results = evaluate_and_write()
-      checkpointer.save(step, state, {"step": step})
+  def end_of_epoch(step: int, state) -> None:
+    nonlocal results
+    results = evaluate_and_write(step, state.params)
+    checkpointer.save(step, state, {"step": step})
+
+  state = train_loop(state, train_step, train_data, config=config, total_steps=total_steps,
+                     mesh=mesh, on_log=log, every=steps_per_epoch, on_every=end_of_epoch)
   if not results:  # resumed after the last step: score the restored state again
-    results = evaluate_and_write()
+    results = evaluate_and_write(int(jax.device_get(state.step)), state.params)
   return {k: v for k, v in results.items() if k != "predictions"}
 
 
 # ------------------------------------------------------------------------------------ evaluation
 
 
-def predict_all(predict, params, data: dict[str, np.ndarray], batch_size: int, mesh):
-  """Model outputs for every row of `data` (INPUT_KEYS), as host numpy [rows, ...]. Each call
-  has the same global shape: the last batch is padded by repeating its final row."""
+def predict_all(predict, params, data: dict[str, np.ndarray], batch_size: int, mesh,
+                keys: tuple[str, ...] = INPUT_KEYS):
+  """Model outputs for every row of `data` (its `keys` are the inputs), as host numpy
+  [rows, ...]. Each call has the same global shape: the last batch is padded by repeating its
+  final row."""
   rows = len(data["input_ids"])
   outputs = []
   for start in range(0, rows, batch_size):
     index = np.arange(start, start + batch_size).clip(max=rows - 1)
-    batch = pipeline_lib.make_global_batch(take({k: data[k] for k in INPUT_KEYS},
+    batch = pipeline_lib.make_global_batch(take({k: data[k] for k in keys},
                                                 local_rows(index)), mesh, sharding_lib.BATCH_SPEC)
     outputs.append(predict(params, batch))
   outputs = jax.device_get(outputs)

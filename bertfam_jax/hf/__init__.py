@@ -10,8 +10,12 @@ Fine-tuned checkpoints: a fine-tuning run (finetune.run) exports as its kind's t
 (*ForSequenceClassification, *ForTokenClassification, *ForQuestionAnswering,
 *ForMultipleChoice) and from_pretrained reads those classes as our FineTuneModel (m.kind).
 
-Families: bert, roberta, albert, electra (families.py); needs `pip install 'bertfam_jax[hf]'`
-(safetensors, tokenizers), and torch only to read pytorch_model.bin.
+T5 and XLNet: m(input_ids, mask, decoder_input_ids=...) / m(input_ids, mask, types,
+perm_mask=..., target_mapping=...) as T5ForConditionalGeneration / XLNetLMHeadModel compute them.
+
+Families: bert, roberta, albert, electra, t5, xlnet (families.py); needs
+`pip install 'bertfam_jax[hf]'` (safetensors, tokenizers), and torch only to read
+pytorch_model.bin.
 """
 
 import importlib.util

@@ -1,11 +1,14 @@
 """The HF model families we read and write: config translation and which heads each HF class holds.
 
-`FAMILIES[model_type]` is a `Family`; XLNet and T5 are registered as unavailable (their networks
-are here, verified against transformers, without a name table in hf/ yet), so `get(model_type)` names the reason
-instead of failing later. A family lists its
-`Architecture`s (HF classes) most heads first; `detect` picks the first whose head parameters the
-checkpoint holds, so e.g. bert-base-uncased (config says BertForMaskedLM, weights hold NSP too)
-imports with both heads.
+`FAMILIES[model_type]` is a `Family`: bert, roberta, albert, electra (our BERT-style `Encoder`
+plus heads, Network ENCODER), t5 (T5ForConditionalGeneration ↔ models/t5.py, Network T5) and
+xlnet (XLNetLMHeadModel ↔ models/xlnet.py, Network XLNET). The `Network` holds what differs
+between those kinds of model: the HF config keys and their translation, the name table
+(mapping.py), the pre-training recipe of an imported checkpoint and the token ids of an export.
+A family lists its `Architecture`s (HF classes) most heads first; `detect` picks the first whose
+head parameters the checkpoint holds, so e.g. bert-base-uncased (config says BertForMaskedLM,
+weights hold NSP too) imports with both heads, and a bare BertModel / XLNetModel with fresh
+ones.
 
 Fine-tuned checkpoints are a family's task classes (`Family.tasks`: *ForSequenceClassification,
 *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), whose heads are our
@@ -23,6 +26,7 @@ import dataclasses
 from typing import Callable
 
 import ml_collections
+import numpy as np
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
@@ -67,15 +71,39 @@ class Architecture:
 
 
 @dataclasses.dataclass(frozen=True)
+class Network:
+  """The kind of model a family's checkpoints hold (ENCODER: our BERT-style `Encoder` plus
+  heads; T5; XLNET) and how it translates. required: the HF config keys a config.json must have;
+  defaults: the HF class's defaults of the other keys we read or write; model_from_hf(family,
+  hf): our `model` section of a full HF config; model_to_hf(family, model, hf): the HF config
+  fields of our model section (`hf`: the other fields, e.g. the token ids); entries(family,
+  model, hf): the mapping entries of every parameter but those of Architecture.heads; recipe(family,
+  arch, config): sets the objective, data and optimizer of a checkpoint's pre-training;
+  token_ids(tokenizer): the HF config's token id fields for our tokenizer; names(family, hf,
+  state_dict): the checkpoint's state_dict under the names `entries` use (a bare model's prefix
+  added, HF's implicit weights made explicit)."""
+  required: tuple[str, ...]
+  defaults: dict
+  model_from_hf: Callable
+  model_to_hf: Callable
+  entries: Callable
+  recipe: Callable
+  token_ids: Callable
+  names: Callable
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
-  """model_type: HF's; architectures: the pre-training classes, most heads first; base: the one
-  whose objective describes a task class's encoder (it receives that encoder when the task head
-  is left out); tasks: the task classes; defaults: HF config defaults beyond COMMON_DEFAULTS;
-  model_from_hf(hf) / model_to_hf(model): the family's own config fields; encoder(model, hf): the
-  encoder's mapping entries; objective: our objective fields for a checkpoint of this family (the
-  paper's recipe); packing: data.packing without a sentence task; unavailable: set for families
-  that cannot be imported yet (the ConfigError message)."""
+  """model_type: HF's; network: the kind of model (Network); architectures: the pre-training
+  classes, most heads first; base: the one whose objective describes a task class's encoder (it
+  receives that encoder when the task head is left out); tasks: the task classes; defaults: HF
+  config defaults beyond the network's. Read by the ENCODER network only: model_from_hf(hf) /
+  model_to_hf(model), the family's own config fields; encoder(model, hf), the encoder's mapping
+  entries; objective, our objective fields for a checkpoint of this family (the paper's recipe);
+  packing, data.packing without a sentence task; position_offset(hf), the first position row a
+  real token uses (RoBERTa)."""
   model_type: str
+  network: Network
   architectures: tuple[Architecture, ...] = ()
   base: str = ""
   tasks: tuple[Architecture, ...] = ()
@@ -86,7 +114,6 @@ class Family:
   objective: dict = dataclasses.field(default_factory=dict)
   packing: str = "full_sentences"
   position_offset: Callable[[dict], int] = lambda hf: 0
-  unavailable: str = ""
 
   def architecture(self, name: str) -> Architecture:
     for arch in self.architectures + self.tasks:
@@ -120,10 +147,268 @@ def head_entries(arch: Architecture) -> list[mapping.Entry]:
 
 def entries(family: Family, arch: Architecture, model, hf: dict,
             heads: bool = True) -> list[mapping.Entry]:
-  """Every parameter of `arch` for our `model` (its encoder under 'encoder'), without the heads
-  when `heads` is False; `hf` is the full HF config (full_hf_config)."""
-  encoder = [dataclasses.replace(e, ours=("encoder",) + e.ours) for e in family.encoder(model, hf)]
-  return encoder + (head_entries(arch) if heads else [])
+  """Every parameter of `arch` for our `model` (a BERT-style encoder under 'encoder'), without
+  the heads when `heads` is False; `hf` is the full HF config (full_hf_config)."""
+  return family.network.entries(family, model, hf) + (head_entries(arch) if heads else [])
+
+
+# --------------------------------------------------------------------------------------- networks
+
+
+def with_prefix(state_dict: dict, prefix: str, probe: str) -> dict:
+  """The state_dict of a bare model class (BertModel, XLNetModel), whose names lack the `prefix`
+  that its head classes give them, under the head classes' names; unchanged when it holds
+  `probe` (a name of a head class)."""
+  if probe in state_dict:
+    return state_dict
+  return {f"{prefix}.{k}": v for k, v in state_dict.items()}
+
+
+def _encoder_model_from_hf(family: Family, hf: dict) -> ml_collections.ConfigDict:
+  if hf["hidden_act"] not in ACTIVATIONS_FROM_HF:
+    raise ConfigError(f"HF hidden_act={hf['hidden_act']!r} has no counterpart here; supported: "
+                      f"{sorted(ACTIVATIONS_FROM_HF)}.")
+  return config_lib.encoder(
+      "base", vocab_size=hf["vocab_size"], hidden=hf["hidden_size"],
+      layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
+      mlp=hf["intermediate_size"],
+      max_positions=hf["max_position_embeddings"] - family.position_offset(hf),
+      type_vocab_size=hf["type_vocab_size"], dropout=hf["hidden_dropout_prob"],
+      attention_dropout=hf["attention_probs_dropout_prob"], layer_norm_eps=hf["layer_norm_eps"],
+      activation=ACTIVATIONS_FROM_HF[hf["hidden_act"]], initializer_range=hf["initializer_range"],
+      **family.model_from_hf(hf))
+
+
+def _encoder_model_to_hf(family: Family, model, hf: dict) -> dict:
+  if model.activation not in ACTIVATIONS_TO_HF:
+    raise ConfigError(f"model.activation={model.activation!r} has no HF hidden_act.")
+  if not model.type_vocab_size:
+    raise ConfigError("HF encoders always have token types; export needs model.type_vocab_size "
+                      ">= 1.")
+  fields = dict(
+      vocab_size=model.vocab_size, hidden_size=model.hidden, num_hidden_layers=model.layers,
+      num_attention_heads=model.heads, intermediate_size=model.mlp,
+      hidden_act=ACTIVATIONS_TO_HF[model.activation], hidden_dropout_prob=model.dropout,
+      attention_probs_dropout_prob=model.attention_dropout,
+      type_vocab_size=model.type_vocab_size, initializer_range=model.initializer_range,
+      layer_norm_eps=model.layer_norm_eps, tie_word_embeddings=True, **family.model_to_hf(model))
+  fields["max_position_embeddings"] = model.max_positions + family.position_offset(
+      {**hf, **fields})
+  return fields
+
+
+def _encoder_entries(family: Family, model, hf: dict) -> list[mapping.Entry]:
+  return [dataclasses.replace(e, ours=("encoder",) + e.ours) for e in family.encoder(model, hf)]
+
+
+def _encoder_recipe(family: Family, arch: Architecture, config) -> None:
+  """The masked LM (+ NSP / SOP) or ELECTRA objective of `arch` with the family's recipe, a
+  sequence length within the model's positions."""
+  config.data.seq_len = min(config.data.seq_len, config.model.max_positions)
+  if arch.objective == "electra":
+    config.objective = config_lib.electra_objective(
+        max_predictions=config_lib.electra_max_predictions(config.data.seq_len, 0.15))
+  else:
+    config.objective = config_lib.mlm_objective(sentence_task=arch.sentence_task,
+                                                **family.objective)
+  if not arch.sentence_task:
+    config.data.packing = family.packing
+
+
+def _encoder_names(family: Family, hf: dict, state_dict: dict) -> dict:
+  del hf
+  return with_prefix(state_dict, family.model_type,
+                     f"{family.model_type}.embeddings.word_embeddings.weight")
+
+
+def _pad_id(tokenizer) -> dict:
+  return dict(pad_token_id=tokenizer.pad_id)
+
+
+ENCODER = Network(
+    required=REQUIRED_KEYS, defaults=COMMON_DEFAULTS, model_from_hf=_encoder_model_from_hf,
+    model_to_hf=_encoder_model_to_hf, entries=_encoder_entries, recipe=_encoder_recipe,
+    token_ids=_pad_id, names=_encoder_names)
+
+
+# T5 (T5ForConditionalGeneration ↔ models/t5.py): T5Config's keys and defaults.
+T5_REQUIRED = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
+T5_DEFAULTS = dict(num_decoder_layers=None, relative_attention_num_buckets=32,
+                   relative_attention_max_distance=128, dropout_rate=0.1,
+                   layer_norm_epsilon=1e-6, feed_forward_proj="relu", tie_word_embeddings=True,
+                   is_encoder_decoder=True, pad_token_id=0, eos_token_id=1,
+                   decoder_start_token_id=0)
+
+
+def t5_activation(feed_forward_proj: str) -> tuple[str, bool]:
+  """(model.activation, model.gated_mlp) of T5Config.feed_forward_proj '[gated-]ACT', read as
+  transformers does: 'gated-gelu' is the tanh GELU (T5 v1.1; dense_act_fn 'gelu_new')."""
+  gated = feed_forward_proj.startswith("gated-")
+  act = "gelu_new" if feed_forward_proj == "gated-gelu" else feed_forward_proj[6 * gated:]
+  if act not in ACTIVATIONS_FROM_HF:
+    raise ConfigError(f"T5 feed_forward_proj={feed_forward_proj!r} has no counterpart in our T5; "
+                      f"supported: [gated-]ACT with ACT one of {sorted(ACTIVATIONS_FROM_HF)} "
+                      "('relu': T5 v1.0, 'gated-gelu': v1.1).")
+  return ACTIVATIONS_FROM_HF[act], gated
+
+
+def _t5_feed_forward_proj(model) -> str:
+  """T5Config.feed_forward_proj of our model section: 'gated-gelu' for v1.1's gated tanh GELU,
+  else [gated-] + HF's name of model.activation."""
+  for proj in ("gated-gelu", "gated-" * model.gated_mlp + ACTIVATIONS_TO_HF[model.activation]):
+    if t5_activation(proj) == (model.activation, model.gated_mlp):
+      return proj
+  raise ConfigError(f"model.activation={model.activation!r} with gated_mlp=True has no HF "
+                    "feed_forward_proj (transformers reads 'gated-gelu' as the tanh GELU); use "
+                    "activation='gelu_tanh' (T5 v1.1) to export.")
+
+
+def t5_tied(hf: dict) -> bool:
+  """Whether the decoder output is scaled by d_model^-0.5 and read out through the shared table
+  (T5 v1.0; else v1.1's lm_head): transformers 5 writes this as `scale_decoder_outputs` (and
+  tie_word_embeddings always true), transformers 4 as `tie_word_embeddings`."""
+  return bool(hf.get("scale_decoder_outputs", hf["tie_word_embeddings"]))
+
+
+def _t5_model_from_hf(family: Family, hf: dict) -> ml_collections.ConfigDict:
+  del family
+  if (hf["pad_token_id"], hf["decoder_start_token_id"] or 0) != (0, 0):
+    raise ConfigError(f"T5 checkpoint with pad_token_id={hf['pad_token_id']} and "
+                      f"decoder_start_token_id={hf['decoder_start_token_id']}: our T5 objective "
+                      "and text-to-text fine-tuning pad with id 0 and start the decoder with it "
+                      "(seqio's layout, every released T5); only such checkpoints import.")
+  activation, gated = t5_activation(hf["feed_forward_proj"])
+  return config_lib.t5_model(
+      "base", "1.1" if gated else "1.0", vocab_size=hf["vocab_size"], hidden=hf["d_model"],
+      layers=hf["num_layers"], decoder_layers=hf["num_decoder_layers"] or hf["num_layers"],
+      heads=hf["num_heads"], head_dim=hf["d_kv"], mlp=hf["d_ff"], activation=activation,
+      gated_mlp=gated, dropout=hf["dropout_rate"], layer_norm_eps=hf["layer_norm_epsilon"],
+      relative_buckets=hf["relative_attention_num_buckets"],
+      relative_max_distance=hf["relative_attention_max_distance"], tie_embeddings=t5_tied(hf))
+
+
+def _t5_model_to_hf(family: Family, model, hf: dict) -> dict:
+  del family, hf
+  if model.architecture != "encoder_decoder":
+    raise ConfigError(f"model.architecture={model.architecture!r}: HF's "
+                      "T5ForConditionalGeneration is an encoder–decoder, and decoder-only / "
+                      "prefix-LM T5 runs have no HF class; export an encoder_decoder run.")
+  return dict(
+      vocab_size=model.vocab_size, d_model=model.hidden, d_kv=model.head_dim, d_ff=model.mlp,
+      num_layers=model.layers, num_decoder_layers=model.decoder_layers, num_heads=model.heads,
+      relative_attention_num_buckets=model.relative_buckets,
+      relative_attention_max_distance=model.relative_max_distance, dropout_rate=model.dropout,
+      layer_norm_epsilon=model.layer_norm_eps, feed_forward_proj=_t5_feed_forward_proj(model),
+      tie_word_embeddings=model.tie_embeddings, scale_decoder_outputs=model.tie_embeddings,
+      is_encoder_decoder=True)
+
+
+def _t5_recipe(family: Family, arch: Architecture, config) -> None:
+  """T5's span corruption (configs/t5.py): 512 inputs, packed segments, Adafactor."""
+  del family, arch
+  config.objective = config_lib.t5_objective()
+  config.optimizer = config_lib.t5_adafactor()
+  config.data.update(packing="t5_segments", seq_len=512)
+
+
+def _t5_names(family: Family, hf: dict, state_dict: dict) -> dict:
+  """T5's lm_head as transformers reads it: an untied (v1.1) checkpoint without lm_head.weight
+  (transformers 5 saves a v1.1 model it tied that way) reads out through shared.weight; a tied
+  one whose lm_head.weight differs from shared.weight is refused (transformers 5 would use that
+  head with v1.0's output scaling, which our T5 does not have)."""
+  del family
+  head = state_dict.get("lm_head.weight")
+  if not t5_tied(hf):
+    return state_dict if head is not None else {**state_dict,
+                                                "lm_head.weight": state_dict["shared.weight"]}
+  if head is not None and not np.array_equal(head, state_dict["shared.weight"]):
+    raise ConfigError("The T5 config ties lm_head to the shared embedding (tie_word_embeddings / "
+                      "scale_decoder_outputs true) but lm_head.weight differs from shared.weight; "
+                      "set tie_word_embeddings=false in config.json if the head is its own (v1.1).")
+  return state_dict
+
+
+T5 = Network(
+    required=T5_REQUIRED, defaults=T5_DEFAULTS, model_from_hf=_t5_model_from_hf,
+    model_to_hf=_t5_model_to_hf,
+    entries=lambda family, model, hf: mapping.t5_entries(model), recipe=_t5_recipe,
+    token_ids=lambda tokenizer: dict(pad_token_id=tokenizer.pad_id, eos_token_id=tokenizer.eos_id,
+                                     decoder_start_token_id=tokenizer.pad_id),
+    names=_t5_names)
+
+
+# XLNet (XLNetLMHeadModel ↔ models/xlnet.py): XLNetConfig's keys and defaults.
+XLNET_REQUIRED = ("vocab_size", "d_model", "n_layer", "n_head", "d_inner")
+XLNET_DEFAULTS = dict(ff_activation="gelu", attn_type="bi", initializer_range=0.02,
+                      layer_norm_eps=1e-12, dropout=0.1, mem_len=512, reuse_len=None,
+                      bi_data=False, clamp_len=-1, same_length=False, pad_token_id=5,
+                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+# The forward options of XLNetConfig that our XLNet computes only at these values.
+XLNET_FORWARD = dict(attn_type="bi", same_length=False, bi_data=False)
+
+
+def _xlnet_model_from_hf(family: Family, hf: dict) -> ml_collections.ConfigDict:
+  """Our XLNet of an XLNetConfig. HF keeps the relative-attention biases in every layer
+  (untie_r=True); mem_len / reuse_len, which only shape pre-training, keep our paper defaults
+  (384 / 256) where HF has none."""
+  del family
+  differ = {k: hf[k] for k, v in XLNET_FORWARD.items() if hf[k] != v}
+  if differ:
+    raise ConfigError(f"XLNet with {differ}: our XLNet computes HF's forward only with "
+                      f"{XLNET_FORWARD} (bi_data only lays out a pre-training batch; the weights "
+                      "do not depend on it); set those in config.json to import.")
+  if hf["ff_activation"] not in ACTIVATIONS_FROM_HF:
+    raise ConfigError(f"XLNet ff_activation={hf['ff_activation']!r} has no counterpart here; "
+                      f"supported: {sorted(ACTIVATIONS_FROM_HF)}.")
+  memory = {k: hf[k] for k in ("mem_len", "reuse_len") if hf[k] is not None}
+  return config_lib.xlnet_model(
+      "base", vocab_size=hf["vocab_size"], hidden=hf["d_model"], layers=hf["n_layer"],
+      heads=hf["n_head"], head_dim=hf["d_model"] // hf["n_head"], mlp=hf["d_inner"],
+      activation=ACTIVATIONS_FROM_HF[hf["ff_activation"]], dropout=hf["dropout"],
+      attention_dropout=hf["dropout"], layer_norm_eps=hf["layer_norm_eps"],
+      initializer_range=hf["initializer_range"], untie_r=True, clamp_len=hf["clamp_len"],
+      **memory)
+
+
+def _xlnet_model_to_hf(family: Family, model, hf: dict) -> dict:
+  """XLNetConfig fields of our XLNet; HF's dropout also drops attention probabilities (ours:
+  attention_dropout), and untie_r=False writes the shared biases into every layer."""
+  del family, hf
+  if model.heads * model.head_dim != model.hidden:
+    raise ConfigError(f"model.heads={model.heads} × head_dim={model.head_dim} != hidden="
+                      f"{model.hidden}: HF's XLNet derives d_head = d_model / n_head; export a "
+                      "model with heads · head_dim = hidden.")
+  return dict(vocab_size=model.vocab_size, d_model=model.hidden, n_layer=model.layers,
+              n_head=model.heads, d_head=model.head_dim, d_inner=model.mlp,
+              ff_activation=ACTIVATIONS_TO_HF[model.activation], dropout=model.dropout,
+              layer_norm_eps=model.layer_norm_eps, initializer_range=model.initializer_range,
+              mem_len=model.mem_len, reuse_len=model.reuse_len, clamp_len=model.clamp_len,
+              tie_word_embeddings=True, **XLNET_FORWARD)
+
+
+def _xlnet_recipe(family: Family, arch: Architecture, config) -> None:
+  """XLNet's permutation LM as configs/xlnet.py (AdamW 4e-4, ε 1e-6, linear decay after 40k
+  warmup steps), on windows of 2 · reuse_len tokens (the paper's 512 = 2 · 256) permuted in
+  blocks of reuse_len, 85 of every 512 tokens predicted."""
+  del family, arch
+  reuse = config.model.reuse_len
+  config.objective = config_lib.xlnet_objective(perm_size=reuse,
+                                                num_predict=max(1, round(reuse * 85 / 256)))
+  config.optimizer = config_lib.bert_adamw(peak_lr=4e-4, eps=1e-6, warmup_steps=40_000,
+                                           schedule="linear_after_warmup")
+  config.data.update(packing="xlnet_streams", seq_len=2 * reuse)
+
+
+def _xlnet_names(family: Family, hf: dict, state_dict: dict) -> dict:
+  del family, hf
+  return with_prefix(state_dict, "transformer", "transformer.word_embedding.weight")
+
+
+XLNET = Network(
+    required=XLNET_REQUIRED, defaults=XLNET_DEFAULTS, model_from_hf=_xlnet_model_from_hf,
+    model_to_hf=_xlnet_model_to_hf,
+    entries=lambda family, model, hf: mapping.xlnet_entries(model), recipe=_xlnet_recipe,
+    token_ids=_pad_id, names=_xlnet_names)
 
 
 # --------------------------------------------------------------------------------------- families
@@ -213,7 +498,7 @@ def _task_classes(prefix: str, sequence: dict[str, str], choice: dict[str, str],
 
 FAMILIES = {
     "bert": Family(
-        "bert",
+        "bert", ENCODER,
         architectures=(
             Architecture("BertForPreTraining", "mlm", "nsp", {
                 "mlm_head": BERT_MLM,
@@ -224,7 +509,7 @@ FAMILIES = {
         tasks=_task_classes("Bert", BERT_POOLED, BERT_POOLED),
         encoder=_bert_encoder("bert")),
     "roberta": Family(
-        "roberta",
+        "roberta", ENCODER,
         architectures=(Architecture("RobertaForMaskedLM", "mlm", "", {
             "mlm_head": mapping.mlm_head_names("lm_head.dense", "lm_head.layer_norm",
                                                "lm_head.bias")}, gelu_head=True),),
@@ -238,7 +523,7 @@ FAMILIES = {
         objective=dict(mask_style="fairseq", masking="dynamic"),
         position_offset=_roberta_offset),
     "albert": Family(
-        "albert",
+        "albert", ENCODER,
         architectures=(
             Architecture("AlbertForPreTraining", "mlm", "sop", {
                 "mlm_head": ALBERT_MLM,
@@ -253,7 +538,7 @@ FAMILIES = {
         model_from_hf=_albert_from_hf, model_to_hf=_albert_to_hf, encoder=_albert_encoder,
         objective=dict(mask_scheme="ngram")),
     "electra": Family(
-        "electra",
+        "electra", ENCODER,
         architectures=(
             Architecture("ElectraForPreTraining", "electra", "",
                          mapping.ELECTRA_HEADS["discriminator"]),
@@ -276,23 +561,25 @@ FAMILIES = {
                       summary_activation="gelu"),
         model_from_hf=_electra_from_hf, model_to_hf=_electra_to_hf, encoder=_electra_encoder,
         packing="electra_segments"),
-    "xlnet": Family("xlnet", unavailable="XLNet checkpoints cannot be imported or exported yet: "
-                    "bertfam_jax.models.xlnet matches XLNetLMHeadModel (tests/models/"
-                    "xlnet_model_test.py holds the name mapping), but hf/ has no XLNet family."),
-    "t5": Family("t5", unavailable="T5 checkpoints cannot be imported or exported yet: "
-                 "bertfam_jax.models.t5 matches T5ForConditionalGeneration (tests/models/"
-                 "t5_hf_parity_test.py holds the name mapping), but hf/ has no T5 family."),
+    # The encoder–decoder and its LM head are one network (T5 v1.1's untied lm_head included).
+    "t5": Family(
+        "t5", T5,
+        architectures=(Architecture("T5ForConditionalGeneration", "t5", "", {}),),
+        base="T5ForConditionalGeneration"),
+    # The output weight is the tied word embedding; a bare XLNetModel gets a fresh output bias.
+    "xlnet": Family(
+        "xlnet", XLNET,
+        architectures=(Architecture("XLNetLMHeadModel", "xlnet", "",
+                                    {"lm_loss": {"bias": "lm_loss.bias"}}),),
+        base="XLNetLMHeadModel"),
 }
 
 
 def get(model_type: str) -> Family:
   if model_type not in FAMILIES:
     raise ConfigError(f"HF model_type {model_type!r} is not supported; choose one of "
-                      f"{sorted(k for k, f in FAMILIES.items() if not f.unavailable)}.")
-  family = FAMILIES[model_type]
-  if family.unavailable:
-    raise ConfigError(family.unavailable)
-  return family
+                      f"{sorted(FAMILIES)}.")
+  return FAMILIES[model_type]
 
 
 # ------------------------------------------------------------------------------ config translation
@@ -300,48 +587,26 @@ def get(model_type: str) -> Family:
 
 def full_hf_config(family: Family, hf_config: dict) -> dict:
   """`hf_config` with HF's defaults filled in; ConfigError when a size is missing."""
-  missing = [k for k in REQUIRED_KEYS if k not in hf_config]
+  missing = [k for k in family.network.required if k not in hf_config]
   if missing:
-    raise ConfigError(f"The HF config.json lacks {missing}; it is not a BERT-style encoder config.")
-  return {**COMMON_DEFAULTS, **family.defaults, **hf_config}
+    raise ConfigError(f"The HF config.json lacks {missing}; it is not a {family.model_type} "
+                      "config.")
+  return {**family.network.defaults, **family.defaults, **hf_config}
 
 
 def model_from_hf(family: Family, hf_config: dict) -> ml_collections.ConfigDict:
   """Our `config.model` section for an HF config.json of `family`."""
-  hf = full_hf_config(family, hf_config)
-  if hf["hidden_act"] not in ACTIVATIONS_FROM_HF:
-    raise ConfigError(f"HF hidden_act={hf['hidden_act']!r} has no counterpart here; supported: "
-                      f"{sorted(ACTIVATIONS_FROM_HF)}.")
-  return config_lib.encoder(
-      "base", vocab_size=hf["vocab_size"], hidden=hf["hidden_size"],
-      layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
-      mlp=hf["intermediate_size"],
-      max_positions=hf["max_position_embeddings"] - family.position_offset(hf),
-      type_vocab_size=hf["type_vocab_size"], dropout=hf["hidden_dropout_prob"],
-      attention_dropout=hf["attention_probs_dropout_prob"], layer_norm_eps=hf["layer_norm_eps"],
-      activation=ACTIVATIONS_FROM_HF[hf["hidden_act"]], initializer_range=hf["initializer_range"],
-      **family.model_from_hf(hf))
+  return family.network.model_from_hf(family, full_hf_config(family, hf_config))
 
 
 def model_to_hf(family: Family, arch: Architecture, model, base: dict) -> dict:
   """The HF config.json of our `model` as `arch`; `base` holds the other HF fields (token ids,
   those of an imported config, a task class's labels) and is updated."""
   check_exportable(arch, model)
-  if model.activation not in ACTIVATIONS_TO_HF:
-    raise ConfigError(f"model.activation={model.activation!r} has no HF hidden_act.")
-  if not model.type_vocab_size:
-    raise ConfigError("HF encoders always have token types; export needs model.type_vocab_size "
-                      ">= 1.")
-  hf = {**COMMON_DEFAULTS, **family.defaults, **base}
-  hf.update(
-      model_type=family.model_type, architectures=[arch.name], vocab_size=model.vocab_size,
-      hidden_size=model.hidden, num_hidden_layers=model.layers, num_attention_heads=model.heads,
-      intermediate_size=model.mlp, hidden_act=ACTIVATIONS_TO_HF[model.activation],
-      hidden_dropout_prob=model.dropout, attention_probs_dropout_prob=model.attention_dropout,
-      type_vocab_size=model.type_vocab_size, initializer_range=model.initializer_range,
-      layer_norm_eps=model.layer_norm_eps, tie_word_embeddings=True, **family.model_to_hf(model),
-      **arch.hf_fields)
-  hf["max_position_embeddings"] = model.max_positions + family.position_offset(hf)
+  hf = {**family.network.defaults, **family.defaults, **base}
+  hf.update(model_type=family.model_type, architectures=[arch.name])
+  hf.update(family.network.model_to_hf(family, model, hf))
+  hf.update(arch.hf_fields)
   return hf
 
 
@@ -404,18 +669,10 @@ def check_head_activation(arch: Architecture, model) -> None:
 def run_config(family: Family, arch: Architecture, model,
                tokenizer_path: str) -> ml_collections.ConfigDict:
   """A full bertfam config (config_lib.base_config) for a checkpoint: `model`, the objective of
-  its heads with the family's recipe, a sequence length within its positions, tokenizer kind
-  'hf' at `tokenizer_path` ('' when the checkpoint has none)."""
+  its heads with the family's recipe (Network.recipe), tokenizer kind 'hf' at `tokenizer_path`
+  ('' when the checkpoint has none)."""
   config = config_lib.base_config()
   config.model = model
-  config.data.seq_len = min(config.data.seq_len, model.max_positions)
-  if arch.objective == "electra":
-    config.objective = config_lib.electra_objective(
-        max_predictions=config_lib.electra_max_predictions(config.data.seq_len, 0.15))
-  else:
-    config.objective = config_lib.mlm_objective(sentence_task=arch.sentence_task,
-                                                **family.objective)
-  if not arch.sentence_task:
-    config.data.packing = family.packing
+  family.network.recipe(family, arch, config)
   config.tokenizer.update(kind="hf", model_path=tokenizer_path)
   return config

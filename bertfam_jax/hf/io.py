@@ -4,6 +4,10 @@
   out = m(input_ids, attention_mask, token_type_ids)
   out["hidden_states"], out["logits"], out.get("sentence_logits")
   save_pretrained(m, "out-dir")                 # transformers' from_pretrained loads it
+  t5 = from_pretrained("t5-dir")                # T5ForConditionalGeneration
+  t5(input_ids, attention_mask, decoder_input_ids=targets_shifted)["logits"]
+  xlnet = from_pretrained("xlnet-dir")          # XLNetLMHeadModel
+  xlnet(input_ids, attention_mask, token_type_ids, perm_mask=..., target_mapping=...)["logits"]
 
 A fine-tuned checkpoint (a task class: *ForSequenceClassification, *ForTokenClassification,
 *ForQuestionAnswering, *ForMultipleChoice) reads as our `models.finetune.FineTuneModel`: `m.kind`
@@ -16,7 +20,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
@@ -75,25 +79,34 @@ class HFModel:
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
                **family_inputs) -> dict[str, jax.Array]:
     """input_ids, attention_mask (1 = token), token_type_ids: [batch, length] (defaults: all
-    ones, all zeros). Returns hidden_states [batch, length, hidden] (the last layer) and the
-    pre-training head's logits: MLM [batch, length, vocab] at every position, or ELECTRA's
-    replaced-token logits [batch, length]; plus sentence_logits [batch, 2] with NSP / SOP.
+    ones, all zeros), and the inputs of the family (OUTPUTS). Returns hidden_states [batch,
+    length, hidden] (the last layer) and the pre-training head's logits: MLM [batch, length,
+    vocab] at every position, or ELECTRA's replaced-token logits [batch, length]; plus
+    sentence_logits [batch, 2] with NSP / SOP.
+    T5 takes decoder_input_ids [batch, target length] (required; no token types) and returns
+    the LM logits [batch, target length, vocab] and the encoder's output as hidden_states.
+    XLNet takes perm_mask [batch, length, length] and target_mapping [batch, P, length]
+    (optional, HF's) and returns the content stream as hidden_states and the LM logits of the
+    query stream [batch, P, vocab] (with target_mapping) or of every position (without);
+    token_type_ids None there means no segment term, as in HF.
     A task class returns its FineTuneModel's output as logits (`kind`: classification [batch,
     labels], regression [batch], token_classification [batch, length, labels], extractive_qa
     [batch, length, 2] start / end); multiple choice takes [batch, choices, length] inputs and
     returns logits [batch, choices], hidden_states [batch, choices, length, hidden].
     RoBERTa derives positions from padding; right-padded rows match HF at their real tokens."""
-    if family_inputs:
-      raise TypeError(f"{self.architecture} takes no inputs {sorted(family_inputs)}.")
+    outputs, names = ((_task_outputs, ()) if self.kind
+                      else OUTPUTS[self.config.objective.name])
+    unknown = sorted(set(family_inputs) - set(names))
+    if unknown:
+      raise TypeError(f"{self.architecture} takes no inputs {unknown}.")
     input_ids = jnp.asarray(input_ids, jnp.int32)
     mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
-    types = jnp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+    types = None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
+    extra = {k: jnp.asarray(family_inputs[k]) if k in family_inputs else None for k in names}
     if self._apply is None:
       model = build_model(self.config, self.kind, self.num_outputs)
-      self._apply = jax.jit(functools.partial(
-          _task_outputs if self.kind else _pretraining_outputs, model))
-    return self._apply(self.params, input_ids, jnp.asarray(mask, jnp.int32),
-                       jnp.asarray(types, jnp.int32))
+      self._apply = jax.jit(functools.partial(outputs, model))
+    return self._apply(self.params, input_ids, jnp.asarray(mask, jnp.int32), types, **extra)
 
 
 def build_model(config, kind: str = "", num_outputs: int = 0):
@@ -105,17 +118,24 @@ def build_model(config, kind: str = "", num_outputs: int = 0):
 
 
 def _init_inputs(config, kind: str) -> dict[str, jax.Array]:
-  """Inputs that trace `build_model(config, kind, ...).init` (one [1, 8] row; a FineTuneModel's
-  parameter shapes depend on neither length, multiple choice takes [1, 2, 8])."""
+  """Inputs that trace `build_model(config, kind, ...).init`: the objective's (one row), or for
+  a FineTuneModel, whose parameter shapes depend on neither length, [1, 8] ([1, 2, 8] for
+  multiple choice)."""
   if not kind:
-    return step_lib.init_batch(config, 1)
+    return step_lib.objective_init_inputs(objectives.get(config.objective.name), config)
   zeros = jnp.zeros((1, 2, 8) if kind == "multiple_choice" else (1, 8), jnp.int32)
   return dict(input_ids=zeros, input_mask=jnp.ones_like(zeros), segment_ids=zeros)
+
+
+def _zeros_if_none(types, input_ids):
+  """BERT-style token types: all zeros when not given."""
+  return jnp.zeros_like(input_ids) if types is None else types
 
 
 def _task_outputs(model, params, input_ids, mask, types):
   """A FineTuneModel's output (`logits`) and its encoder's last layer (`hidden_states`, captured
   on the way: [..., length, hidden] with the inputs' leading axes)."""
+  types = _zeros_if_none(types, input_ids)
   logits, state = model.apply(
       {"params": params}, input_ids, mask, types, deterministic=True, mutable=["intermediates"],
       capture_intermediates=lambda m, method: m.scope.path == ("encoder",) and method == "__call__")
@@ -124,7 +144,8 @@ def _task_outputs(model, params, input_ids, mask, types):
 
 
 def _pretraining_outputs(model, params, input_ids, mask, types):
-  return model.apply({"params": params}, input_ids, mask, types, method=_pretraining_heads)
+  return model.apply({"params": params}, input_ids, mask, _zeros_if_none(types, input_ids),
+                     method=_pretraining_heads)
 
 
 def _pretraining_heads(m, input_ids, mask, types):
@@ -139,6 +160,44 @@ def _pretraining_heads(m, input_ids, mask, types):
   if getattr(m, "sentence_classes", 0):
     out["sentence_logits"] = m.sentence_head(x_BLD)
   return out
+
+
+def _t5_outputs(model, params, input_ids, mask, types, decoder_input_ids):
+  """T5ForConditionalGeneration's logits [batch, Lt, vocab] (float32) for decoder_input_ids
+  [batch, Lt] and the encoder's output [batch, Li, hidden]; `mask` is the encoder's padding
+  (HF attention_mask), `types` unused (T5 has no token types)."""
+  del types
+  if decoder_input_ids is None:
+    raise TypeError("T5ForConditionalGeneration needs decoder_input_ids [batch, target length] "
+                    "(the targets shifted right, starting with decoder_start_token_id 0).")
+  variables = {"params": params}
+  encoded_BLD = model.apply(variables, input_ids, mask, deterministic=True, method="encode")
+  logits_BTV = model.apply(variables, encoded_BLD, mask, decoder_input_ids.astype(jnp.int32),
+                           deterministic=True, method="decode")
+  return {"hidden_states": encoded_BLD, "logits": logits_BTV.astype(jnp.float32)}
+
+
+def _xlnet_outputs(model, params, input_ids, mask, types, perm_mask, target_mapping):
+  """XLNetLMHeadModel's outputs: the content stream [batch, L, hidden] and the logits (float32)
+  of the query stream at target_mapping's P rows [batch, P, vocab], or without target_mapping of
+  the content stream at every position [batch, L, vocab]. perm_mask [batch, L, L] (1 = may not
+  attend) as HF's; `types` None: no segment term (HF's token_type_ids=None)."""
+  return model.apply({"params": params}, input_ids, types, mask, perm_mask, target_mapping,
+                     method=_xlnet_heads)
+
+
+def _xlnet_heads(m, input_ids, types, mask, perm_mask, target_mapping):
+  out = m(input_ids, types, mask, perm_mask, target_mapping, deterministic=True)
+  logits = (out["logits"] if target_mapping is not None
+            else m.lm_loss(m.word_embedding.attend(out["content"])))
+  return {"hidden_states": out["content"], "logits": logits.astype(jnp.float32)}
+
+
+# objective → (the HFModel outputs of its model, the keyword inputs beyond input_ids,
+# attention_mask and token_type_ids that they take).
+OUTPUTS = {"mlm": (_pretraining_outputs, ()), "electra": (_pretraining_outputs, ()),
+           "t5": (_t5_outputs, ("decoder_input_ids",)),
+           "xlnet": (_xlnet_outputs, ("perm_mask", "target_mapping"))}
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -177,19 +236,22 @@ def _read_torch(file: str) -> dict[str, np.ndarray]:
   return {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
 
 
-def read_state_dict(path: str, prefix: str) -> dict[str, np.ndarray]:
-  """The checkpoint's parameters, HF name → numpy (floats as float32). Legacy LayerNorm names
-  (gamma/beta) are renamed and a bare encoder's names (BertModel) get the model's `prefix`."""
+def read_state_dict(path: str) -> dict[str, np.ndarray]:
+  """The checkpoint's parameters, HF name → numpy (floats as float32), legacy LayerNorm names
+  (gamma/beta) renamed; Network.names then adds what a bare model class's names lack."""
   kind, files = _weight_files(path)
   state_dict = {}
   for file in files:
     state_dict.update(safetensors_numpy.load_file(file) if kind == SAFETENSORS
                       else _read_torch(file))
-  state_dict = {_modern_name(k): (v.astype(np.float32) if v.dtype.kind == "f" else v)
-                for k, v in state_dict.items()}
-  if f"{prefix}.embeddings.word_embeddings.weight" not in state_dict:
-    state_dict = {f"{prefix}.{k}": v for k, v in state_dict.items()}
-  return state_dict
+  return {_modern_name(k): (v.astype(np.float32) if v.dtype.kind == "f" else v)
+          for k, v in state_dict.items()}
+
+
+def family_state_dict(path: str, family: families.Family, hf: dict) -> dict[str, np.ndarray]:
+  """read_state_dict under the names of `family`'s mapping (Network.names; `hf`: the full HF
+  config)."""
+  return family.network.names(family, hf, read_state_dict(path))
 
 
 def _modern_name(name: str) -> str:
@@ -231,7 +293,8 @@ def _generator(generator_path: str, config) -> tuple[dict, dict]:
   `config.objective`; returns (its parameters, notes)."""
   family = families.get("electra")
   hf_config = read_hf_config(generator_path)
-  state_dict = read_state_dict(generator_path, "electra")
+  state_dict = family_state_dict(generator_path, family,
+                                 families.full_hf_config(family, hf_config))
   arch, missing = family.detect(state_dict)
   if hf_config.get("model_type") != "electra" or arch.name != "ElectraForMaskedLM" or missing:
     raise ConfigError(f"generator_path={generator_path} is not an ElectraForMaskedLM checkpoint.")
@@ -273,7 +336,7 @@ def from_pretrained(path: str, generator_path: str | None = None, *,
   hf_config = read_hf_config(path)
   family = families.get(hf_config.get("model_type"))
   hf = families.full_hf_config(family, hf_config)
-  state_dict = read_state_dict(path, family.model_type)
+  state_dict = family_state_dict(path, family, hf)
   task = family.task((hf_config.get("architectures") or [""])[0])
   kind, num_outputs, notes = "", 0, {}
   if task is None:
@@ -316,16 +379,15 @@ def check_empty_target(path: str) -> None:
 
 
 def unscanned(params: dict) -> dict:
-  """`params` with every scanned layer stack (a module 'layers' whose leaves have a leading
-  [layers] axis, model.scan_layers with share_layers='none') split into layer_{i}."""
+  """`params` with every scanned layer stack (a module 'layers' at any depth whose leaves have a
+  leading [layers] axis: model.scan_layers) split into layer_{i}."""
   out = {}
   for name, module in params.items():
-    module = dict(module)
-    if "layers" in module:
-      stacked = module.pop("layers")
-      for i in range(jax.tree.leaves(stacked)[0].shape[0]):
-        module[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
-    out[name] = module
+    if name == "layers":
+      for i in range(jax.tree.leaves(module)[0].shape[0]):
+        out[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], module)
+    else:
+      out[name] = unscanned(module) if isinstance(module, Mapping) else module
   return out
 
 
@@ -350,7 +412,7 @@ def save_pretrained(m: HFModel, path: str) -> None:
   families.check_head_activation(arch, model)
   base = dict(m.hf_config)
   if m.tokenizer is not None:
-    base["pad_token_id"] = m.tokenizer.pad_id
+    base.update(family.network.token_ids(m.tokenizer))
   hf = families.model_to_hf(family, arch, model, base)
   params = unscanned(jax.device_get(m.params))
   _write(path, hf, mapping.params_to_hf(params, families.entries(family, arch, model, hf)),

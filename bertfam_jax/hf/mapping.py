@@ -1,8 +1,10 @@
-"""HuggingFace state_dict names ↔ our parameter trees, for BERT-style encoders and their heads.
+"""HuggingFace state_dict names ↔ our parameter trees: BERT-style encoders and their heads, T5
+(T5ForConditionalGeneration) and XLNet (XLNetLMHeadModel).
 
-One table drives both directions: `encoder_entries` / `head_entries` list every parameter as an
-`Entry` (our path, HF name, how the array is laid out in each), `params_from_hf` fills our tree
-from an HF state_dict (numpy, HF names → arrays) and `params_to_hf` writes it back.
+One table drives both directions: `encoder_entries` / `head_entries` / `t5_entries` /
+`xlnet_entries` list every parameter as an `Entry` (our path, HF name, how the array is laid out
+in each), `params_from_hf` fills our tree from an HF state_dict (numpy, HF names → arrays) and
+`params_to_hf` writes it back.
 
 Layouts: torch Linear weights are [out, in] (our Dense kernels [in, out]); HF splits attention
 head-major ([heads·head_dim, hidden] ↔ our [hidden, heads, head_dim]); RoBERTa's position table
@@ -13,6 +15,7 @@ way in and write back as zeros (HF's padding row is zero-initialised and never t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Callable
 
 import numpy as np
@@ -59,21 +62,31 @@ def layer_norm(ours, theirs) -> list[Entry]:
           Entry(ours + ("norm", "bias"), f"{theirs}.bias")]
 
 
+def heads_in(ours, theirs, hidden: int, heads: int) -> Entry:
+  """A torch Linear weight [heads·head_dim, hidden] (query, key, value) ↔ our per-head kernel
+  [hidden, heads, head_dim]."""
+  return Entry(ours, theirs, lambda w: np.ascontiguousarray(w.T.reshape(hidden, heads, -1)),
+               lambda k: _transpose(k.reshape(hidden, -1)))
+
+
+def heads_out(ours, theirs, hidden: int, heads: int) -> Entry:
+  """A torch Linear weight [hidden, heads·head_dim] (the output projection) ↔ our per-head
+  kernel [heads, head_dim, hidden]."""
+  return Entry(ours, theirs, lambda w: np.ascontiguousarray(w.T.reshape(heads, -1, hidden)),
+               lambda k: _transpose(k.reshape(-1, hidden)))
+
+
 def _attention(ours, name, config) -> list[Entry]:
-  """Query/key/value [heads·head_dim, hidden] ↔ [hidden, heads, head_dim]; the output projection
-  [hidden, heads·head_dim] ↔ [heads, head_dim, hidden]."""
+  """BERT's attention: query/key/value and output kernels (heads_in / heads_out) with biases
+  [heads·head_dim] ↔ [heads, head_dim]."""
   hidden, heads = config.hidden, config.heads
   entries = []
   for part in ("query", "key", "value"):
-    entries += [Entry(ours + (part, "kernel"), f"{name[part]}.weight",
-                      lambda w: np.ascontiguousarray(w.T.reshape(hidden, heads, -1)),
-                      lambda k: _transpose(k.reshape(hidden, -1))),
+    entries += [heads_in(ours + (part, "kernel"), f"{name[part]}.weight", hidden, heads),
                 Entry(ours + (part, "bias"), f"{name[part]}.bias",
                       lambda b: b.reshape(heads, -1), lambda b: b.reshape(-1))]
   return entries + [
-      Entry(ours + ("output", "kernel"), f"{name['output']}.weight",
-            lambda w: np.ascontiguousarray(w.T.reshape(heads, -1, hidden)),
-            lambda k: _transpose(k.reshape(-1, hidden))),
+      heads_out(ours + ("output", "kernel"), f"{name['output']}.weight", hidden, heads),
       Entry(ours + ("output", "bias"), f"{name['output']}.bias")]
 
 
@@ -125,11 +138,11 @@ def encoder_entries(config, *, prefix: str, position_offset: int = 0,
 
 def head_entries(root: str, names: dict[str, str]) -> list[Entry]:
   """{our parameter: HF name} of a head at our top-level `root` → its entries: our '*_ln' are
-  LayerNorms, 'output_bias' a bare vector, the rest Linear layers."""
+  LayerNorms, 'output_bias' and 'bias' bare vectors, the rest Linear layers."""
   entries = []
   for ours, theirs in names.items():
     path = (root, ours)
-    entries += ([Entry(path, theirs)] if ours == "output_bias" else
+    entries += ([Entry(path, theirs)] if ours in ("output_bias", "bias") else
                 layer_norm(path, theirs) if ours.endswith("_ln") else dense(path, theirs))
   return entries
 
@@ -192,3 +205,85 @@ def params_to_hf(params: dict[str, Any], entries: list[Entry]) -> dict[str, np.n
       node = node[key]
     state_dict[e.theirs] = np.ascontiguousarray(e.to_hf(np.asarray(node)))
   return state_dict
+
+
+# Our T5 (models/t5.py) sublayers → their module in HF's T5Block; the attention kernels → HF's
+# T5Attention Linear layers; the relative position table, which HF keeps in each stack's first
+# block only (has_relative_attention_bias) and our stack holds once.
+T5_ENCODER_LAYER = dict(pre_attention_layer_norm="layer.0.layer_norm",
+                        attention="layer.0.SelfAttention",
+                        pre_mlp_layer_norm="layer.1.layer_norm", mlp="layer.1.DenseReluDense")
+T5_DECODER_LAYER = dict(pre_self_attention_layer_norm="layer.0.layer_norm",
+                        self_attention="layer.0.SelfAttention",
+                        pre_cross_attention_layer_norm="layer.1.layer_norm",
+                        encoder_decoder_attention="layer.1.EncDecAttention",
+                        pre_mlp_layer_norm="layer.2.layer_norm", mlp="layer.2.DenseReluDense")
+T5_ATTENTION = dict(query="q", key="k", value="v")
+T5_RELATIVE_BIAS = "block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+
+
+def t5_entries(config) -> list[Entry]:
+  """The entries of our encoder–decoder `T5` (config: its model section) inside an HF
+  T5ForConditionalGeneration:
+    token_embedder/embedding [vocab, hidden]        shared.weight
+    {stack}/relpos_bias/rel_embedding [buckets, heads]  {stack}.T5_RELATIVE_BIAS
+    {stack}/layer_{i}/<T5_*_LAYER key>              {stack}.block.{i}.<its value>: RMSNorm scales,
+                                                    q/k/v/o (heads_in / heads_out, no biases),
+                                                    wi | wi_0, wi_1 and wo (transposed)
+    {stack}/{stack}_norm/scale                      {stack}.final_layer_norm.weight
+    decoder/logits_dense/kernel [hidden, vocab]     lm_head.weight [vocab, hidden], untied only
+  for stack in encoder, decoder."""
+  hidden, heads = config.hidden, config.heads
+  mlp = ("wi_0", "wi_1", "wo") if config.gated_mlp else ("wi", "wo")
+  entries = [Entry(("token_embedder", "embedding"), "shared.weight")]
+  for stack, depth, sublayers in (("encoder", config.layers, T5_ENCODER_LAYER),
+                                  ("decoder", config.decoder_layers, T5_DECODER_LAYER)):
+    entries += [Entry((stack, "relpos_bias", "rel_embedding"), f"{stack}.{T5_RELATIVE_BIAS}"),
+                Entry((stack, f"{stack}_norm", "scale"), f"{stack}.final_layer_norm.weight")]
+    for i, (ours, theirs) in itertools.product(range(depth), sublayers.items()):
+      path, name = (stack, f"layer_{i}", ours), f"{stack}.block.{i}.{theirs}"
+      if ours.endswith("layer_norm"):
+        entries.append(Entry(path + ("scale",), f"{name}.weight"))
+      elif ours == "mlp":
+        entries += [Entry(path + (n, "kernel"), f"{name}.{n}.weight", _transpose, _transpose)
+                    for n in mlp]
+      else:
+        entries += [heads_in(path + (part,), f"{name}.{linear}.weight", hidden, heads)
+                    for part, linear in T5_ATTENTION.items()]
+        entries.append(heads_out(path + ("out",), f"{name}.o.weight", hidden, heads))
+  if not config.tie_embeddings:
+    entries.append(Entry(("decoder", "logits_dense", "kernel"), "lm_head.weight", _transpose,
+                         _transpose))
+  return entries
+
+
+# Our XLNet (models/xlnet.py) inside HF's XLNetLMHeadModel: the attention projections and segment
+# embedding keep HF's [hidden, heads, head_dim] / [2, heads, head_dim] layouts; HF keeps the
+# relative-attention biases in every layer whatever its untie_r says.
+XLNET_ATTENTION = ("q", "k", "v", "o", "r", "seg_embed")
+XLNET_BIASES = ("r_w_bias", "r_r_bias", "r_s_bias")
+
+
+def xlnet_entries(config) -> list[Entry]:
+  """The entries of our `XLNet` (config: its model section) inside an HF XLNetLMHeadModel,
+  without the output bias (its head, lm_loss/bias ↔ lm_loss.bias; the output weight is the tied
+  word embedding):
+    word_embedding/embedding [vocab, hidden]     transformer.word_embedding.weight
+    mask_emb [1, 1, hidden]                      transformer.mask_emb
+    layer_{i}/rel_attn/XLNET_ATTENTION           transformer.layer.{i}.rel_attn.* (as stored)
+    layer_{i}/rel_attn/XLNET_BIASES [heads, head_dim]   transformer.layer.{i}.rel_attn.*; with
+      untie_r=False our one top-level copy ↔ every layer's (read from each, written to each)
+    layer_{i}/rel_attn/layer_norm, ff/layer_1, ff/layer_2, ff/layer_norm   the same names."""
+  entries = [Entry(("word_embedding", "embedding"), "transformer.word_embedding.weight"),
+             Entry(("mask_emb",), "transformer.mask_emb")]
+  for i in range(config.layers):
+    ours, theirs = (f"layer_{i}",), f"transformer.layer.{i}"
+    attention = f"{theirs}.rel_attn"
+    entries += [Entry(ours + ("rel_attn", n), f"{attention}.{n}") for n in XLNET_ATTENTION]
+    entries += [Entry((ours + ("rel_attn",) if config.untie_r else ()) + (n,), f"{attention}.{n}")
+                for n in XLNET_BIASES]
+    entries += [*layer_norm(ours + ("rel_attn", "layer_norm"), f"{attention}.layer_norm"),
+                *dense(ours + ("ff", "layer_1"), f"{theirs}.ff.layer_1"),
+                *dense(ours + ("ff", "layer_2"), f"{theirs}.ff.layer_2"),
+                *layer_norm(ours + ("ff", "layer_norm"), f"{theirs}.ff.layer_norm")]
+  return entries

@@ -8,48 +8,68 @@ matching class (so ids equal transformers' and offsets are characters of the ori
   spiece.model             AlbertTokenizer: the SentencePiece pieces and scores as a Unigram model
                            behind ALBERT's normalizers (``/'' → ", NFKD + strip accents unless
                            keep_accents, lowercase if do_lower_case, the model's precompiled
-                           charsmap), WhitespaceSplit and Metaspace ('▁' prepended)
+                           charsmap), WhitespaceSplit and Metaspace ('▁' prepended); with
+                           tokenizer_class XLNetTokenizer the same, cased by default, accents
+                           always stripped, <cls> <sep> <pad> <unk> <mask>; with T5Tokenizer, T5's:
+                           the precompiled charsmap alone, then `extra_ids` (100) sentinels
+                           <extra_id_k> as the last ids in reverse
 `tokenizer_config.json` (optional) sets do_lower_case, keep_accents, strip_accents,
-tokenize_chinese_chars, add_prefix_space and the special tokens, as it does for transformers.
+tokenize_chinese_chars, add_prefix_space, extra_ids and the special tokens, as it does for
+transformers. T5's layout has <pad>, </s> (EOS) and <unk> but no [CLS], [SEP] or [MASK].
 
 Our own SentencePiece models have ALBERT's id layout, so `sentencepiece_files` exports them as an
-AlbertTokenizer (do_lower_case false, keep_accents true).
+AlbertTokenizer (do_lower_case false, keep_accents true), or with T5's sentinels
+(tokenizer.extra_ids) as a tokenizer.json whose EOS is our [SEP].
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import string
 from typing import Sequence
 
 import numpy as np
 import tokenizers
 from sentencepiece import sentencepiece_model_pb2 as sp_model_pb2
-from tokenizers import decoders, normalizers, pre_tokenizers
+from tokenizers import decoders, normalizers, pre_tokenizers, processors
 
 from bertfam_jax.config_lib import ConfigError
 
 # Every file a transformers tokenizer directory may hold that we read or copy.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "spiece.model", "vocab.txt", "vocab.json", "merges.txt")
-SPECIAL_ROLES = ("cls", "sep", "pad", "unk", "mask")
-# Default special tokens by layout, as the transformers classes define them.
+SPECIAL_ROLES = ("cls", "sep", "pad", "unk", "mask", "eos")
+# Default special tokens by layout, as the transformers classes define them (EOS: the separator,
+# except in T5's layout, which has no [CLS] / [SEP] / [MASK]).
 WORDPIECE_SPECIALS = dict(cls="[CLS]", sep="[SEP]", pad="[PAD]", unk="[UNK]", mask="[MASK]")
 BYTE_LEVEL_SPECIALS = dict(cls="<s>", sep="</s>", pad="<pad>", unk="<unk>", mask="<mask>")
 SPIECE_SPECIALS = dict(cls="[CLS]", sep="[SEP]", pad="<pad>", unk="<unk>", mask="[MASK]")
+XLNET_SPECIALS = dict(cls="<cls>", sep="<sep>", pad="<pad>", unk="<unk>", mask="<mask>")
+T5_SPECIALS = dict(eos="</s>", pad="<pad>", unk="<unk>")
+# tokenizer.json's layout: the first whose cls (T5: eos) and pad tokens the vocabulary has (XLNet's
+# also has RoBERTa's <s>, so it comes first).
+LAYOUTS = (WORDPIECE_SPECIALS, XLNET_SPECIALS, BYTE_LEVEL_SPECIALS, SPIECE_SPECIALS, T5_SPECIALS)
+EOD = "<eod>"  # XLNet's end of document (data.tokenizers.EOD)
+SENTINEL = re.compile(r"<extra_id_(\d+)>")
 _PUNCTUATION = set(string.punctuation)
 
 
 class HFTokenizer:
   """A `tokenizers.Tokenizer` plus the ids and tables the objectives and fine-tuning need.
 
-  Attributes: vocab_size; pad_id, unk_id, cls_id, sep_id, mask_id (RoBERTa: <s>, </s>, <mask>);
-  special_ids [k] int32 (the special tokens except unk, which is an ordinary token as in ours);
-  word_start [vocab] bool (a piece that begins a word: not a WordPiece '##' continuation, or
-  starting with the byte-level 'Ġ' / SentencePiece '▁' word marker, or punctuation, or special);
-  pair_separator_ids: what separates segment A from B ((sep,) BERT/ALBERT/ELECTRA, (sep, sep)
-  RoBERTa); files: {name: bytes} of the directory it was read from.
+  Attributes: vocab_size; pad_id, unk_id, cls_id, sep_id, mask_id (RoBERTa: <s>, </s>, <mask>;
+  None where the layout has no such token, as T5's has no [CLS], [SEP] or [MASK]); eos_id (the
+  end of a T5 sequence: the eos_token, else the separator); special_ids [k] int32 (the special
+  tokens except unk, which is an ordinary token as in ours); word_start [vocab] bool (a piece
+  that begins a word: not a WordPiece '##' continuation, or starting with the byte-level 'Ġ' /
+  SentencePiece '▁' word marker, or punctuation, or special); pair_separator_ids: what
+  separates segment A from B ((sep,) BERT/ALBERT/ELECTRA, (sep, sep) RoBERTa, () without a
+  separator); eod_id: XLNet's <eod>, or None; extra_ids, sentinel_start, num_pieces: T5's
+  sentinels `<extra_id_k>` = id sentinel_start − k, the last extra_ids ids, after the
+  num_pieces pieces (0, vocab_size − 1, vocab_size without sentinels), as
+  data.tokenizers.Tokenizer; files: {name: bytes} of the directory it was read from.
   """
 
   def __init__(self, tokenizer: tokenizers.Tokenizer, specials: dict[str, str],
@@ -58,19 +78,24 @@ class HFTokenizer:
     self.files = files
     self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     ids = {}
-    for role in SPECIAL_ROLES:
-      token_id = tokenizer.token_to_id(specials[role])
+    for role, token in specials.items():
+      token_id = tokenizer.token_to_id(token)
       if token_id is None:
-        raise ConfigError(f"The tokenizer has no {role} token {specials[role]!r}; name it in "
+        raise ConfigError(f"The tokenizer has no {role} token {token!r}; name it in "
                           f"tokenizer_config.json as {role}_token.")
       ids[role] = token_id
     self.cls_id, self.sep_id, self.pad_id, self.unk_id, self.mask_id = (
-        ids[r] for r in SPECIAL_ROLES)
+        ids.get(r) for r in SPECIAL_ROLES[:5])
+    self.eos_id = ids.get("eos", self.sep_id)
+    self.eod_id = tokenizer.token_to_id(EOD)
     special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-    special |= {ids[r] for r in ("cls", "sep", "pad", "mask")}
+    special |= {i for role, i in ids.items() if role != "unk"}
     self.special_ids = np.asarray(sorted(special - {self.unk_id}), np.int32)
-    self.pair_separator_ids = ((self.sep_id, self.sep_id) if specials["cls"] == "<s>"
-                               else (self.sep_id,))
+    separators = 2 if specials.get("cls") == "<s>" else 1
+    self.pair_separator_ids = () if self.sep_id is None else (self.sep_id,) * separators
+    self.extra_ids = _sentinels(tokenizer.get_vocab(with_added_tokens=True), self.vocab_size)
+    self.sentinel_start = self.vocab_size - 1
+    self.num_pieces = self.vocab_size - self.extra_ids
     self.word_start = self._word_start_table()
 
   def _word_start_table(self) -> np.ndarray:
@@ -114,6 +139,17 @@ class HFTokenizer:
         f.write(content)
 
 
+def _sentinels(vocab: dict[str, int], vocab_size: int) -> int:
+  """The number of T5 sentinels `<extra_id_k>` in `vocab`, which must be its last ids in
+  reverse (<extra_id_0> the last: seqio's and transformers' layout); 0 without any."""
+  found = {int(m.group(1)): i for t, i in vocab.items() if (m := SENTINEL.fullmatch(t))}
+  if found != {k: vocab_size - 1 - k for k in range(len(found))}:
+    raise ConfigError("The tokenizer's <extra_id_k> sentinels are not its last ids in reverse "
+                      "order (<extra_id_0> the last id), T5's layout, which our T5 objective "
+                      "and text-to-text fine-tuning assume.")
+  return len(found)
+
+
 def has_tokenizer(path: str) -> bool:
   return any(os.path.exists(os.path.join(path, name))
              for name in ("tokenizer.json", "spiece.model", "vocab.txt", "vocab.json"))
@@ -138,8 +174,18 @@ def from_files(files: dict[str, bytes]) -> HFTokenizer:
   if "tokenizer.json" in files:
     tokenizer = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode())
     vocab = tokenizer.get_vocab(with_added_tokens=True)
-    defaults = next((s for s in (WORDPIECE_SPECIALS, BYTE_LEVEL_SPECIALS, SPIECE_SPECIALS)
-                     if s["cls"] in vocab and s["pad"] in vocab), WORDPIECE_SPECIALS)
+    defaults = next((s for s in LAYOUTS
+                     if s.get("cls", s.get("eos")) in vocab and s["pad"] in vocab),
+                    WORDPIECE_SPECIALS)
+  elif "spiece.model" in files and options.get("tokenizer_class") == "T5Tokenizer":
+    tokenizer = _t5_spiece(files["spiece.model"], options.get("extra_ids", 100),
+                           _token_text(options.get("eos_token", T5_SPECIALS["eos"])))
+    defaults = T5_SPECIALS
+  elif "spiece.model" in files and options.get("tokenizer_class") == "XLNetTokenizer":
+    # transformers 5's XLNetTokenizer: cased by default, accents always stripped.
+    tokenizer = _spiece(files["spiece.model"],
+                        {"do_lower_case": False, **options, "keep_accents": False})
+    defaults = XLNET_SPECIALS
   elif "spiece.model" in files:
     tokenizer, defaults = _spiece(files["spiece.model"], options), SPIECE_SPECIALS
   elif "vocab.txt" in files:
@@ -147,8 +193,8 @@ def from_files(files: dict[str, bytes]) -> HFTokenizer:
   else:
     tokenizer = _byte_level_bpe(files["vocab.json"], files["merges.txt"], options)
     defaults = BYTE_LEVEL_SPECIALS
-  specials = {role: _token_text(options.get(f"{role}_token", defaults[role]))
-              for role in SPECIAL_ROLES}
+  named = {role: options.get(f"{role}_token", defaults.get(role)) for role in SPECIAL_ROLES}
+  specials = {role: _token_text(token) for role, token in named.items() if token is not None}
   tokenizer.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
                                 for t in specials.values()])
   return HFTokenizer(tokenizer, specials, files)
@@ -189,7 +235,7 @@ def _byte_level_bpe(vocab_json: bytes, merges_txt: bytes, options: dict) -> toke
   prefix_space = options.get("add_prefix_space", False)
   tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
   tokenizer.decoder = decoders.ByteLevel()
-  tokenizer.post_processor = tokenizers.processors.ByteLevel(
+  tokenizer.post_processor = processors.ByteLevel(
       trim_offsets=options.get("trim_offsets", True))
   return tokenizer
 
@@ -197,9 +243,7 @@ def _byte_level_bpe(vocab_json: bytes, merges_txt: bytes, options: dict) -> toke
 def _spiece(model_proto: bytes, options: dict) -> tokenizers.Tokenizer:
   """transformers' AlbertTokenizer from a SentencePiece model (its SentencePieceExtractor)."""
   proto = sp_model_pb2.ModelProto.FromString(model_proto)
-  tokenizer = tokenizers.Tokenizer(tokenizers.models.Unigram(
-      [(p.piece, p.score) for p in proto.pieces], unk_id=proto.trainer_spec.unk_id,
-      byte_fallback=False))
+  tokenizer = _unigram(proto, [])
   steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
   if not options.get("keep_accents", False):
     steps += [normalizers.NFKD(), normalizers.StripAccents()]
@@ -208,6 +252,32 @@ def _spiece(model_proto: bytes, options: dict) -> tokenizers.Tokenizer:
   if proto.normalizer_spec.precompiled_charsmap:
     steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
   tokenizer.normalizer = normalizers.Sequence(steps)
+  return tokenizer
+
+
+def _t5_spiece(model_proto: bytes, extra_ids: int, eos: str) -> tokenizers.Tokenizer:
+  """transformers' T5Tokenizer from a SentencePiece model: the pieces, then the sentinels
+  <extra_id_{extra_ids − 1}> … <extra_id_0> as special tokens; only the model's precompiled
+  charsmap normalises; `eos` is appended to every sequence (and between a pair) when special
+  tokens are added. The unknown id is the model's (transformers hard-codes 2, T5's)."""
+  proto = sp_model_pb2.ModelProto.FromString(model_proto)
+  tokenizer = _unigram(proto, [f"<extra_id_{k}>" for k in reversed(range(extra_ids))])
+  if proto.normalizer_spec.precompiled_charsmap:
+    tokenizer.normalizer = normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap)
+  tokenizer.add_special_tokens([tokenizers.AddedToken(eos, special=True, normalized=False)])
+  tokenizer.post_processor = processors.TemplateProcessing(
+      single=["$A", eos], pair=["$A", eos, "$B", eos],
+      special_tokens=[(eos, tokenizer.token_to_id(eos))])
+  return tokenizer
+
+
+def _unigram(proto, sentinels: list[str]) -> tokenizers.Tokenizer:
+  """The SentencePiece model's pieces and scores (then `sentinels`, score 0) as a Unigram model
+  behind WhitespaceSplit and Metaspace ('▁' prepended), its control and user-defined pieces and
+  the sentinels added tokens (control pieces and sentinels special); no normaliser."""
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.Unigram(
+      [(p.piece, p.score) for p in proto.pieces] + [(t, 0.0) for t in sentinels],
+      unk_id=proto.trainer_spec.unk_id, byte_fallback=False))
   tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
       pre_tokenizers.WhitespaceSplit(),
       pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
@@ -216,21 +286,36 @@ def _spiece(model_proto: bytes, options: dict) -> tokenizers.Tokenizer:
   tokenizer.add_tokens([tokenizers.AddedToken(p.piece, special=p.type == kinds.CONTROL,
                                               normalized=False)
                         for p in proto.pieces if p.type in (kinds.CONTROL, kinds.USER_DEFINED)])
+  tokenizer.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                                for t in sentinels])
   return tokenizer
 
 
-def sentencepiece_files(model_proto: bytes) -> dict[str, bytes]:
-  """One of our SentencePiece models (ALBERT's id layout, data/tokenizers.py) as the files of an
-  AlbertTokenizer directory: spiece.model + tokenizer_config.json, cased and with accents, as
-  the model was trained (`from_files` reads them). transformers reads spiece.model as a Unigram
-  model, so a SentencePiece BPE model would tokenize differently there: ConfigError."""
+def sentencepiece_files(model_proto: bytes, extra_ids: int = 0) -> dict[str, bytes]:
+  """One of our SentencePiece models (ALBERT's id layout, data/tokenizers.py) as the files of a
+  transformers tokenizer directory, cased and with accents, as the model was trained
+  (`from_files` reads them):
+    extra_ids = 0  an AlbertTokenizer: spiece.model + tokenizer_config.json;
+    extra_ids > 0  T5's sentinels after the pieces (<extra_id_0> the last id): tokenizer.json
+                   (_t5_spiece with EOS [SEP], our T5's) + tokenizer_config.json naming the
+                   generic PreTrainedTokenizerFast, since transformers' T5Tokenizer rebuilds
+                   the model with T5's unknown id 2 (ours is 1), + spiece.model for
+                   sentencepiece users.
+  transformers reads spiece.model as a Unigram model, so a SentencePiece BPE model would
+  tokenize differently there: ConfigError."""
   if sp_model_pb2.ModelProto.FromString(model_proto).trainer_spec.model_type != (
       sp_model_pb2.TrainerSpec.UNIGRAM):
     raise ConfigError("transformers reads spiece.model as a Unigram model, so this SentencePiece "
                       "BPE model would give other ids there; export a unigram tokenizer "
                       "(tokenizer.model_type=unigram) or ship the .model file for sentencepiece.")
+  specials = {f"{role}_token": SPIECE_SPECIALS[role] for role in SPECIAL_ROLES[:5]}
+  if extra_ids:
+    tokenizer = _t5_spiece(model_proto, extra_ids, SPIECE_SPECIALS["sep"])
+    config = dict(tokenizer_class="PreTrainedTokenizerFast", eos_token=SPIECE_SPECIALS["sep"],
+                  extra_ids=extra_ids, **specials)
+    return {"tokenizer.json": tokenizer.to_str().encode(), "spiece.model": model_proto,
+            "tokenizer_config.json": json.dumps(config, indent=2).encode()}
   config = dict(tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True,
-                **{f"{role}_token": SPIECE_SPECIALS[role] for role in SPECIAL_ROLES},
-                bos_token=SPIECE_SPECIALS["cls"], eos_token=SPIECE_SPECIALS["sep"])
+                **specials, bos_token=SPIECE_SPECIALS["cls"], eos_token=SPIECE_SPECIALS["sep"])
   return {"spiece.model": model_proto,
           "tokenizer_config.json": json.dumps(config, indent=2).encode()}

@@ -3,10 +3,12 @@
 import_to_workdir(hf_path, workdir) writes
   workdir/config.json      the full config, as train.run writes it (tokenizer.kind 'hf',
                            tokenizer.model_path 'tokenizer', relative to the workdir)
-  workdir/checkpoints/0/   TrainState(step 0, the imported params, a fresh optimizer state) and
-                           the data position of a fresh stream, saved by train/checkpoint.py, so
-                           `train.init_from=workdir/checkpoints`, resuming the workdir itself and
-                           `finetune.classify.load_pretrained_encoder(workdir)` all work
+  workdir/checkpoints/0/   TrainState(step 0, the imported params, a fresh optimizer state; no
+                           XLNet memory: it restores at zeros) and the data position of a fresh
+                           stream, saved
+                           by train/checkpoint.py, so `train.init_from=workdir/checkpoints`,
+                           resuming the workdir itself, `finetune.classify.load_pretrained(_encoder)
+                           (workdir)` and fine-tuning with init=workdir (T5: text-to-text) work
   workdir/tokenizer/       the checkpoint's tokenizer files
   workdir/hf_import.json   source, model_type, architecture, HF config, freshly initialised
                            modules
@@ -14,8 +16,9 @@ A fine-tuned checkpoint (a task class) imports as that pre-training workdir: its
 pre-training heads, its task head left out (fine-tuning starts a head of its own).
 
 export_workdir(workdir, hf_path) writes the latest checkpoint as a transformers directory: a
-pre-training run as its *ForPreTraining / *ForMaskedLM class, a fine-tuning run (finetune.run) as
-the task class of its kind, e.g. BertForSequenceClassification with the task's labels.
+pre-training run as its *ForPreTraining / *ForMaskedLM class (T5ForConditionalGeneration,
+XLNetLMHeadModel), a fine-tuning run (finetune.run) as the task class of its kind, e.g.
+BertForSequenceClassification with the task's labels (T5 and XLNet have no task classes here).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def import_to_workdir(hf_path: str, workdir: str, generator_path: str | None = N
   checkpoint_lib.check_or_write_config(workdir, config)
   if m.tokenizer is not None:
     m.tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
-  _save_initial_checkpoint(config, m.params, os.path.join(workdir, "checkpoints"))
+  save_initial_checkpoint(config, m.params, os.path.join(workdir, "checkpoints"))
   record = dict(source=os.path.abspath(hf_path), model_type=m.hf_config["model_type"],
                 architecture=m.architecture, hf_config=m.hf_config,
                 freshly_initialised=list(m.fresh), **m.notes)
@@ -67,8 +70,9 @@ def import_to_workdir(hf_path: str, workdir: str, generator_path: str | None = N
   return m
 
 
-def _save_initial_checkpoint(config, params, directory: str) -> None:
-  """TrainState(step 0, params, tx.init(params)) as train.run's Checkpointer saves it."""
+def save_initial_checkpoint(config, params, directory: str) -> None:
+  """TrainState(step 0, params, tx.init(params)) as train.run's Checkpointer saves it; no carry
+  (XLNet's memory restores from it at zeros, a fresh stream's, at any train.batch_size)."""
   tx, _ = optimizer_lib.make_optimizer(config)
   variables = jax.tree.map(jnp.asarray, {"params": params})
   state = step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=variables,
@@ -81,8 +85,11 @@ def _save_initial_checkpoint(config, params, directory: str) -> None:
 
 
 def run_family(config) -> families.Family:
-  """The HF family of one of our runs' encoder: ELECTRA's for an ELECTRA objective (its
-  discriminator), else ALBERT's with every layer shared, BERT's with none."""
+  """The HF family of one of our runs' model: T5's or XLNet's for those models, ELECTRA's for an
+  ELECTRA objective (its discriminator), else ALBERT's with every layer shared, BERT's with
+  none."""
+  if config.model.get("kind") in families.FAMILIES:
+    return families.get(config.model.kind)
   if config.objective.name == "electra":
     return families.get("electra")
   if config.model.share_layers not in ("none", "all"):
@@ -92,10 +99,14 @@ def run_family(config) -> families.Family:
 
 
 def run_architecture(config) -> tuple[families.Family, families.Architecture]:
-  """The HF family and class of one of our pre-training runs: ELECTRA (detection head) →
-  ElectraForPreTraining; masked LM with every layer shared → ALBERT, else BERT; with NSP / SOP
-  the *ForPreTraining class, without the *ForMaskedLM one."""
+  """The HF family and class of one of our pre-training runs: T5 → T5ForConditionalGeneration,
+  XLNet → XLNetLMHeadModel; ELECTRA (detection head) → ElectraForPreTraining; masked LM with
+  every layer shared → ALBERT, else BERT; with NSP / SOP the *ForPreTraining class, without the
+  *ForMaskedLM one."""
   o = config.objective
+  if config.model.get("kind") in families.FAMILIES:
+    family = run_family(config)
+    return family, family.architectures[0]
   if o.name == "electra":
     if o.variant not in ("electra", "electra_15"):
       raise ConfigError(f"objective.variant={o.variant!r} has no detection head; HF's "
@@ -148,7 +159,8 @@ def _run_tokenizer(config, workdir: str):
     return None
   with open(path, "rb") as f:
     try:
-      return tokenizer_lib.from_files(tokenizer_lib.sentencepiece_files(f.read()))
+      return tokenizer_lib.from_files(tokenizer_lib.sentencepiece_files(
+          f.read(), config.tokenizer.get("extra_ids", 0)))
     except ConfigError as e:
       logging.warning("Exporting the weights of %s without its tokenizer: %s", workdir, e)
       return None
@@ -172,8 +184,12 @@ def _task_class(config, source: dict) -> tuple[families.Architecture, dict, str,
                       "layer, and the learned mix of every layer ('scalar_mix') has no "
                       "counterpart there, so this run cannot be exported; fine-tune with "
                       "features='last' to export.")
-  task = tasks.get(ft.task)
   family = families.get(source["model_type"]) if source else run_family(config)
+  if not family.tasks:
+    raise ConfigError(f"hf/ maps no fine-tuned {family.model_type} classes (T5's text-to-text "
+                      "and XLNet's task runs), so this fine-tuning run cannot be exported; "
+                      "export the pre-training workdir it started from.")
+  task = tasks.get(ft.task)
   arch = family.task_architecture(task.kind)
   families.check_exportable(arch, config.model)
   hf_config = {**source.get("hf_config", dict(model_type=family.model_type)),

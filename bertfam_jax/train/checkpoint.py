@@ -7,6 +7,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from absl import logging
 import numpy as np
@@ -109,16 +110,21 @@ class Checkpointer:
 
   def restore_every_process(self, step: int, abstract_state):
     """Restores onto the shardings in `abstract_state` (any mesh). Returns (state, the
-    data_state of every process that wrote the checkpoint, in process order)."""
+    data_state of every process that wrote the checkpoint, in process order).
+
+    A checkpoint without the carry the state has (an imported model: `python -m bertfam_jax.hf
+    import` of XLNet writes no memory) restores with the carry at zeros, a fresh stream's."""
     try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(_on_disk(abstract_state)), data=ocp.args.JsonRestore()))
+      restored = self._restore(step, abstract_state)
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise bare Exception)
-      detail = " ".join(str(e).split())[:300]
-      raise ConfigError(
-          f"Checkpoint {self.directory}/{step} cannot be restored: it is corrupt or does not match "
-          f"this model ({type(e).__name__}: {detail}). It is left untouched; move it aside to resume "
-          f"from an earlier step, or use a new --workdir.") from e
+      if not isinstance(abstract_state, step_lib.TrainState) or abstract_state.carry is None:
+        raise self._unrestorable(step, e) from e
+      try:
+        restored = self._restore(step, abstract_state.replace(carry=None))
+      except Exception:  # pylint: disable=broad-except
+        raise self._unrestorable(step, e) from e
+      restored["state"]["carry"] = jax.tree.map(
+          lambda x: jnp.zeros(x.shape, x.dtype, device=x.sharding), abstract_state.carry)
     data = restored["data"]
     state = restored["state"]
     if isinstance(abstract_state, step_lib.TrainState):
@@ -128,6 +134,17 @@ class Checkpointer:
       state = step_lib.TrainState(step=state["step"], params=state["params"],
                                   opt_state=state["opt_state"], carry=carry)
     return state, [dict(zip(data["keys"], row)) for row in data["processes"]]
+
+  def _restore(self, step: int, abstract_state) -> dict:
+    return self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(_on_disk(abstract_state)), data=ocp.args.JsonRestore()))
+
+  def _unrestorable(self, step: int, error: Exception) -> ConfigError:
+    detail = " ".join(str(error).split())[:300]
+    return ConfigError(
+        f"Checkpoint {self.directory}/{step} cannot be restored: it is corrupt or does not match "
+        f"this model ({type(error).__name__}: {detail}). It is left untouched; move it aside to "
+        f"resume from an earlier step, or use a new --workdir.")
 
   def close(self) -> None:
     self.manager.wait_until_finished()

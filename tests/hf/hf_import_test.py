@@ -128,8 +128,8 @@ def test_pytorch_bin_reads_as_safetensors(tmp_path):
   (tmp_path / "bin").mkdir()
   reference.config.save_pretrained(tmp_path / "bin")
   torch.save(reference.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
-  from_bin = hf_io.read_state_dict(str(tmp_path / "bin"), "bert")
-  from_safetensors = hf_io.read_state_dict(str(tmp_path / "safetensors"), "bert")
+  from_bin = hf_io.read_state_dict(str(tmp_path / "bin"))
+  from_safetensors = hf_io.read_state_dict(str(tmp_path / "safetensors"))
   assert from_bin.keys() >= from_safetensors.keys()  # .bin also holds the tied decoder weights
   for name, array in from_safetensors.items():
     np.testing.assert_array_equal(from_bin[name], array)

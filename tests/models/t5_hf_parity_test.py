@@ -3,7 +3,7 @@ weights mapped onto our tree give the same encoder outputs and logits (fp32, pad
 v1.0 (ReLU, tied, decoder output scaled by hidden^-0.5) and v1.1 (gated tanh-GELU, untied lm_head,
 no scaling), and our relative bucket function equals HF's `_relative_position_bucket`.
 
-The HF → bertfam_jax name mapping lives here until the package's hf/ mapping grows a T5 family.
+The HF → bertfam_jax name mapping under test is the package's (bertfam_jax/hf/mapping.py).
 Needs torch and transformers (run with /tmp/venv_parity/bin/python); skipped without them.
 """
 
@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from bertfam_jax.hf import mapping
 from bertfam_jax.models import t5
 
 torch = pytest.importorskip("torch")
@@ -58,40 +59,11 @@ def hf_model(version):
 
 
 def params_from_hf(model, version):
-  """HF T5ForConditionalGeneration state → our parameter tree (the documented mapping)."""
-  sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  heads = lambda w: jnp.asarray(w.T.reshape(HIDDEN, HEADS, HEAD_DIM))  # noqa: E731  q, k, v
-  out = lambda w: jnp.asarray(w.T.reshape(HEADS, HEAD_DIM, HIDDEN))  # noqa: E731
-  scale = lambda w: {"scale": jnp.asarray(w)}  # noqa: E731
-
-  def attention(prefix):
-    return dict(query=heads(sd[f"{prefix}.q.weight"]), key=heads(sd[f"{prefix}.k.weight"]),
-                value=heads(sd[f"{prefix}.v.weight"]), out=out(sd[f"{prefix}.o.weight"]))
-
-  def mlp(prefix):
-    names = ("wi_0", "wi_1", "wo") if version == "1.1" else ("wi", "wo")
-    return {n: {"kernel": jnp.asarray(sd[f"{prefix}.{n}.weight"].T)} for n in names}
-
-  encoder = {f"layer_{i}": {
-      "pre_attention_layer_norm": scale(sd[f"encoder.block.{i}.layer.0.layer_norm.weight"]),
-      "attention": attention(f"encoder.block.{i}.layer.0.SelfAttention"),
-      "pre_mlp_layer_norm": scale(sd[f"encoder.block.{i}.layer.1.layer_norm.weight"]),
-      "mlp": mlp(f"encoder.block.{i}.layer.1.DenseReluDense")} for i in range(ENCODER_LAYERS)}
-  decoder = {f"layer_{i}": {
-      "pre_self_attention_layer_norm": scale(sd[f"decoder.block.{i}.layer.0.layer_norm.weight"]),
-      "self_attention": attention(f"decoder.block.{i}.layer.0.SelfAttention"),
-      "pre_cross_attention_layer_norm": scale(sd[f"decoder.block.{i}.layer.1.layer_norm.weight"]),
-      "encoder_decoder_attention": attention(f"decoder.block.{i}.layer.1.EncDecAttention"),
-      "pre_mlp_layer_norm": scale(sd[f"decoder.block.{i}.layer.2.layer_norm.weight"]),
-      "mlp": mlp(f"decoder.block.{i}.layer.2.DenseReluDense")} for i in range(DECODER_LAYERS)}
-  for stack, tree in (("encoder", encoder), ("decoder", decoder)):
-    tree["relpos_bias"] = {"rel_embedding": jnp.asarray(
-        sd[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"])}
-    tree[f"{stack}_norm"] = scale(sd[f"{stack}.final_layer_norm.weight"])
-  if version == "1.1":
-    decoder["logits_dense"] = {"kernel": jnp.asarray(sd["lm_head.weight"].T)}
-  return {"token_embedder": {"embedding": jnp.asarray(sd["shared.weight"])},
-          "encoder": encoder, "decoder": decoder}
+  """HF T5ForConditionalGeneration state → our parameter tree by the package's name table
+  (bertfam_jax/hf/mapping.py t5_entries)."""
+  state_dict = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+  tree = mapping.params_from_hf(state_dict, mapping.t5_entries(our_config(version)))
+  return jax.tree.map(jnp.asarray, tree)
 
 
 def make_inputs():

@@ -4,8 +4,7 @@ causal LM, the memory continues one long pass, padding stays out, bf16/scan/rema
 that matters.
 
 The parity test needs torch and transformers (run it with /tmp/venv_parity/bin/python); the others
-run anywhere. The HF → bertfam_jax name mapping (`params_from_hf`) lives here until the package's
-hf/ registry grows an XLNet family.
+run anywhere. The HF → bertfam_jax name mapping under test is the package's (bertfam_jax/hf/).
 """
 
 import importlib.util
@@ -84,28 +83,15 @@ def order_mask(rank_BL):
 # --------------------------------------------------------------------------------------------
 
 def params_from_hf(model, config):
-  """HF XLNetLMHeadModel state → our tree. q/k/v/o/r, the biases and seg_embed keep their
-  [hidden, heads, head_dim] / [heads, head_dim] / [2, heads, head_dim] layouts; Linear weights
-  are transposed; untie_r=False takes layer 0's biases (HF always stores them per layer)."""
+  """HF XLNetLMHeadModel state → our tree by the package's name table (bertfam_jax/hf/mapping.py
+  xlnet_entries and the family's lm_loss head): q/k/v/o/r, the biases and seg_embed keep their
+  [hidden, heads, head_dim] / [heads, head_dim] / [2, heads, head_dim] layouts, Linear weights
+  are transposed; untie_r=False reads the biases HF stores per layer into our one copy."""
+  from bertfam_jax.hf import families, mapping  # noqa: PLC0415  (needs safetensors, tokenizers)
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  a = jnp.asarray
-  ln = lambda p: {"norm": {"scale": a(sd[f"{p}.weight"]), "bias": a(sd[f"{p}.bias"])}}  # noqa
-  dense = lambda p: {"kernel": a(sd[f"{p}.weight"].T), "bias": a(sd[f"{p}.bias"])}  # noqa
-  biases = ("r_w_bias", "r_r_bias", "r_s_bias")
-  params = {"word_embedding": {"embedding": a(sd["transformer.word_embedding.weight"])},
-            "mask_emb": a(sd["transformer.mask_emb"]), "lm_loss": {"bias": a(sd["lm_loss.bias"])}}
-  for i in range(config.layers):
-    p = f"transformer.layer.{i}"
-    attn = {n: a(sd[f"{p}.rel_attn.{n}"]) for n in ("q", "k", "v", "o", "r", "seg_embed")}
-    if config.untie_r:
-      attn.update({n: a(sd[f"{p}.rel_attn.{n}"]) for n in biases})
-    attn["layer_norm"] = ln(f"{p}.rel_attn.layer_norm")
-    params[f"layer_{i}"] = {"rel_attn": attn, "ff": {
-        "layer_1": dense(f"{p}.ff.layer_1"), "layer_2": dense(f"{p}.ff.layer_2"),
-        "layer_norm": ln(f"{p}.ff.layer_norm")}}
-  if not config.untie_r:
-    params.update({n: a(sd[f"transformer.layer.0.rel_attn.{n}"]) for n in biases})
-  return {"params": params}
+  family = families.get("xlnet")
+  entries = families.entries(family, family.architecture("XLNetLMHeadModel"), config, {})
+  return {"params": jax.tree.map(jnp.asarray, mapping.params_from_hf(sd, entries))}
 
 
 def hf_model(config, *, bi_data, hf_activation):

@@ -186,7 +186,8 @@ def test_init_from_without_a_checkpoint(tmp_path):
 def test_a_checkpoint_from_before_the_carry_restores(uninterrupted, tmp_path):
   """Checkpoints hold {step, params, opt_state} (+ carry only for objectives that keep one, e.g.
   XLNet's memory), so one written before `TrainState.carry` existed (that tree, saved by orbax as
-  the loop did then) still restores, into a TrainState without carry."""
+  the loop did then) still restores, into a TrainState without carry, or with its carry at zeros
+  where the state has one."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from bertfam_jax.objectives import mlm  # pylint: disable=g-import-not-at-top
   from bertfam_jax.train import optimizer, sharding, step  # pylint: disable=g-import-not-at-top
@@ -207,5 +208,15 @@ def test_a_checkpoint_from_before_the_carry_restores(uninterrupted, tmp_path):
   restored, _ = ckpt.restore(4, abstract)
   ckpt.close()
   assert isinstance(restored, step.TrainState) and restored.carry is None
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params),
+               jax.device_get(state.params))
+  # Into a state that keeps a carry (an imported XLNet's first start): the carry starts at zeros,
+  # sharded as the state asks.
+  memory = jax.ShapeDtypeStruct((8, 6, 32), np.float32, sharding=sharding.batch_sharding(mesh))
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "old"), keep=5)
+  restored, _ = ckpt.restore(4, abstract.replace(carry=(memory, memory)))
+  ckpt.close()
+  assert [(m.shape, m.sharding) for m in restored.carry] == [(memory.shape, memory.sharding)] * 2
+  assert not any(np.any(np.asarray(m)) for m in restored.carry)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params),
                jax.device_get(state.params))
