@@ -365,9 +365,9 @@ def throughput(config, step_s: float) -> dict:
               mfu=flops_per_s / (peak * jax.device_count()) if peak else None)
 
 
-def profile(config, *, steps: int, warmup: int, trace_steps: int, trace_dir: str, top: int):
-  """Times and traces `config`'s step; returns (throughput dict, Breakdown)."""
-  mesh = sharding_lib.make_mesh(config.mesh)
+def profile(config, mesh, *, steps: int, warmup: int, trace_steps: int, trace_dir: str,
+            top: int):
+  """Times and traces `config`'s step on `mesh`; returns (throughput dict, Breakdown)."""
   state, batch, compiled, hlo = compiled_step(config, mesh)
   with open(os.path.join(trace_dir, "step_after_optimizations.txt"), "w") as f:
     f.write(hlo)
@@ -382,9 +382,8 @@ def profile(config, *, steps: int, warmup: int, trace_steps: int, trace_dir: str
                                                trace_steps, top)
 
 
-def time_variant(config, *, steps: int, warmup: int) -> dict:
-  """The throughput dict of `config`'s step (no trace)."""
-  mesh = sharding_lib.make_mesh(config.mesh)
+def time_variant(config, mesh, *, steps: int, warmup: int) -> dict:
+  """The throughput dict of `config`'s step on `mesh` (no trace)."""
   state, batch, compiled, _ = compiled_step(config, mesh)
   state, _ = time_steps(compiled, state, batch, 1 + warmup)
   return throughput(config, time_steps(compiled, state, batch, steps)[1])
@@ -443,10 +442,11 @@ def main(argv):
   print(f"jax {jax.__version__}; {devices[0].device_kind} x{len(devices)}; row {row.name} "
         f"({row.config}, {row.seq_len} x {config.train.batch_size}, {config.model.dtype}); "
         f"trace and HLO in {trace_dir}", flush=True)
-  base, result = profile(config, steps=_STEPS.value, warmup=_WARMUP.value,
+  mesh = sharding_lib.make_mesh(config.mesh)
+  base, result = profile(config, mesh, steps=_STEPS.value, warmup=_WARMUP.value,
                          trace_steps=_TRACE_STEPS.value, trace_dir=trace_dir, top=_TOP.value)
-  variants = [(name, time_variant(c, steps=_STEPS.value, warmup=_WARMUP.value))
-              for name, c in variant_configs]
+  variants = [(name, time_variant(c, sharding_lib.make_mesh(c.mesh), steps=_STEPS.value,
+                                  warmup=_WARMUP.value)) for name, c in variant_configs]
   print(report(row.name, base, result, variants), flush=True)
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:

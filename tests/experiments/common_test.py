@@ -2,11 +2,18 @@
 row and benchmark row goes through: a bad override stops the sweep before any row runs, with
 one message that names the field."""
 
+import os
+import sys
+
 import pytest
 from absl import app
 
-from bertfam_jax import config_lib
-from experiments import common, masking_schemes
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _ROOT not in sys.path:  # the repository's experiments/, not this tests/experiments/
+  sys.path.insert(0, _ROOT)
+
+from bertfam_jax import config_lib  # noqa: E402
+from experiments import common, masking_schemes  # noqa: E402
 
 
 def test_overrides_cast_to_the_fields_type():
