@@ -1,7 +1,9 @@
-"""What a run wrote to its workdir, read back for tests: metrics.jsonl's records."""
+"""What a run wrote to its workdir, read back for tests: metrics.jsonl's records, and a copy of
+the workdir as an interrupted run would have left it."""
 
 import json
 import os
+import shutil
 
 
 def metric_records(workdir) -> list[dict]:
@@ -13,3 +15,12 @@ def metric_records(workdir) -> list[dict]:
 def train_records(workdir) -> dict[int, dict]:
   """{step: record} of the train records (those with a `loss`)."""
   return {r["step"]: r for r in metric_records(workdir) if "loss" in r}
+
+
+def copy_until(src, dst, step: int) -> None:
+  """A copy of the workdir `src` at `dst` as it was right after the checkpoint at `step` (later
+  checkpoints removed; other files kept)."""
+  shutil.copytree(src, dst)
+  for name in os.listdir(os.path.join(dst, "checkpoints")):
+    if name.isdigit() and int(name) > step:
+      shutil.rmtree(os.path.join(dst, "checkpoints", name))

@@ -27,9 +27,8 @@ from bertfam_jax.finetune import classify, seq2seq
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.hf import families
 from bertfam_jax.hf import tokenizer as tokenizer_lib
-from bertfam_jax.hf import workdir as workdir_lib
-from bertfam_jax.train import checkpoint as checkpoint_lib
-from bertfam_jax.train import step as step_lib
+
+import our_runs
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch and transformers "
@@ -222,18 +221,8 @@ def our_t5_run(sentences, tmp_path_factory):
   (root / "spm.model").write_bytes(proto)
   config = our_t5_config(320)
   config.tokenizer.model_path = str(root / "spm.model")
-  config_lib.validate(config)
   workdir = str(root / "workdir")
-  os.makedirs(workdir)
-  checkpoint_lib.check_or_write_config(workdir, config)
-  objective = objectives.get("t5")
-  model = objective.build_model(config)
-  params = jax.jit(lambda: nn.meta.unbox(model.init(
-      jax.random.key(1), **step_lib.objective_init_inputs(objective, config),
-      deterministic=True)))()
-  workdir_lib.save_initial_checkpoint(config, params["params"],
-                                      os.path.join(workdir, "checkpoints"))
-  return workdir, config, jax.device_get(params["params"])
+  return workdir, config, our_runs.write_run(config, workdir)
 
 
 def our_logits(config, params, ids, mask, decoder):

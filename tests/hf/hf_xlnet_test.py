@@ -9,10 +9,8 @@ without torch."""
 import importlib.util
 import io
 import json
-import os
 import pathlib
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -22,9 +20,8 @@ from bertfam_jax import config_lib, hf, objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import sources
 from bertfam_jax.hf import families
-from bertfam_jax.hf import workdir as workdir_lib
-from bertfam_jax.train import checkpoint as checkpoint_lib
-from bertfam_jax.train import step as step_lib
+
+import our_runs
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch and transformers "
@@ -175,17 +172,8 @@ def our_xlnet_run(tmp_path_factory):
   config.data.update(packing="xlnet_streams", seq_len=16)
   config.tokenizer.model_path = "/nonexistent/spm.model"  # exported without one, with a warning
   config.train.batch_size = 2
-  config_lib.validate(config)
   workdir = str(tmp_path_factory.mktemp("xlnet") / "workdir")
-  os.makedirs(workdir)
-  checkpoint_lib.check_or_write_config(workdir, config)
-  objective = objectives.get("xlnet")
-  model = objective.build_model(config)
-  params = jax.jit(lambda: nn.meta.unbox(model.init(
-      jax.random.key(1), **step_lib.objective_init_inputs(objective, config),
-      deterministic=True)))()["params"]
-  workdir_lib.save_initial_checkpoint(config, params, os.path.join(workdir, "checkpoints"))
-  return workdir, config, jax.device_get(params)
+  return workdir, config, our_runs.write_run(config, workdir)
 
 
 def test_our_run_exports_and_reimports(our_xlnet_run, tmp_path):

@@ -1,7 +1,6 @@
 """T5 pre-training through the one train loop: configs/t5.py shrunk, on the embedded corpus."""
 
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import train
-from run_records import metric_records, train_records
+from run_records import copy_until, metric_records, train_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,8 +51,7 @@ def test_resume_reproduces_the_run(uninterrupted, tmp_path):
   """Steps 16..30 after restoring step 15 equal the uninterrupted run's, bit for bit: the data
   position (T5 rows are regrouped by packing) and the noise are resumed exactly."""
   workdir = str(tmp_path / "resumed")
-  shutil.copytree(uninterrupted, workdir)
-  shutil.rmtree(os.path.join(workdir, "checkpoints", "30"))
+  copy_until(uninterrupted, workdir, 15)
   train.run(tiny_config(), workdir)
   resumed, reference = train_records(workdir), train_records(uninterrupted)
   assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]

@@ -11,7 +11,7 @@ import pytest
 from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import checkpoint, train
-from run_records import train_records
+from run_records import copy_until, train_records
 
 
 def tiny_config(**train_overrides):
@@ -46,20 +46,12 @@ def test_writes_metrics_checkpoints_and_config(uninterrupted):
              os.listdir(os.path.join(uninterrupted, "tensorboard")))
 
 
-def _copy_until(src, dst, step):
-  """A copy of a workdir as it was right after the checkpoint at `step`."""
-  shutil.copytree(src, dst)
-  for name in os.listdir(os.path.join(dst, "checkpoints")):
-    if name.isdigit() and int(name) > step:
-      shutil.rmtree(os.path.join(dst, "checkpoints", name))
-
-
 @pytest.mark.parametrize("mesh", [dict(data=8), dict(data=2, fsdp=2, tensor=2)])
 def test_resume_from_checkpoint_reproduces_the_run(uninterrupted, tmp_path, mesh):
   """Steps 5..8 after restoring step 4 equal the uninterrupted run's: exactly on the same mesh,
   to float tolerance when the checkpoint is restored onto another mesh (reduction order)."""
   workdir = str(tmp_path / "resumed")
-  _copy_until(uninterrupted, workdir, 4)
+  copy_until(uninterrupted, workdir, 4)
   config = tiny_config()
   config.mesh.update({**dict(data=-1, fsdp=1, tensor=1), **mesh})
   train.run(config, workdir)
