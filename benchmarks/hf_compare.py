@@ -111,11 +111,9 @@ TORCH_DEVICES = {"cpu": "cpu", "gpu": "cuda"}
 PAUSE_S = 1.0  # between the implementations, for the other's idle threads to stop spinning
 COLUMNS = ("implementation", "first step s", "step ms", "tokens/s", "model TFLOP/s", "ours/HF")
 # Our objectives' loss constants, so the peers' losses cannot drift from them.
-# pylint: disable=protected-access
-ELECTRA_EPS = electra_objective._DENOMINATOR_EPS
-DISALLOW_CORRECT_PENALTY = electra_objective._DISALLOW_CORRECT_PENALTY
-SBO_OFFSET = mlm_objective._SBO_DENOMINATOR_OFFSET
-# pylint: enable=protected-access
+ELECTRA_EPS = electra_objective.DENOMINATOR_EPS
+DISALLOW_CORRECT_PENALTY = electra_objective.DISALLOW_CORRECT_PENALTY
+SBO_OFFSET = mlm_objective.SBO_DENOMINATOR_OFFSET
 
 
 @dataclasses.dataclass

@@ -1,7 +1,10 @@
 """Test setup: 8 emulated CPU devices (set before jax initialises its backends), strict numerics,
-and a private cache (corpus, tokenizers) shared by the session and the subprocesses it starts."""
+and a private cache (corpus, tokenizers, compiled programs) shared by the session and the
+subprocesses it starts, removed when the session ends."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -11,7 +14,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # (the suite took 7.5 instead of 10 minutes on the 2-core CI machine). Inherited by the CLI
 # subprocesses of tests/integration.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-os.environ.setdefault("BERTFAM_CACHE", tempfile.mkdtemp(prefix="bertfam_test_cache_"))
+if "BERTFAM_CACHE" not in os.environ:  # pytest-xdist's workers inherit the controller's
+  os.environ["BERTFAM_CACHE"] = tempfile.mkdtemp(prefix="bertfam_test_cache_")
+  atexit.register(shutil.rmtree, os.environ["BERTFAM_CACHE"], ignore_errors=True)
+# The CLI subprocesses of tests/integration compile the same tiny programs again and again.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(os.environ["BERTFAM_CACHE"], "jax_compilation_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS above)
 

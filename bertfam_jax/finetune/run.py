@@ -9,8 +9,8 @@ init=PATH --workdir=W`: one task, one pre-trained encoder, one head.
             layers, adapters
 
 Training runs on the configured mesh with the train loop's sharded step (`train/step.py`);
-checkpoints after every epoch make a killed run resume exactly (batches are a pure function of
-seed and step). After every epoch the evaluation split is predicted and scored; the workdir gets
+checkpoints after every epoch, and at a preemption notice (SIGTERM, `train/preemption.py`), make
+a stopped run resume exactly (batches are a pure function of seed and step). After every epoch the evaluation split is predicted and scored; the workdir gets
 
   config.json          the resolved config (the encoder's `model` and `tokenizer` included)
   metrics.jsonl        training records every `train.log_every` steps and eval_* per epoch
@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import time
 from typing import Any, Callable, NamedTuple
 
+from absl import logging
 import flax.linen as nn
 from flax import traverse_util
 import jax
@@ -47,6 +49,7 @@ from bertfam_jax.finetune import losses as finetune_losses
 from bertfam_jax.models import finetune as finetune_models
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import metrics as train_metrics
+from bertfam_jax.train import preemption
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
 from bertfam_jax.train import train as train_lib
@@ -128,6 +131,34 @@ def take(data: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]
 # ------------------------------------------------------------------------------------------- run
 
 
+def prepare_workdir(workdir: str, task: str) -> None:
+  """`train.prepare_workdir`, then refuses, before anything in it is read or written, a workdir
+  that holds another run than a fine-tuning on `task` (a pre-training run, or a fine-tuning on
+  another task): its checkpoints would otherwise be resumed as this run's."""
+  train_lib.prepare_workdir(workdir)
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    saved = json.load(f).get("finetune", {}).get("task")
+  if saved != task:
+    held = f"a fine-tuning on {saved!r}" if saved else "a pre-training run"
+    raise ConfigError(f"--workdir={workdir} holds {held}, not a fine-tuning on {task!r}, and "
+                      f"is left untouched; use a new --workdir.")
+
+
+def check_batches(config, mesh) -> None:
+  """`train.check_batch` for the training batches, and the same divisibility for the evaluation
+  batches (`train.eval_batch_size`), which are split over the mesh's batch axes too."""
+  train_lib.check_batch(config, mesh)
+  eval_batch, dp = config.train.eval_batch_size, sharding_lib.data_parallel_size(mesh)
+  multiple = math.lcm(dp, jax.process_count())
+  if eval_batch % multiple:
+    raise ConfigError(f"train.eval_batch_size={eval_batch} is not divisible by the data-parallel "
+                      f"size {dp} (mesh data×fsdp) and the {jax.process_count()} processes; use a "
+                      f"multiple of {multiple}.")
+
+
 def is_text_to_text(init: str) -> bool:
   """Whether `init` is a T5, fine-tuned text-to-text (`finetune/seq2seq.py`): one of our T5
   workdirs, or a transformers T5 checkpoint directory (config.json's model_type 't5')."""
@@ -149,7 +180,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     from bertfam_jax.finetune import seq2seq  # pylint: disable=g-import-not-at-top
     return seq2seq.run(config, workdir)
   task = tasks.get(ft.task)
-  train_lib.prepare_workdir(workdir)
+  prepare_workdir(workdir, ft.task)
   init_config, tokenizer, pretrained = classify.load_pretrained(ft.init)
   if init_config.model.get("kind") == "xlnet":
     if ft.method == "adapters":
@@ -163,11 +194,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     raise ConfigError(f"finetune.max_seq_len={ft.max_seq_len} exceeds the encoder's "
                       f"max_positions={resolved.model.max_positions}; pass "
                       f"--config.finetune.max_seq_len={resolved.model.max_positions} or less.")
+  mesh = sharding_lib.make_mesh(config.mesh)
+  check_batches(resolved, mesh)
   checkpoint_lib.check_or_write_config(workdir, resolved)
   _keep_hf_source(ft.init, init_config, workdir)
 
-  mesh = sharding_lib.make_mesh(config.mesh)
-  train_lib.check_batch(resolved, mesh)
   start = time.time()
   load = lambda split, limit: task.load(split, data_dir=ft.data_dir,  # noqa: E731
                                         max_examples=limit or None)
@@ -390,14 +421,17 @@ def train_and_evaluate(config, workdir: str, mesh, recipe: Recipe, *, transfer: 
 
 def train_loop(state, train_step, train_data: dict[str, np.ndarray], *, config, total_steps: int,
                mesh, on_log: Callable | None = None, every: int = 0,
-               on_every: Callable | None = None):
+               on_every: Callable | None = None, stop: Callable | None = None,
+               on_stop: Callable | None = None):
   """Steps `state` from `state.step` to `total_steps` and returns it.
 
   Global step s trains on the rows `epoch_order(rows, train.batch_size, seed, s)` of train_data
   ({name: [rows, ...]}), split over the mesh's batch axes: a resumed run sees the batches an
   uninterrupted one would. `on_log(step, {metric: mean})` follows every `train.log_every` steps
   and the last (metrics are fetched only then, so dispatch runs ahead of the host);
-  `on_every(step, state)` every `every` steps and after the last.
+  `on_every(step, state)` every `every` steps and after the last. `stop(step)` is asked after
+  every step (`preemption.Watch.reached`); when it says True, `on_stop(step, state)` follows
+  (after that step's `on_every`, if any) and the loop ends there.
   """
   t = config.train
   step = int(jax.device_get(state.step))
@@ -409,11 +443,15 @@ def train_loop(state, train_step, train_data: dict[str, np.ndarray], *, config, 
     state, metrics = train_step(state, batch)
     step += 1
     window = metrics if window is None else step_lib.accumulate_metrics(window, metrics)
-    if on_log is not None and (step % t.log_every == 0 or step == total_steps):
+    stopping = stop is not None and stop(step)
+    if on_log is not None and (step % t.log_every == 0 or step == total_steps or stopping):
       on_log(step, step_lib.finalize_metrics(jax.device_get(window)))
       window = None
     if on_every is not None and (step % every == 0 or step == total_steps):
       on_every(step, state)
+    if stopping:
+      on_stop(step, state)
+      break
   return state
 
 
@@ -448,10 +486,20 @@ def _loop(config, state, train_step, score: Callable, train_data, total_steps: i
     results = evaluate_and_write(step, state.params)
     checkpointer.save(step, state, {"step": step})
 
-  state = train_loop(state, train_step, train_data, config=config, total_steps=total_steps,
-                     mesh=mesh, on_log=log, every=steps_per_epoch, on_every=end_of_epoch)
+  def preempted(step: int, state) -> None:
+    if step % steps_per_epoch and step != total_steps:  # else end_of_epoch has just saved it
+      checkpointer.save(step, state, {"step": step})
+    logging.warning("Preemption notice (SIGTERM): saved step %d and stopped.", step)
+
+  with preemption.Watch() as watch:
+    state = train_loop(state, train_step, train_data, config=config, total_steps=total_steps,
+                       mesh=mesh, on_log=log, every=steps_per_epoch, on_every=end_of_epoch,
+                       stop=watch.reached, on_stop=preempted)
+  step = int(jax.device_get(state.step))
+  if step < total_steps:  # preempted: the results so far (resuming evaluates the rest)
+    return {k: v for k, v in results.items() if k != "predictions"}
   if not results:  # resumed after the last step: score the restored state again
-    results = evaluate_and_write(int(jax.device_get(state.step)), state.params)
+    results = evaluate_and_write(step, state.params)
   return {k: v for k, v in results.items() if k != "predictions"}
 
 

@@ -34,8 +34,6 @@ workdir; every device, data-parallel, unless given a mesh), for experiments.
 from __future__ import annotations
 
 import functools
-import json
-import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -285,21 +283,6 @@ def fine_tune(model_config, params, tokenizer, task: text_tasks.TextTask, *, ste
 # ------------------------------------------------------------------------------------------ run
 
 
-def check_workdir_task(workdir: str, task: str) -> None:
-  """Refuses, before anything in it is read or written, a workdir that holds another run than a
-  fine-tuning on `task` (a pre-training run, or a fine-tuning on another task): its checkpoints
-  would otherwise be resumed as this run's."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    return
-  with open(path) as f:
-    saved = json.load(f).get("finetune", {}).get("task")
-  if saved != task:
-    held = f"a fine-tuning on {saved!r}" if saved else "a pre-training run"
-    raise ConfigError(f"--workdir={workdir} holds {held}, not a fine-tuning on {task!r}, and "
-                      f"is left untouched; use a new --workdir.")
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes the T5 of `config.finetune.init` on the text-to-text task `config.finetune.task`
   in `workdir`, sharded on `config.mesh` and resumed from the workdir's latest checkpoint
@@ -314,13 +297,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   ft = config.finetune
   config_lib.validate_finetune(config)
   task = text_tasks.get(ft.task)
-  train_lib.prepare_workdir(workdir)
-  check_workdir_task(workdir, ft.task)
+  run_lib.prepare_workdir(workdir, ft.task)
   init_config, tokenizer, pretrained = classify.load_pretrained(ft.init)
   resolved = run_lib.resolved_config(config, init_config)
-  checkpoint_lib.check_or_write_config(workdir, resolved)
   mesh = sharding_lib.make_mesh(config.mesh)
-  train_lib.check_batch(resolved, mesh)
+  run_lib.check_batches(resolved, mesh)
+  checkpoint_lib.check_or_write_config(workdir, resolved)
 
   start = time.time()
   batch_size = config.train.batch_size

@@ -36,9 +36,9 @@ from bertfam_jax.objectives import losses, mlm
 from bertfam_jax.train import flops
 
 # run_pretraining.py adds 1e-6 to both loss denominators.
-_DENOMINATOR_EPS = 1e-6
+DENOMINATOR_EPS = 1e-6
 # pretrain_helpers / run_pretraining `disallow_correct`: the true token's logit is lowered by this.
-_DISALLOW_CORRECT_PENALTY = 1000.0
+DISALLOW_CORRECT_PENALTY = 1000.0
 
 _HEADS = {"electra": "rtd", "electra_15": "rtd", "replace_mlm": "mlm",
           "all_tokens_mlm": "mlm_copy"}
@@ -108,7 +108,7 @@ def sample_replacements(logits_BPV, targets_BP, rng, *, temperature: float,
   softmax`), in float32, without gradient. Returns [batch, predictions] int32."""
   logits = jax.lax.stop_gradient(logits_BPV).astype(jnp.float32)
   if disallow_correct:
-    logits -= _DISALLOW_CORRECT_PENALTY * jax.nn.one_hot(targets_BP, logits.shape[-1])
+    logits -= DISALLOW_CORRECT_PENALTY * jax.nn.one_hot(targets_BP, logits.shape[-1])
   return jax.random.categorical(rng, logits / temperature, axis=-1).astype(jnp.int32)
 
 
@@ -129,7 +129,7 @@ def _detection_loss(logits_BL, replaced_BL, weights_BL, metrics):
   _ratio(metrics, "discriminator_accuracy", (predicted == replaced_BL) * weights, weights)
   _ratio(metrics, "discriminator_precision", predicted & actual, predicted)
   _ratio(metrics, "discriminator_recall", predicted & actual, actual)
-  return total / (count + _DENOMINATOR_EPS)
+  return total / (count + DENOMINATOR_EPS)
 
 
 def _copy_mlm_loss(mlm_logits_BLV, copy_logits_BL, inputs_BL, originals_BL, weights_BL, metrics):
@@ -149,7 +149,7 @@ def _copy_mlm_loss(mlm_logits_BLV, copy_logits_BL, inputs_BL, originals_BL, weig
   correct = jnp.argmax(mixture, axis=-1) == originals_BL
   metrics["mlm_loss"] = (total, count)
   _ratio(metrics, "mlm_accuracy", correct * weights, weights)
-  return total / (count + _DENOMINATOR_EPS)
+  return total / (count + DENOMINATOR_EPS)
 
 
 def loss_fn(model, params, batch, rng, config, *, deterministic=False):
@@ -168,7 +168,7 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
                                  deterministic=deterministic, rngs={"dropout": generator_rng},
                                  method="generate")
   loss = o.generator_weight * losses.mean_cross_entropy(
-      generator_logits, targets, weights, metrics, "generator_mlm", _DENOMINATOR_EPS)
+      generator_logits, targets, weights, metrics, "generator_mlm", DENOMINATOR_EPS)
 
   sampled = sample_replacements(generator_logits, targets, sample_rng,
                                 temperature=o.temperature, disallow_correct=o.disallow_correct)
@@ -189,7 +189,7 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
     discriminator_loss = _detection_loss(outputs["rtd_logits"], replaced, masked, metrics)
   elif o.variant == "replace_mlm":
     discriminator_loss = losses.mean_cross_entropy(outputs["mlm_logits"], targets, weights,
-                                                   metrics, "mlm", _DENOMINATOR_EPS)
+                                                   metrics, "mlm", DENOMINATOR_EPS)
   else:
     discriminator_loss = _copy_mlm_loss(outputs["mlm_logits"], outputs["copy_logits"], fake_ids,
                                         originals, real, metrics)

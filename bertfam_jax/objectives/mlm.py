@@ -39,9 +39,9 @@ from bertfam_jax.objectives import losses, noise
 from bertfam_jax.train import flops
 
 # BERT's run_pretraining.py adds 1e-5 to the MLM weight sum so an all-padding batch is finite.
-_MLM_DENOMINATOR_EPS = 1e-5
+MLM_DENOMINATOR_EPS = 1e-5
 # SpanBERT's spanbert_loss.py divides the pair-target loss by (#targets + 1).
-_SBO_DENOMINATOR_OFFSET = 1.0
+SBO_DENOMINATOR_OFFSET = 1.0
 
 
 def build_model(config):
@@ -187,15 +187,15 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
   metrics = {}
   mean_ce = losses.mean_cross_entropy
   loss = mean_ce(mlm_logits[:, :num_mlm], batch["mlm_targets"], batch["mlm_weights"], metrics,
-                 "mlm", _MLM_DENOMINATOR_EPS)
+                 "mlm", MLM_DENOMINATOR_EPS)
   if o.sentence_task:
     labels = batch["sentence_label"]
     loss += mean_ce(outputs["sentence_logits"], labels, jnp.ones(labels.shape, jnp.float32),
                     metrics, o.sentence_task)
   if o.sbo:
     loss += mean_ce(outputs["sbo_logits"], batch["mlm_targets"], batch["sbo_weights"], metrics,
-                    "sbo", _SBO_DENOMINATOR_OFFSET)
+                    "sbo", SBO_DENOMINATOR_OFFSET)
   if o.word_shuffle_rate:
     loss += mean_ce(mlm_logits[:, num_mlm:], batch["shuffle_targets"], batch["shuffle_weights"],
-                    metrics, "word_order", _MLM_DENOMINATOR_EPS)
+                    metrics, "word_order", MLM_DENOMINATOR_EPS)
   return loss, metrics

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import time
 
 import jax
@@ -24,6 +23,7 @@ from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import flops as flops_lib
 from bertfam_jax.train import metrics as metrics_lib
 from bertfam_jax.train import optimizer as optimizer_lib
+from bertfam_jax.train import preemption
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
 
@@ -57,26 +57,6 @@ def check_batch(config, mesh) -> int:
     raise ConfigError(f"train.batch_size={batch} is not divisible by the {jax.process_count()} "
                       f"processes.")
   return batch // jax.process_count()
-
-
-class _SigtermFlag:
-  """Turns SIGTERM (preemption) into a checkpoint at the next step boundary."""
-
-  def __init__(self):
-    self.raised = False
-    self._previous = None
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not in the main thread (e.g. called from a test runner thread)
-      pass
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.raised = True
-
-  def restore(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
 
 
 def _load_tokenizer(config, train_docs, workdir):
@@ -198,9 +178,8 @@ class _Loop:
     last_logged = step
     window, timed_steps, timer = None, 0, None
     last = {}
-    sigterm = _SigtermFlag()
     batches = iter(train_pipe)
-    try:
+    with preemption.Watch() as preempted:
       while step < t.total_steps:
         local = next(batches)
         data_state = train_pipe.state()
@@ -213,7 +192,7 @@ class _Loop:
           timer = time.perf_counter()
         else:
           timed_steps += 1
-        stop = sigterm.raised  # read once per step: a signal arriving later is handled next step
+        stop = preempted.reached(step)  # the same step on every process
         save = step % t.checkpoint_every == 0 or step == t.total_steps or stop
         if step % t.log_every == 0 or save:
           # Metrics are fetched only here (not every step) so dispatch runs ahead of the host; a
@@ -227,10 +206,8 @@ class _Loop:
         if save:
           self.checkpointer.save(step, state, data_state)
         if stop:
-          logging.warning("SIGTERM: saved step %d and stopped.", step)
+          logging.warning("Preemption notice (SIGTERM): saved step %d and stopped.", step)
           break
-    finally:
-      sigterm.restore()
     return last
 
   def _log_train(self, step, last_logged, host, seconds_per_step):

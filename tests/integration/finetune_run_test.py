@@ -15,8 +15,7 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import classify
 from bertfam_jax.finetune import run as finetune_run
-from bertfam_jax.train import train
-from run_records import copy_until
+from bertfam_jax.train import preemption, train
 
 pytest.importorskip("wn")  # the WordNet tasks
 
@@ -87,20 +86,45 @@ def small(task, init, **overrides):
   return config
 
 
-def test_resumed_run_equals_uninterrupted(pretrained, tmp_path):
+def test_preempted_run_resumes_mid_epoch_to_the_uninterrupted_result(pretrained, tmp_path,
+                                                                      monkeypatch):
+  """A preemption notice at step 6 (the middle of the second epoch) saves step 6 and stops
+  without evaluating; the run started again resumes there and ends as an uninterrupted one."""
   config = small("wordnet_supersense", pretrained, finetune__max_train_examples=64,
                  finetune__epochs=2.0)   # 8 steps, checkpoints after steps 4 and 8
-  config.train.keep_checkpoints = 2
+  config.train.update(keep_checkpoints=3, log_every=1)
   full = str(tmp_path / "full")
   finetune_run.run(config, full)
   resumed = str(tmp_path / "resumed")
-  copy_until(full, resumed, 4)
-  os.remove(os.path.join(resumed, "eval_results.json"))
+  with monkeypatch.context() as patch:
+    patch.setattr(preemption.Watch, "reached", lambda self, step: step == 6)
+    finetune_run.run(config, resumed)
+  assert sorted(os.listdir(os.path.join(resumed, "checkpoints")), key=int) == ["4", "6"]
+  assert read_json(os.path.join(resumed, "eval_results.json"))["step"] == 4
   finetune_run.run(config, resumed)
   assert (read_json(os.path.join(resumed, "eval_results.json")) ==
           read_json(os.path.join(full, "eval_results.json")))
   assert (read_lines(os.path.join(resumed, "predictions.jsonl")) ==
           read_lines(os.path.join(full, "predictions.jsonl")))
+  losses = lambda workdir: [(r["step"], r["loss"]) for r in read_lines(  # noqa: E731
+      os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
+  assert losses(resumed) == losses(full) and len(losses(full)) == 8
+
+  # The workdir of this supersense run is refused to a run of another task (its checkpoints
+  # would resume as that task's), and to an evaluation batch the mesh cannot split; both leave
+  # it as it was.
+  before = {name: os.path.getmtime(os.path.join(resumed, name)) for name in os.listdir(resumed)}
+  with pytest.raises(ConfigError, match="holds a fine-tuning on 'wordnet_supersense', not a "
+                                        "fine-tuning on 'wordnet_choice'.*new --workdir"):
+    finetune_run.run(small("wordnet_choice", pretrained), resumed)
+  odd = small("wordnet_supersense", pretrained)
+  odd.train.eval_batch_size = 12
+  with pytest.raises(ConfigError, match="eval_batch_size=12 is not divisible by the "
+                                        "data-parallel size 8.*multiple of 8"):
+    finetune_run.run(odd, str(tmp_path / "odd"))
+  assert not os.path.exists(os.path.join(tmp_path, "odd", "config.json"))
+  assert {name: os.path.getmtime(os.path.join(resumed, name))
+          for name in os.listdir(resumed)} == before
 
 
 def flat_encoder(workdir):

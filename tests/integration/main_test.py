@@ -23,8 +23,8 @@ _TINY = ("--config.model.hidden=32", "--config.model.layers=2", "--config.model.
          "--config.model.max_positions=32", "--config.data.seq_len=32",
          "--config.objective.max_predictions=5", "--config.train.batch_size=8",
          "--config.optimizer.warmup_steps=5")
-_STEPS = 200
-_CHECKPOINT_EVERY = 25
+_STEPS = 60
+_CHECKPOINT_EVERY = 10
 _LONG_RUN = (f"--config.train.total_steps={_STEPS}", "--config.train.log_every=1",
              f"--config.train.checkpoint_every={_CHECKPOINT_EVERY}")
 _RUN_TIMEOUT_S = 400      # generous: other test processes share the 2 cores

@@ -7,10 +7,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -39,8 +41,8 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_two_processes(workdir, total_steps, *flags):
-  """Returns each process's (stdout, stderr)."""
+def _start_two_processes(workdir, total_steps, *flags):
+  """Returns the two processes and each one's (stdout file, stderr file)."""
   port = _free_port()
   env = dict(os.environ, PYTHONPATH=_REPO,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
@@ -53,12 +55,27 @@ def _run_two_processes(workdir, total_steps, *flags):
        f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
        *flags],
       cwd=_REPO, env=env, stdout=out, stderr=err) for i, (out, err) in enumerate(files)]
-  for p in procs:
-    p.wait(timeout=400)
+  return procs, files
+
+
+def _wait(procs, files):
+  """Waits for both processes; returns each one's (stdout, stderr) once both exited 0."""
+  try:
+    for p in procs:
+      p.wait(timeout=400)
+  finally:  # a hung pair (one waiting for the other) must not outlive the test
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
   outputs = [tuple(_read(f) for f in pair) for pair in files]
   for p, (_, err) in zip(procs, outputs):
     assert p.returncode == 0, err[-3000:]
   return outputs
+
+
+def _run_two_processes(workdir, total_steps, *flags):
+  """Returns each process's (stdout, stderr)."""
+  return _wait(*_start_two_processes(workdir, total_steps, *flags))
 
 
 def _read(file) -> str:
@@ -136,3 +153,30 @@ def test_two_processes_equal_one_read_disjoint_data_and_resume_on_either(tmp_pat
   np.testing.assert_allclose([resumed[s] for s in (4, 5, 6)], [losses[s] for s in (4, 5, 6)],
                              rtol=1e-5)
   assert _data_positions(one, 6) == _data_positions(two, 6)
+
+
+def test_a_preemption_notice_to_one_process_stops_both_at_one_checkpointed_step(tmp_path):
+  """SIGTERM reaches one host only (or each at a different step): JAX's preemption sync agrees on
+  one step, both processes save it together and exit 0. With a flag per process, the one that
+  stops to save would wait for the other, itself waiting in the next step's collectives."""
+  workdir = str(tmp_path / "run")
+  procs, files = _start_two_processes(workdir, 100_000, "--config.train.checkpoint_every=100000")
+  deadline = time.monotonic() + 300
+  while not any(step >= 2 for step in _logged_steps(workdir)):
+    assert time.monotonic() < deadline and procs[0].poll() is None, "no step 2 logged"
+    time.sleep(0.1)
+  procs[1].send_signal(signal.SIGTERM)
+  _, (_, stderr_1) = _wait(procs, files)
+  stopped_at = max(_logged_steps(workdir))
+  assert 2 <= stopped_at < 1000
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == [str(stopped_at)]
+  assert f"saved step {stopped_at} and stopped" in stderr_1
+  assert len(_data_positions(workdir, stopped_at)) == 2
+
+
+def _logged_steps(workdir):
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line)["step"] for line in f.read().split("\n")[:-1] if line.strip()]
