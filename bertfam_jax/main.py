@@ -9,6 +9,7 @@ with SLURM_NTASKS > 1, a multi-host Cloud TPU / GKE slice, a multislice job) or 
 
 import os
 import sys
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -80,11 +81,33 @@ def main(argv):
     (finetune.run if finetuning else train.run)(config, _WORKDIR.value)
   except (ConfigError, train.NonFiniteLossError) as e:
     _fail(e)
+  except Exception:  # pylint: disable=broad-except
+    if not _in_distributed_job():
+      raise
+    traceback.print_exc()
+    _exit_now(1)
 
 
 def _fail(error: Exception):
   print(f"error: {error}", file=sys.stderr, flush=True)
+  if _in_distributed_job():
+    _exit_now(2)
   sys.exit(2)
+
+
+def _in_distributed_job() -> bool:
+  return "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized()
+
+
+def _exit_now(code: int):
+  """Ends a process of a multi-process job that failed, possibly alone (an error on one host):
+  Python's own exit would first wait in jax.distributed's shutdown for processes that are
+  waiting for this one in a collective, and the job would hang instead of failing. Exiting at
+  once lets the coordination service, `srun --kill-on-bad-exit` or the TPU launcher end the
+  others."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

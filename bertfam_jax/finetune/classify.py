@@ -175,7 +175,9 @@ def restore_params(config, workdir: str):
     if step is None:
       raise ConfigError(f"{workdir} holds no checkpoint yet; let its pre-training run reach "
                         f"train.checkpoint_every steps, or pass the workdir of a finished run.")
-    mesh = sharding_lib.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+    # Every process reads the whole tree onto a device of its own (the first global device
+    # belongs to process 0 alone: another process could not hold the restored arrays).
+    mesh = sharding_lib.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.local_devices()[:1])
     model, tx, inputs, carry = _run_model_and_optimizer(config)
     abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
         model, tx, config, mesh, inputs, carry)

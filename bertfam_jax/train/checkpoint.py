@@ -31,10 +31,21 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 # [1024, 4096] matrix over 8 replicas (2 MiB each) is still written in parallel.
 # The rest as orbax registers it (its per-host array metadata store included).
 _MIN_REPLICA_SLICE_BYTES = 1 << 20
-ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
-    min_slice_bytes_for_replica_parallel=_MIN_REPLICA_SLICE_BYTES,
-    array_metadata_store=getattr(ocp.type_handlers.get_type_handler(jax.Array),
-                                 "_array_metadata_store", None)), override=True)
+
+
+def _register_array_handler() -> None:
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)  # orbax warns that the registration overrides its own
+  try:
+    ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
+        min_slice_bytes_for_replica_parallel=_MIN_REPLICA_SLICE_BYTES,
+        array_metadata_store=getattr(ocp.type_handlers.get_type_handler(jax.Array),
+                                     "_array_metadata_store", None)), override=True)
+  finally:
+    logging.set_verbosity(verbosity)
+
+
+_register_array_handler()
 
 
 def _identity(config_dict: dict) -> dict:

