@@ -10,7 +10,8 @@ init=PATH --workdir=W`: one task, one pre-trained encoder, one head.
 
 Training runs on the configured mesh with the train loop's sharded step (`train/step.py`);
 checkpoints after every epoch, and at a preemption notice (SIGTERM, `train/preemption.py`), make
-a stopped run resume exactly (batches are a pure function of seed and step). After every epoch the evaluation split is predicted and scored; the workdir gets
+a stopped run resume exactly (batches are a pure function of seed and step). After every epoch
+the evaluation split is predicted and scored; the workdir gets
 
   config.json          the resolved config (the encoder's `model` and `tokenizer` included)
   metrics.jsonl        training records every `train.log_every` steps and eval_* per epoch
