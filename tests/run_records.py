@@ -6,10 +6,17 @@ import os
 import shutil
 
 
-def metric_records(workdir) -> list[dict]:
-  """Every record of `workdir`/metrics.jsonl, in file order (train and eval lines)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
+def metric_records(workdir, complete_only: bool = False) -> list[dict]:
+  """Every record of `workdir`/metrics.jsonl, in file order (train and eval lines).
+  `complete_only`, for a run still writing: none before the file exists, and not a last line
+  still being written."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if complete_only and not os.path.exists(path):
+    return []
+  with open(path) as f:
+    text = f.read()
+  lines = text.split("\n")[:-1] if complete_only else text.splitlines()
+  return [json.loads(line) for line in lines if line.strip()]
 
 
 def train_records(workdir) -> dict[int, dict]:

@@ -497,10 +497,9 @@ def _loop(config, state, train_step, score: Callable, train_data, total_steps: i
                        mesh=mesh, on_log=log, every=steps_per_epoch, on_every=end_of_epoch,
                        stop=watch.reached, on_stop=preempted)
   step = int(jax.device_get(state.step))
-  if step < total_steps:  # preempted: the results so far (resuming evaluates the rest)
-    return {k: v for k, v in results.items() if k != "predictions"}
-  if not results:  # resumed after the last step: score the restored state again
+  if step >= total_steps and not results:  # resumed after the last step: score it again
     results = evaluate_and_write(step, state.params)
+  # (preempted before the end: the results so far; the resumed run evaluates the rest)
   return {k: v for k, v in results.items() if k != "predictions"}
 
 

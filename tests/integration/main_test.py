@@ -5,7 +5,6 @@ Subprocesses inherit conftest's 8 CPU devices and private BERTFAM_CACHE.
 """
 
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -14,6 +13,8 @@ import sys
 import time
 
 import pytest
+
+from run_records import metric_records
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -70,14 +71,7 @@ def _assert_ok(result):
 def _train_records(workdir, complete_only=False):
   """(step, loss) of every train record in metrics.jsonl, in file order (eval records have no
   'loss'). `complete_only` skips a last line that is still being written."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    text = f.read()
-  lines = text.split("\n")[:-1] if complete_only else text.splitlines()
-  records = [json.loads(line) for line in lines if line.strip()]
-  return [(r["step"], r["loss"]) for r in records if "loss" in r]
+  return [(r["step"], r["loss"]) for r in metric_records(workdir, complete_only) if "loss" in r]
 
 
 def _wait_for_step(process, workdir, min_step, log_dir):

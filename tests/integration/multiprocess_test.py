@@ -21,7 +21,7 @@ from bertfam_jax import config_lib
 from bertfam_jax.data import pipeline
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.train import train
-from run_records import train_records
+from run_records import metric_records, train_records
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TINY = {"model.hidden": 32, "model.layers": 2, "model.heads": 2, "model.mlp": 64,
@@ -169,24 +169,17 @@ def test_a_preemption_notice_to_one_process_stops_both_at_one_checkpointed_step(
   procs, files = _start_two_processes(
       workdir, _pretraining(100_000, "--config.train.checkpoint_every=100000"))
   deadline = time.monotonic() + 300
-  while not any(step >= 2 for step in _logged_steps(workdir)):
+  while not any(r["step"] >= 2 for r in metric_records(workdir, complete_only=True)):
     assert time.monotonic() < deadline and procs[0].poll() is None, "no step 2 logged"
     time.sleep(0.1)
   procs[1].send_signal(signal.SIGTERM)
   _, (_, stderr_1) = _wait(procs, files)
-  stopped_at = max(_logged_steps(workdir))
+  stopped_at = max(train_records(workdir))
   assert 2 <= stopped_at < 1000
   assert os.listdir(os.path.join(workdir, "checkpoints")) == [str(stopped_at)]
   assert f"saved step {stopped_at} and stopped" in stderr_1
   assert len(_data_positions(workdir, stopped_at)) == 2
 
-
-def _logged_steps(workdir):
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line)["step"] for line in f.read().split("\n")[:-1] if line.strip()]
 
 
 def test_fine_tuning_on_two_processes_equals_one(tmp_path):
