@@ -623,7 +623,7 @@ def measure_hf(config, batch, row: Row, flops_per_token: float, torch, model, de
 
 
 def dense_head_flops_per_token(config) -> float | None:
-  """FLOPs/token HF's dense MLM head adds to ours (train/flops.py's head term at the L - P
+  """FLOPs/token HF's dense MLM head adds to ours (bertfam_jax/flops.py's head term at the L - P
   positions ours skips): 6·(1 - P/L)·(d·E + E·V), d and E of the network the head belongs to
   (ELECTRA: the generator). None for XLNet and T5 (HF's heads run where ours do)."""
   family = peer_family(config)

@@ -73,9 +73,8 @@ def strategy_row(config, strategy: str, devices) -> Row:
   objective = objectives.get(config.objective.name)
   model = objective.build_model(config)
   tx, _ = optimizer_lib.make_optimizer(config)
-  inputs = step_lib.objective_init_inputs(objective, config)
-  state, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, config, mesh,
-                                                                       inputs)
+  inputs = objectives.init_inputs(objective, config)
+  state, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, mesh, inputs)
   return Row(strategy, dict(mesh.shape), per_device_bytes(state.params),
              per_device_bytes(state.opt_state), total_bytes((state.params, state.opt_state)))
 

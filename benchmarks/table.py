@@ -191,7 +191,7 @@ def measure_hf(config, cell: dict) -> dict:
   import hf_compare  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from bertfam_jax import objectives  # pylint: disable=g-import-not-at-top
-  from bertfam_jax.train import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  from bertfam_jax import flops as flops_lib  # pylint: disable=g-import-not-at-top
   from bertfam_jax.train import sharding  # pylint: disable=g-import-not-at-top
   torch, transformers = hf_compare.import_torch()
   device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -226,8 +226,7 @@ def state_bytes(config, mesh) -> int:
   objective = objectives.get(config.objective.name)
   tx, _ = optimizer_lib.make_optimizer(config)
   abstract, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
-      objective.build_model(config), tx, config, mesh,
-      step_lib.objective_init_inputs(objective, config))
+      objective.build_model(config), tx, mesh, objectives.init_inputs(objective, config))
   leaves = zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings))
   return int(sum(np.prod(s.shard_shape(a.shape)) * a.dtype.itemsize for a, s in leaves))
 

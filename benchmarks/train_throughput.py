@@ -49,7 +49,7 @@ from ml_collections import config_flags
 
 from bertfam_jax import config_lib, objectives
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.train import flops as flops_lib
+from bertfam_jax import flops as flops_lib
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
 from bertfam_jax.train import train as train_lib

@@ -76,10 +76,10 @@ def main(argv):
   except ConfigError as e:
     _fail(e)
   from bertfam_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
-  from bertfam_jax.train import train  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.train import loop, train  # pylint: disable=g-import-not-at-top
   try:
     (finetune.run if finetuning else train.run)(config, _WORKDIR.value)
-  except (ConfigError, train.NonFiniteLossError) as e:
+  except (ConfigError, loop.NonFiniteLossError) as e:
     _fail(e)
   except Exception:  # pylint: disable=broad-except
     if not _in_distributed_job():

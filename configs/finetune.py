@@ -67,10 +67,11 @@ _TEXT_TO_TEXT_RUNLOCAL = dict(max_train_examples=4000, max_eval_examples=500, ma
 
 
 def get_config(arg=None):
-  from bertfam_jax.finetune import run, tasks, text_tasks  # pylint: disable=g-import-not-at-top
+  from bertfam_jax import workdir  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.finetune import tasks, text_tasks  # pylint: disable=g-import-not-at-top
   args = parse_finetune_arg(arg)
   config = cl.finetune_config()
-  if run.is_text_to_text(args["init"]) or (args["task"] in text_tasks.TASKS and args["task"] not in tasks.TASKS):
+  if workdir.model_kind(args["init"]) == "t5" or (args["task"] in text_tasks.TASKS and args["task"] not in tasks.TASKS):
     text_tasks.get(args["task"])   # an unknown name fails here, naming the text-to-text tasks
     config.finetune.update(task=args["task"], init=args["init"], **_TEXT_TO_TEXT)
     if args["runlocal"]:

@@ -22,12 +22,16 @@ import time
 from typing import Callable, Sequence
 
 from absl import app, flags
+import flax.linen as nn
 import jax
 import numpy as np
 
 from bertfam_jax import config_lib
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.data import sources, tokenizers, wordnet
-from bertfam_jax.finetune import classify, features, probe
+from bertfam_jax.finetune import features, probe
+from bertfam_jax.finetune import run as finetune_run
+from bertfam_jax.models import encoder as encoder_lib
 from bertfam_jax.train import train
 
 NO_PRETRAINING = "No pre-training"
@@ -57,38 +61,62 @@ def workdir_name(name: str, seed: int) -> str:
   return f"{name.lower().replace(' ', '_').replace('%', 'pct')}-seed{seed}"
 
 
-def downstream_scores(model_config, encoder_params, tokenizer, task: wordnet.ClassificationTask,
+def finetune_config(scale: dict, seed: int):
+  """BERT's classifier recipe (run_classifier.py: batch 32, 10% warmup, AdamW with weight decay
+  0.01) on the supersense task at the scale's size, length, epochs and rate."""
+  config = config_lib.finetune_config()
+  config.seed = seed
+  config.finetune.update(
+      task=SUPERSENSE, max_train_examples=scale["finetune_train"] or 0,
+      max_eval_examples=scale["finetune_eval"] or 0, max_seq_len=scale["finetune_seq_len"],
+      epochs=float(scale["finetune_epochs"]), peak_lr=scale["finetune_lr"])
+  config.train.update(log_every=10_000)
+  return config
+
+
+SUPERSENSE = "wordnet_supersense"
+
+
+def random_encoder(model_config, seq_len: int, seed: int):
+  """The 'encoder' parameters of a fresh initialisation from `seed`: what the floor fine-tunes
+  and probes."""
+  ids = np.zeros((1, seq_len), np.int32)
+  return jax.jit(lambda: nn.meta.unbox(encoder_lib.Encoder(model_config).init(
+      jax.random.key(seed), ids, np.ones_like(ids), ids, deterministic=True)))()["params"]
+
+
+def downstream_scores(init_config, params, tokenizer, task: wordnet.ClassificationTask,
                       scale: dict, seed: int) -> dict:
-  """Fine-tunes (BERT's classifier recipe) and linearly probes an encoder on `task`.
+  """Fine-tunes (`finetune.run.fine_tune`: the one train loop, BERT's classifier recipe) and
+  linearly probes an encoder on `task`.
 
   Args:
-    model_config: the encoder's `config.model`.
-    encoder_params: its 'encoder' parameters, or None for a random initialisation (the floor).
+    init_config: the pre-trained run's config (its model, tokenizer and objective sections).
+    params: its parameters ({'encoder', heads...}), or None for a random initialisation (the
+      floor).
     tokenizer: the tokenizer it was pre-trained with.
-    task: the classification task (texts and labels [examples] per split).
+    task: the classification task (texts and labels [examples] per split), cut to the scale's
+      size as `finetune_config` cuts the fine-tuning task.
     scale: the experiment's scale (fine-tuning length, rate, sequence length).
     seed: fine-tuning initialisation, dropout and data order; the floor's probed encoder.
 
   Returns:
     SCORES (fractions in [0, 1], validation split) and finetune_steps.
   """
+  config = finetune_run.resolved_config(finetune_config(scale, seed), init_config)
+  config.finetune.from_scratch = params is None
+  result = finetune_run.fine_tune(config, tokenizer, params)
   encode = lambda examples: {**features.encode_pairs(tokenizer, examples.texts,  # noqa: E731
                                                      scale["finetune_seq_len"]),
                              "label": examples.labels}
-  train_data, eval_data = encode(task.train), encode(task.validation)
-  num_classes = len(task.label_names)
-  result = classify.fine_tune(model_config, encoder_params, train_data, eval_data,
-                              num_classes=num_classes, epochs=scale["finetune_epochs"],
-                              peak_lr=scale["finetune_lr"], seed=seed)
-  if encoder_params is None:  # the probe of the floor reads a randomly initialised encoder
-    encoder_params = classify.init_params(
-        classify.build_model(model_config, num_classes), scale["finetune_seq_len"],
-        jax.random.key(seed))["params"]["encoder"]
-  probed = probe.linear_probe(model_config, encoder_params, train_data, eval_data,
-                              num_classes=num_classes)
-  return dict(accuracy=result["accuracy"], macro_f1=result["macro_f1"], mcc=result["mcc"],
+  encoder_params = (random_encoder(init_config.model, scale["finetune_seq_len"], seed)
+                    if params is None else params["encoder"])
+  probed = probe.linear_probe(init_config.model, encoder_params, encode(task.train),
+                              encode(task.validation), num_classes=len(task.label_names))
+  scores = result["scores"]
+  return dict(accuracy=scores["accuracy"], macro_f1=scores["macro_f1"], mcc=scores["mcc"],
               probe_accuracy=probed["accuracy"], probe_macro_f1=probed["macro_f1"],
-              finetune_steps=result["steps"])
+              finetune_steps=result["step"])
 
 
 def pretrain_and_score(name: str, config, seed: int, scale: dict, workdir: str | None,
@@ -102,15 +130,14 @@ def pretrain_and_score(name: str, config, seed: int, scale: dict, workdir: str |
     total_seconds.
   """
   start = time.time()
-  encoder_params, tokenizer, model_config = None, None, config.model
   if workdir is not None:
     train.run(config, workdir)
-    run_config, tokenizer, encoder_params = classify.load_pretrained_encoder(workdir)
-    model_config = run_config.model
-  pretrain_seconds = time.time() - start
-  if tokenizer is None:  # The floor uses the same tokenizer as the pre-trained rows.
+    config, tokenizer, params = workdir_lib.load(workdir)
+  else:  # the floor uses the same tokenizer as the pre-trained rows
+    params = None
     tokenizer = tokenizers.load_or_train(config, sources.get_documents(config.data, "train"))
-  scores = downstream_scores(model_config, encoder_params, tokenizer, task, scale, seed)
+  pretrain_seconds = time.time() - start
+  scores = downstream_scores(config, params, tokenizer, task, scale, seed)
   return dict(row=name, seed=seed, **scores, pretrain_seconds=round(pretrain_seconds, 1),
               total_seconds=round(time.time() - start, 1))
 

@@ -58,8 +58,9 @@ import jax
 import numpy as np
 
 from bertfam_jax import config_lib, objectives
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.data import sources, tokenizers, wordnet
-from bertfam_jax.finetune import classify, features
+from bertfam_jax.finetune import features
 from bertfam_jax.models import encoder as encoder_lib
 from experiments import common
 
@@ -208,11 +209,9 @@ def encoder_token_cosine(config, workdir: str | None, task: wordnet.Classificati
   if workdir is None:
     model_config = config.model
     tokenizer = tokenizers.load_or_train(config, sources.get_documents(config.data, "train"))
-    encoder_params = classify.init_params(
-        classify.build_model(model_config, len(task.label_names)), scale["finetune_seq_len"],
-        jax.random.key(seed))["params"]["encoder"]
+    encoder_params = common.random_encoder(model_config, scale["finetune_seq_len"], seed)
   else:
-    run_config, tokenizer, encoder_params = classify.load_pretrained_encoder(workdir)
+    run_config, tokenizer, encoder_params = workdir_lib.load_encoder(workdir)
     model_config = run_config.model
   return token_cosine(model_config, encoder_params, tokenizer, task.validation.texts,
                       scale["finetune_seq_len"])

@@ -30,8 +30,10 @@ from absl import app, flags
 import numpy as np
 
 from bertfam_jax import config_lib
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.data import sources, tokenizers
-from bertfam_jax.finetune import classify, seq2seq, text_tasks
+from bertfam_jax.finetune import run as finetune_run
+from bertfam_jax.finetune import text_tasks
 from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import train
 from experiments import common
@@ -208,18 +210,32 @@ def pretrain_config(scale: dict, spec: dict, seed: int):
 # ---------------------------------------------------------------------------------------- rows
 
 
-def downstream_scores(model_config, params, tokenizer, scale: dict, seed: int) -> dict:
-  """Fine-tunes a copy of `params` (None: a fresh initialisation) on every task; returns
-  {task/metric: score in [0, 1]} and the fine-tuning steps."""
+def finetune_config(init_config, task: text_tasks.TextTask, scale: dict, seed: int):
+  """The resolved text-to-text fine-tuning config of `task` at the scale's size: T5's recipe
+  (Adafactor at a constant rate, greedy decoding) for `finetune_steps` updates."""
+  config = config_lib.finetune_config()
+  config.seed = seed
+  config.finetune.update(
+      task=task.name, steps=scale["finetune_steps"], peak_lr=scale["finetune_lr"],
+      max_seq_len=scale["finetune_inputs"],
+      targets_length=min(task.max_target_tokens, scale["finetune_targets"]),
+      max_train_examples=scale["finetune_train"] or 0,
+      max_eval_examples=scale["finetune_eval"] or 0)
+  config.train.update(batch_size=scale["finetune_batch"], eval_batch_size=scale["finetune_batch"],
+                      log_every=10_000)
+  return finetune_run.resolved_config(config, init_config)
+
+
+def downstream_scores(init_config, params, tokenizer, scale: dict, seed: int) -> dict:
+  """Fine-tunes a copy of `params` (None: a fresh initialisation) on every task
+  (`finetune.run.fine_tune`: the one train loop); returns {task/metric: score in [0, 1]} and the
+  fine-tuning steps."""
   scores = {}
   for _, task_name, metric, _ in TASKS:
     task = text_tasks.get(task_name)
-    result = seq2seq.fine_tune(
-        model_config, params, tokenizer, task,
-        steps=scale["finetune_steps"], batch_size=scale["finetune_batch"],
-        peak_lr=scale["finetune_lr"], inputs_length=scale["finetune_inputs"],
-        targets_length=min(task.max_target_tokens, scale["finetune_targets"]), seed=seed,
-        max_train_examples=scale["finetune_train"], max_eval_examples=scale["finetune_eval"])
+    config = finetune_config(init_config, task, scale, seed)
+    config.finetune.from_scratch = params is None
+    result = finetune_run.fine_tune(config, tokenizer, params)
     scores[f"{task_name}/{metric}"] = result["scores"][metric] / 100 if metric in (
         "exact", "rouge2") else result["scores"][metric]
   return dict(scores, finetune_steps=scale["finetune_steps"])
@@ -232,16 +248,15 @@ def run_row(name: str, spec: dict | None, seed: int, scale: dict, workdirs: str)
   if spec is None:  # the floor: the baseline row's model and tokenizer, nothing pre-trained
     config = pretrain_config(scale, dict(ROWS)[BASELINE], seed)
     tokenizer = tokenizers.load_or_train(config, sources.get_documents(config.data, "train"))
-    model_config, params, pretrain = config.model, None, {}
+    params, pretrain = None, {}
   else:
     config = pretrain_config(scale, spec, seed)
     workdir = os.path.join(workdirs, common.workdir_name(name.lstrip("★ "), seed))
     train.run(config, workdir)
-    run_config, tokenizer, params = classify.load_pretrained(workdir)
-    model_config = run_config.model
+    config, tokenizer, params = workdir_lib.load(workdir)
     pretrain = dict(common_eval(workdir), targets_length=config.objective.targets_length)
   pretrain_seconds = time.time() - start
-  scores = downstream_scores(model_config, params, tokenizer, scale, seed)
+  scores = downstream_scores(config, params, tokenizer, scale, seed)
   return dict(row=name, seed=seed, **scores, pretrain=pretrain,
               pretrain_seconds=round(pretrain_seconds, 1),
               total_seconds=round(time.time() - start, 1))

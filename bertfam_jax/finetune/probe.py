@@ -3,7 +3,7 @@
 Small-scale comparisons of pre-training objectives (a few hundred steps of a 2-layer model) give
 fine-tuning scores whose seed-to-seed spread can hide the differences; a probe on frozen features
 measures the representation alone, with no dropout, no fresh pooler and a convex objective, so it
-is nearly deterministic. It complements, never replaces, `classify.fine_tune`.
+is nearly deterministic. It complements, never replaces, fine-tuning (`run.fine_tune`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ from bertfam_jax.hf import families, mapping
 from bertfam_jax.hf import tokenizer as tokenizer_lib
 from bertfam_jax.models import finetune as finetune_models
 from bertfam_jax.objectives import electra as electra_objective
-from bertfam_jax.train import step as step_lib
 
 SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"
 GENERATOR_DIR = "generator"  # where an ELECTRA export puts its generator checkpoint
@@ -122,7 +121,7 @@ def _init_inputs(config, kind: str) -> dict[str, jax.Array]:
   a FineTuneModel, whose parameter shapes depend on neither length, [1, 8] ([1, 2, 8] for
   multiple choice)."""
   if not kind:
-    return step_lib.objective_init_inputs(objectives.get(config.objective.name), config)
+    return objectives.init_inputs(objectives.get(config.objective.name), config)
   zeros = jnp.zeros((1, 2, 8) if kind == "multiple_choice" else (1, 8), jnp.int32)
   return dict(input_ids=zeros, input_mask=jnp.ones_like(zeros), segment_ids=zeros)
 

@@ -7,8 +7,7 @@ import_to_workdir(hf_path, workdir) writes
                            XLNet memory: it restores at zeros) and the data position of a fresh
                            stream, saved
                            by train/checkpoint.py, so `train.init_from=workdir/checkpoints`,
-                           resuming the workdir itself, `finetune.classify.load_pretrained(_encoder)
-                           (workdir)` and fine-tuning with init=workdir (T5: text-to-text) work
+                           resuming the workdir itself, `bertfam_jax.workdir.load(workdir)` and fine-tuning with init=workdir (T5: text-to-text) work
   workdir/tokenizer/       the checkpoint's tokenizer files
   workdir/hf_import.json   source, model_type, architecture, HF config, freshly initialised
                            modules
@@ -32,9 +31,10 @@ import ml_collections
 from absl import logging
 
 from bertfam_jax import config_lib
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import tokenizers as sp_tokenizers
-from bertfam_jax.finetune import classify, tasks
+from bertfam_jax.finetune import tasks
 from bertfam_jax.hf import families, io
 from bertfam_jax.hf import tokenizer as tokenizer_lib
 from bertfam_jax.train import checkpoint as checkpoint_lib
@@ -124,14 +124,14 @@ def hf_source(path: str) -> dict:
   """What a run knows of the HF checkpoint it descends from, {model_type, hf_config, ...}, or {}
   for runs of ours. `path`: a transformers directory (itself), a workdir with an hf_import.json
   (import_to_workdir's record), or a fine-tuning run's workdir (its init's, followed back)."""
-  if classify.is_transformers_checkpoint(path):
+  if workdir_lib.is_transformers_checkpoint(path):
     hf_config = io.read_hf_config(path)
     return dict(model_type=hf_config["model_type"], hf_config=hf_config)
   record_path = os.path.join(path, IMPORT_RECORD)
   if os.path.exists(record_path):
     with open(record_path) as f:
       return json.load(f)
-  config = classify.read_run_config(path)
+  config = workdir_lib.read_config(path)
   if "finetune" not in config:
     return {}
   init = config.finetune.init
@@ -164,15 +164,6 @@ def _run_tokenizer(config, workdir: str):
     except ConfigError as e:
       logging.warning("Exporting the weights of %s without its tokenizer: %s", workdir, e)
       return None
-
-
-def _latest_step(workdir: str) -> int | None:
-  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), 1,
-                                             read_only=True)
-  try:
-    return checkpointer.latest_step()
-  finally:
-    checkpointer.close()
 
 
 def _task_class(config, source: dict) -> tuple[families.Architecture, dict, str, int]:
@@ -210,7 +201,7 @@ def export_workdir(workdir: str, hf_path: str) -> io.HFModel:
   classification / regression (HF's head applies GELU, ours tanh), adapters and
   features='weighted_sum', which no HF class holds. Returns the exported model."""
   io.check_empty_target(hf_path)
-  config = classify.read_run_config(workdir)
+  config = workdir_lib.read_config(workdir)
   source = hf_source(workdir)
   fresh, kind, num_outputs = (), "", 0
   if "finetune" in config:
@@ -219,12 +210,12 @@ def export_workdir(workdir: str, hf_path: str) -> io.HFModel:
     family = families.get(source["model_type"])
     arch, hf_config = family.architecture(source["architecture"]), source["hf_config"]
     # Modules freshly initialised at import stay unexported until training has updated them.
-    if _latest_step(workdir) == 0:
+    if workdir_lib.latest_step(workdir) == 0:
       fresh = tuple(source.get("freshly_initialised", ()))
   else:
     family, arch = run_architecture(config)
     hf_config = dict(model_type=family.model_type)
-  params = classify.restore_params(config, workdir)
+  params = workdir_lib.restore_params(workdir)
   m = io.HFModel(config, params, _run_tokenizer(config, workdir), hf_config, arch.name, fresh,
                  kind=kind, num_outputs=num_outputs)
   io.save_pretrained(m, hf_path)

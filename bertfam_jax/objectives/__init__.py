@@ -1,9 +1,13 @@
 """Pre-training objectives: the one seam between the data pipeline, the models and the train loop.
 
-Each objective module exposes three module-level functions, and the train loop calls nothing else:
+An objective is a module. It provides these functions, and `train/` calls nothing else of it,
+always through the accessors below (`init_inputs(objective, config)`, ...), never by name:
 
+Required:
   build_model(config) -> flax.linen.Module
       The network and heads this objective trains.
+  init_inputs(config) -> dict[str, array]
+      Keyword inputs of one row that trace `model.init` (shapes only matter).
   make_features(config, tokenizer) -> Callable[[dict[str, np.ndarray], np.random.Generator], dict]
       Host-side numpy noising (masking, corruption, permutations) applied to packed examples
       (see `bertfam_jax.data.packing`). Deterministic given the generator.
@@ -12,14 +16,17 @@ Each objective module exposes three module-level functions, and the train loop c
       The scalar loss to differentiate and metrics as (sum, count) pairs; the loop sums both
       across micro-batches and logs sum / count.
   flops_per_token(config) -> float
-      Model training FLOPs per token (train/flops.py conventions), for the logged MFU.
+      Model training FLOPs per token (`bertfam_jax.flops` conventions), for the logged MFU.
 
-Optional, for objectives whose model or rows differ from the masked-LM family's:
-  init_inputs(config) -> dict            keyword inputs that trace `model.init` (default
-                                         `train.step.init_batch`).
-  pipeline_options(config) -> dict       extra `data.pipeline.Pipeline` keywords (T5: the raw
-                                         segment length; features that replace the packed rows).
-  describe(config) -> str                the run's one-line header (default: the mask rate).
+Optional (the defaults are defined here):
+  init_carry(config, batch_size) -> pytree
+      State threaded from one step to the next (XLNet's memory); `loss_fn` then takes
+      `carry=` and returns `(loss, metrics, new_carry)`. Default: none.
+  pipeline_options(config) -> dict
+      Extra `data.pipeline.Pipeline` keywords (T5: the raw segment length; features that replace
+      the packed rows). Default: none.
+  describe(config) -> str
+      The run's one-line header. Default: the objective's name and sequence length.
 
 Batch keys (all numpy on the host, `jax.Array` on device; `n` = examples, `L` = sequence length,
 `P` = max predictions per sequence):
@@ -56,6 +63,8 @@ Adding an objective touches its module, one line in OBJECTIVES, its config and i
 `train/`.
 """
 
+import jax
+
 from bertfam_jax.objectives import electra, mlm, t5, xlnet
 
 OBJECTIVES = {
@@ -72,3 +81,29 @@ def get(name: str):
     raise ValueError(f"Unknown objective {name!r}; choose one of {sorted(OBJECTIVES)} "
                      "(config.objective.name).")
   return OBJECTIVES[name]
+
+
+def init_inputs(objective, config) -> dict:
+  """The keyword inputs of one row that trace `objective.build_model(config).init`."""
+  return objective.init_inputs(config)
+
+
+def init_carry(objective, config):
+  """The abstract step-to-step state of `objective` for the global batch
+  (`init_carry(config, train.batch_size)` as ShapeDtypeStructs), or None when it keeps none."""
+  make = getattr(objective, "init_carry", None)
+  carry = jax.eval_shape(lambda: make(config, config.train.batch_size)) if make else None
+  return carry if jax.tree.leaves(carry) else None
+
+
+def pipeline_options(objective, config) -> dict:
+  """Extra `data.pipeline.Pipeline` keywords of `objective` ({} by default)."""
+  options = getattr(objective, "pipeline_options", None)
+  return options(config) if options else {}
+
+
+def describe(objective, config) -> str:
+  """The run's header line: the objective's own `describe`, else its name and length."""
+  own = getattr(objective, "describe", None)
+  return own(config) if own else (f"objective {config.objective.name} on "
+                                  f"{config.data.seq_len}-token rows")

@@ -30,10 +30,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertfam_jax import config_lib
+from bertfam_jax import config_lib, flops
 from bertfam_jax.models import electra
 from bertfam_jax.objectives import losses, mlm
-from bertfam_jax.train import flops
 
 # run_pretraining.py adds 1e-6 to both loss denominators.
 DENOMINATOR_EPS = 1e-6
@@ -59,13 +58,18 @@ def build_model(config):
                          discriminator_head=_HEADS[variant])
 
 
+# ELECTRA's discriminator and generator read the masked-LM rows, described as the masked LM's.
+init_inputs = mlm.init_inputs
+describe = mlm.describe
+
+
 def make_features(config, tokenizer):
   """ELECTRA's host-side masking is the masked-LM composition (see config_lib.electra_objective)."""
   return mlm.make_features(config, tokenizer)
 
 
 def flops_per_token(config) -> float:
-  """Training FLOPs per token (train/flops.py) of BOTH networks: the generator with its MLM head
+  """Training FLOPs per token (bertfam_jax/flops.py) of BOTH networks: the generator with its MLM head
   at the P masked positions, the discriminator with its variant's head (detection: dense H→H and
   H→1 at every token; Replace MLM: the tied MLM head at P positions; All-tokens MLM: that head
   at every token plus the copy gate). Sampling is not counted (no matmul)."""

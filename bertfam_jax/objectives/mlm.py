@@ -32,11 +32,10 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from bertfam_jax import config_lib
+from bertfam_jax import config_lib, flops
 from bertfam_jax.data import packing, spans
 from bertfam_jax.models import pretraining
 from bertfam_jax.objectives import losses, noise
-from bertfam_jax.train import flops
 
 # BERT's run_pretraining.py adds 1e-5 to the MLM weight sum so an all-padding batch is finite.
 MLM_DENOMINATOR_EPS = 1e-5
@@ -51,8 +50,26 @@ def build_model(config):
       sbo_max_targets=o.sbo_max_targets if o.sbo else 0, sbo_position_size=o.sbo_position_size)
 
 
+def init_inputs(config) -> dict[str, jnp.ndarray]:
+  """One row of the masked-LM batch (input_ids, input_mask, segment_ids [1, L], mlm_positions
+  [1, P]), to trace `MaskedLM.init`."""
+  length, predictions = config.data.seq_len, config.objective.max_predictions
+  i32 = jnp.int32
+  return dict(input_ids=jnp.zeros((1, length), i32), input_mask=jnp.ones((1, length), i32),
+              segment_ids=jnp.zeros((1, length), i32),
+              mlm_positions=jnp.zeros((1, predictions), i32))
+
+
+def describe(config) -> str:
+  """The masked-LM family's header: how much of a sequence is predicted."""
+  o = config.objective
+  return (f"Effective mask rate: {100 * config_lib.effective_mask_rate(config):.2f}% of "
+          f"{config.data.seq_len} tokens (mask_rate {o.mask_rate}, max_predictions "
+          f"{o.max_predictions})")
+
+
 def flops_per_token(config) -> float:
-  """Model training FLOPs per token for MFU (train/flops.py): encoder, MLM head over the MLM and
+  """Model training FLOPs per token for MFU (bertfam_jax/flops.py): encoder, MLM head over the MLM and
   word-order slots, SBO head over the MLM slots, sentence head."""
   o = config.objective
   predictions = o.max_predictions * (2 if o.word_shuffle_rate else 1)

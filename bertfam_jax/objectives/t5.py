@@ -37,7 +37,7 @@ from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import packing
 from bertfam_jax.models import t5 as t5_model
 from bertfam_jax.objectives import losses, t5_noise
-from bertfam_jax.train import flops
+from bertfam_jax import flops
 
 
 def build_model(config):

@@ -65,12 +65,15 @@ def format_duration(seconds: float) -> str:
 
 
 def progress_line(step: int, total: int, scalars: dict[str, float], eta_seconds: float) -> str:
+  """'step 10/100 | loss 6.1234 | mlm_acc 0.012 | ... | lr 1.00e-04 | 12.3k tok/s [| MFU 41.0%]
+  | ETA 1m40s': the loss, every `*_accuracy` the objective reports, and throughput."""
   parts = [f"step {step}/{total}", f"loss {scalars['loss']:.4f}"]
-  for key in ("mlm_accuracy", "nsp_accuracy"):
-    if key in scalars:
-      parts.append(f"{key.replace('_accuracy', '_acc')} {scalars[key]:.3f}")
-  parts += [f"lr {scalars['learning_rate']:.2e}", f"{scalars['tokens_per_sec'] / 1e3:.1f}k tok/s",
-            f"ETA {format_duration(eta_seconds)}"]
+  parts += [f"{key.replace('_accuracy', '_acc')} {scalars[key]:.3f}"
+            for key in sorted(scalars) if key.endswith("_accuracy")]
+  parts += [f"lr {scalars['learning_rate']:.2e}", f"{scalars['tokens_per_sec'] / 1e3:.1f}k tok/s"]
+  if "mfu" in scalars:
+    parts.append(f"MFU {100 * scalars['mfu']:.1f}%")
+  parts.append(f"ETA {format_duration(eta_seconds)}")
   return " | ".join(parts)
 
 

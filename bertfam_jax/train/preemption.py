@@ -26,16 +26,18 @@ class Watch:
   """`reached(step)`: whether the loop should checkpoint `step` and stop (the module docstring).
 
   Use as a context manager around the loop: the single-process SIGTERM handler is installed on
-  entry and the previous one restored on exit.
+  entry and the previous one restored on exit. A disabled watch (a run with nowhere to save,
+  e.g. an experiment's in-memory fine-tuning) never fires and leaves SIGTERM alone.
   """
 
-  def __init__(self):
+  def __init__(self, enabled: bool = True):
+    self._enabled = enabled
     self._notified = False
     self._previous = None
     self._synchronised = jax.distributed.is_initialized()
 
   def __enter__(self) -> "Watch":
-    if not self._synchronised:  # JAX's notifier owns SIGTERM once jax.distributed is up
+    if self._enabled and not self._synchronised:  # JAX's notifier owns SIGTERM once jax.distributed is up
       try:
         self._previous = signal.signal(signal.SIGTERM, self._handle)
       except ValueError:  # not the main thread (a test runner's): SIGTERM keeps its default
@@ -53,6 +55,8 @@ class Watch:
 
   def reached(self, step: int) -> bool:
     """Called once after every step (its 1-based global number), by every process."""
+    if not self._enabled:
+      return False
     if not self._synchronised:
       return self._notified
     try:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from bertfam_jax import objectives
 from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 
@@ -25,37 +26,11 @@ class TrainState:
   carry: Any = None
 
 
-def init_batch(config, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """Abstract inputs used only to trace `model.init` (shapes follow objectives/__init__.py)."""
-  length, preds = config.data.seq_len, config.objective.max_predictions
-  i32 = jnp.int32
-  return dict(input_ids=jnp.zeros((batch_size, length), i32),
-              input_mask=jnp.ones((batch_size, length), i32),
-              segment_ids=jnp.zeros((batch_size, length), i32),
-              mlm_positions=jnp.zeros((batch_size, preds), i32))
-
-
-def objective_init_inputs(objective, config):
-  """The inputs that trace `objective.build_model(config).init`: the objective's own
-  `init_inputs(config)` when it has one (encoder-decoders), else `init_batch(config, 1)`."""
-  init_inputs = getattr(objective, "init_inputs", None)
-  return init_inputs(config) if init_inputs else init_batch(config, 1)
-
-
-def objective_carry(objective, config):
-  """The abstract step-to-step state of `objective` for the global batch (its
-  `init_carry(config, batch_size)`, e.g. XLNet's memory), or None when it keeps none."""
-  init_carry = getattr(objective, "init_carry", None)
-  carry = jax.eval_shape(lambda: init_carry(config, config.train.batch_size)) if init_carry else None
-  return carry if jax.tree.leaves(carry) else None
-
-
-def abstract_state(model, tx, config, mesh, inputs=None, carry=None):
+def abstract_state(model, tx, mesh, inputs, carry=None):
   """Shapes and NamedShardings of the train state, computed without allocating anything.
-  `inputs`: the keyword inputs that trace `model.init` (default `init_batch(config, 1)`);
-  `carry`: the objective's abstract carry (`objective_carry`), batch-sharded, or None."""
+  `inputs`: the keyword inputs that trace `model.init` (`objectives.init_inputs`);
+  `carry`: the objective's abstract carry (`objectives.init_carry`), batch-sharded, or None."""
   rng = jax.random.key(0)
-  inputs = init_batch(config, 1) if inputs is None else inputs
   boxed = jax.eval_shape(lambda: model.init(
       {"params": rng, "dropout": rng}, **inputs, deterministic=True))
   param_sh = sharding_lib.logical_to_shardings(boxed, mesh)
@@ -73,10 +48,9 @@ def abstract_state(model, tx, config, mesh, inputs=None, carry=None):
                       shapes, shardings), shardings
 
 
-def init_state(model, tx, config, shardings, seed: int, inputs=None, carry=None) -> TrainState:
+def init_state(model, tx, shardings, seed: int, inputs, carry=None) -> TrainState:
   """Initialises parameters directly into their shardings (never materialised on one device);
   `inputs` and `carry` as for `abstract_state` (the carry starts at zeros)."""
-  inputs = init_batch(config, 1) if inputs is None else inputs
 
   def init():
     rng = jax.random.key(seed)
@@ -94,10 +68,10 @@ def fresh_train_step(config, mesh, objective):
   Returns (state, train_step)."""
   model = objective.build_model(config)
   tx, schedule = optimizer_lib.make_optimizer(config)
-  inputs, carry = objective_init_inputs(objective, config), objective_carry(objective, config)
-  _, shardings = with_mesh_context(abstract_state, mesh)(model, tx, config, mesh, inputs, carry)
-  state = with_mesh_context(init_state, mesh)(model, tx, config, shardings, config.seed, inputs,
-                                              carry)
+  inputs = objectives.init_inputs(objective, config)
+  carry = objectives.init_carry(objective, config)
+  _, shardings = with_mesh_context(abstract_state, mesh)(model, tx, mesh, inputs, carry)
+  state = with_mesh_context(init_state, mesh)(model, tx, shardings, config.seed, inputs, carry)
   return state, make_train_step(model, tx, schedule, objective.loss_fn, config, shardings, mesh)
 
 
@@ -108,11 +82,14 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
   With `grad_accum_steps = k` the global batch is split into k micro-batches scanned in sequence;
   the update uses the mean of their gradients (each micro-batch loss is already a mean).
 
-  When the state has a carry (`objective_carry`), `loss_fn(..., carry=state.carry)` returns
+  When the state has a carry (`objectives.init_carry`), `loss_fn(..., carry=state.carry)` returns
   `(loss, metrics, new_carry)` and the new carry (no gradient flows into it) is the next step's.
+
+  Dropout keys are `fold_in(key(config.seed + 1), step)`. The seed is an argument of the compiled
+  program, not a constant in it: `step.with_seed(s)` runs the same executable for another seed
+  (an experiment's sweep compiles each shape once).
   """
   accum = config.train.grad_accum_steps
-  base_rng = jax.random.key(config.seed + 1)
   carrying = state_shardings.carry is not None
   if carrying and accum > 1:
     raise ValueError("An objective that carries state between steps (XLNet's memory) cannot "
@@ -129,7 +106,7 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
     (loss, (metrics, new_carry)), grads = jax.value_and_grad(loss_and_aux, has_aux=True)(params)
     return grads, dict(metrics, loss=(loss, jnp.ones([], jnp.float32))), new_carry
 
-  def step(state, batch):
+  def step(state, batch, base_rng):
     rng = jax.random.fold_in(base_rng, state.step)
     carry = state.carry
     if accum == 1:
@@ -161,9 +138,28 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
 
   batch_sh = sharding_lib.batch_sharding(mesh)
   replicated = NamedSharding(mesh, P())
-  return with_mesh_context(jax.jit(step, in_shardings=(state_shardings, batch_sh),
-                                   out_shardings=(state_shardings, replicated),
-                                   donate_argnums=(0,)), mesh)
+  jitted = with_mesh_context(jax.jit(step, in_shardings=(state_shardings, batch_sh, replicated),
+                                     out_shardings=(state_shardings, replicated),
+                                     donate_argnums=(0,)), mesh)
+  return SeededStep(jitted, config.seed)
+
+
+class SeededStep:
+  """`step(state, batch) -> (state, metrics)`: a jitted `fn(state, batch, key)` with the key of
+  `seed` bound (`make_train_step`); `lower(state, batch)` lowers it ahead of time."""
+
+  def __init__(self, jitted, seed: int):
+    self.jitted, self.seed = jitted, seed
+    self.key = jax.random.key(seed + 1)
+
+  def __call__(self, state, batch):
+    return self.jitted(state, batch, self.key)
+
+  def lower(self, state, batch):
+    return self.jitted.lower(state, batch, self.key)
+
+  def with_seed(self, seed: int) -> "SeededStep":
+    return SeededStep(self.jitted, seed)
 
 
 def make_eval_step(model, loss_fn: Callable, config, state_shardings, mesh):

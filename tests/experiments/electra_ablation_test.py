@@ -136,12 +136,9 @@ class _FakeTokenizer:
 
 
 def test_token_cosine_detects_a_collapsed_encoder():
-  import jax  # pylint: disable=import-outside-toplevel
   from bertfam_jax import config_lib  # pylint: disable=import-outside-toplevel
-  from bertfam_jax.finetune import classify  # pylint: disable=import-outside-toplevel
   model = config_lib.encoder("mini", vocab_size=100, max_positions=16, layers=1)
-  params = classify.init_params(classify.build_model(model, 3), 16,
-                                jax.random.key(0))["params"]["encoder"]
+  params = common.random_encoder(model, 16, 0)
   texts = [f"w{i} x{i % 7} y{i % 5} z" for i in range(20)]
   fresh = ea.token_cosine(model, params, _FakeTokenizer(), texts, 16)
   assert fresh < 0.6

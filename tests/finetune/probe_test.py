@@ -1,17 +1,22 @@
 """Linear probe on frozen features: it reads what the features hold, deterministically."""
 
+import flax.linen as nn
 import jax
 import numpy as np
 
 from bertfam_jax import config_lib as cl
-from bertfam_jax.finetune import classify, probe
+from bertfam_jax.finetune import probe
+from bertfam_jax.models import encoder as encoder_lib
 
 
 def tiny_encoder():
   model = cl.base_config().model
   model.update(hidden=32, layers=1, heads=2, mlp=64, vocab_size=50, max_positions=16)
-  params = classify.init_params(classify.build_model(model, 2), 16, jax.random.key(0))
-  return model, params["params"]["encoder"]
+  ids = np.zeros((1, 16), np.int32)
+  params = nn.meta.unbox(encoder_lib.Encoder(model).init(jax.random.key(0), ids,
+                                                         np.ones_like(ids), ids,
+                                                         deterministic=True))
+  return model, params["params"]
 
 
 def data(num, seed, marker=7):

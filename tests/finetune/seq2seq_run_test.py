@@ -1,4 +1,4 @@
-"""The text-to-text run (`seq2seq.run`) on a 2x2x2 (data, fsdp, tensor) mesh of the 8 emulated
+"""The text-to-text run (`finetune.run.run` of a T5 init) on a 2x2x2 (data, fsdp, tensor) mesh of the 8 emulated
 devices: it writes the workdir, trains and decodes (beam search) as one device does, a run resumed
 from its checkpoint equals the uninterrupted one, and a workdir that holds another run is refused
 and left untouched."""
@@ -13,15 +13,16 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from bertfam_jax import config_lib
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.finetune import classify
+from bertfam_jax.finetune import recipe
 from bertfam_jax.finetune import run as run_lib
 from bertfam_jax.finetune import seq2seq
 from bertfam_jax.finetune import text_tasks
 from bertfam_jax.train import sharding
 from run_records import copy_until, metric_records, train_records
-from seq2seq_test import (COPY_SPLITS, COPY_TASK, EXTRA_IDS, _fresh_params, _model_config, _with,
-                          copy_tokenizer)
+from seq2seq_test import (COPY_SPLITS, COPY_TASK, _fresh_params, _model_config, _with,
+                          copy_tokenizer, init_config as make_init_config)
 
 F32_TOL = dict(rtol=2e-5, atol=2e-6)
 # 4 steps of 16 of the copy task's first 32 examples: an epoch is 2 steps, so evaluations and
@@ -38,23 +39,20 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def t5_init(tokenizer, tmp_path_factory):
-  """`classify.load_pretrained` patched to give a tiny "pre-trained" T5 (one layer a stack,
+  """`workdir.load` patched to give a tiny "pre-trained" T5 (one layer a stack,
   dropout 0.1, untied output layer whose pad column is negated: random weights otherwise decode
   nothing but pads, these decode varied, input-dependent ids) and the copy task registered as
   'copy' and 'copy_again'. Yields (init directory, its model section, its parameters)."""
   init = tmp_path_factory.mktemp("t5_init")
   model_config = _with(_model_config(tokenizer), layers=1, decoder_layers=1, dropout=0.1,
                        tie_embeddings=False)
-  init_config = ml_collections.ConfigDict(dict(
-      model=model_config.to_dict(), objective=config_lib.t5_objective().to_dict(),
-      tokenizer=dict(kind="sentencepiece", model_path=str(init / "spm.model"),
-                     extra_ids=EXTRA_IDS)))
+  init_config = make_init_config(model_config, str(init / "spm.model"))
   params = jax.tree.map(np.array, _fresh_params(seq2seq.build_model(model_config), 7))
   params["decoder"]["logits_dense"]["kernel"][:, 0] *= -1.0
   with pytest.MonkeyPatch.context() as patch:
     patch.setitem(text_tasks.TASKS, "copy", COPY_TASK)
     patch.setitem(text_tasks.TASKS, "copy_again", COPY_TASK)
-    patch.setattr(classify, "load_pretrained", lambda path: (init_config, tokenizer, params))
+    patch.setattr(workdir_lib, "load", lambda path: (init_config, tokenizer, params))
     yield str(init), model_config, params
 
 
@@ -70,7 +68,7 @@ def run_config(init, task="copy"):
 def uninterrupted(t5_init, tmp_path_factory):
   """(workdir, results) of an uninterrupted `run_config` run."""
   workdir = str(tmp_path_factory.mktemp("uninterrupted") / "work")
-  return workdir, seq2seq.run(run_config(t5_init[0]), workdir)
+  return workdir, run_lib.run(run_config(t5_init[0]), workdir)
 
 
 def read(workdir, name):
@@ -95,33 +93,30 @@ def test_run_writes_the_workdir(uninterrupted):
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
 
 
-def test_2x2x2_mesh_trains_and_decodes_as_one_device(t5_init, uninterrupted, tokenizer):
+def test_2x2x2_mesh_trains_and_decodes_as_one_device(t5_init, uninterrupted, tokenizer,
+                                                     tmp_path):
   init, model_config, params = t5_init
   workdir, _ = uninterrupted
-  mesh = sharding.make_mesh(run_config(init).mesh)
-  _, shardings, _ = run_lib.sharded_setup(seq2seq.make_recipe(model_config, 4, RUN["peak_lr"]),
-                                          run_config(init), mesh)
+  config = run_lib.resolved_config(run_config(init), workdir_lib.load(init)[0])
+  mesh = sharding.make_mesh(config.mesh)
+  shardings = recipe._compiled(  # pylint: disable=protected-access
+      run_lib.make_recipe(config, tokenizer, params, mesh), config, mesh).shardings
   layer = shardings.params["params"]["decoder"]["layer_0"]
   assert shardings.params["params"]["token_embedder"]["embedding"].spec == P("tensor", "fsdp")
   assert layer["mlp"]["wi"]["kernel"].spec == P("fsdp", "tensor")
 
-  logged = {}
-  one = seq2seq.fine_tune(
-      model_config, params, tokenizer, COPY_TASK, steps=RUN["steps"], batch_size=16,
-      peak_lr=RUN["peak_lr"], inputs_length=RUN["max_seq_len"],
-      targets_length=RUN["targets_length"], seed=0, beam_size=RUN["beam_size"],
-      max_train_examples=RUN["max_train_examples"], max_eval_examples=RUN["max_eval_examples"],
-      log_every=1, on_log=lambda step, scalars: logged.update({step: scalars}),
-      mesh=sharding.make_mesh(sharding.STRATEGIES["data"], jax.devices()[:1]))
-  sharded = train_records(workdir)
+  single = str(tmp_path / "one_device")
+  one_mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  one = recipe.train_and_evaluate(config, run_lib.make_recipe(config, tokenizer, params, one_mesh),
+                                  one_mesh, single)
+  sharded, logged = train_records(workdir), train_records(single)
   assert sorted(sharded) == sorted(logged) == [1, 2, 3, 4]
   for key in ("loss", "t5_loss", "t5_accuracy", "grad_norm", "param_norm"):
     np.testing.assert_allclose([sharded[s][key] for s in sharded],
                                [logged[s][key] for s in sharded], **F32_TOL, err_msg=key)
-  # The checkpoint's parameters, read back as another fine-tuning's init would read them.
-  restored = classify.restore_params(classify.read_run_config(workdir), workdir)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **F32_TOL), restored,
-               jax.device_get(one["params"]))
+  # The checkpoints' parameters, read back as another fine-tuning's init would read them.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **F32_TOL),
+               workdir_lib.restore_params(workdir), workdir_lib.restore_params(single))
   predictions = [json.loads(line)["prediction"]
                  for line in read(workdir, "predictions.jsonl").splitlines()]
   assert predictions == [p["prediction"] for p in one["predictions"]]
@@ -135,9 +130,11 @@ def test_resumed_run_equals_uninterrupted(t5_init, uninterrupted, tmp_path):
   copy_until(full, resumed, 2)
   for name in ("eval_results.json", "predictions.jsonl"):
     os.remove(os.path.join(resumed, name))
-  seq2seq.run(run_config(t5_init[0]), resumed)
+  run_lib.run(run_config(t5_init[0]), resumed)
   assert [r["step"] for r in metric_records(resumed)] == [1, 2, 2, 3, 4, 4]
-  assert metric_records(resumed) == metric_records(full)   # the same losses, bit for bit
+  untimed = lambda workdir: [{k: v for k, v in r.items() if k != "tokens_per_sec"}  # noqa: E731
+                             for r in metric_records(workdir)]
+  assert untimed(resumed) == untimed(full)   # the same losses, bit for bit
   for name in ("eval_results.json", "predictions.jsonl"):
     assert read(resumed, name) == read(full, name)
   assert sorted(os.listdir(os.path.join(resumed, "checkpoints"))) == ["2", "4"]
@@ -157,12 +154,12 @@ def test_a_workdir_of_another_run_is_refused_and_kept(t5_init, uninterrupted, to
   before = _snapshot(workdir)
   with pytest.raises(ConfigError, match="holds a fine-tuning on 'copy', not a fine-tuning on "
                                         "'copy_again'.*new --workdir"):
-    seq2seq.run(run_config(init, task="copy_again"), workdir)
-  wider = ml_collections.ConfigDict(classify.load_pretrained(init)[0].to_dict())
+    run_lib.run(run_config(init, task="copy_again"), workdir)
+  wider = ml_collections.ConfigDict(workdir_lib.load(init)[0].to_dict())
   wider.model.mlp = 96
-  monkeypatch.setattr(classify, "load_pretrained", lambda path: (wider, tokenizer, None))
+  monkeypatch.setattr(workdir_lib, "load", lambda path: (wider, tokenizer, None))
   with pytest.raises(ConfigError, match="different model.*model.mlp: 128 → 96.*new --workdir"):
-    seq2seq.run(run_config(init), workdir)
+    run_lib.run(run_config(init), workdir)
   assert _snapshot(workdir) == before
 
   pretraining = tmp_path / "pretraining"   # e.g. --workdir=<the T5 run> by mistake
@@ -171,5 +168,5 @@ def test_a_workdir_of_another_run_is_refused_and_kept(t5_init, uninterrupted, to
   (pretraining / "config.json").write_text(wider.to_json())
   before = _snapshot(pretraining)
   with pytest.raises(ConfigError, match="holds a pre-training run"):
-    seq2seq.run(run_config(init), str(pretraining))
+    run_lib.run(run_config(init), str(pretraining))
   assert _snapshot(pretraining) == before

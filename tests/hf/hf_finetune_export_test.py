@@ -17,12 +17,14 @@ from bertfam_jax import config_lib, hf, objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import sources
 from bertfam_jax.data import tokenizers as sp_tokenizers
-from bertfam_jax.finetune import classify, tasks
+from bertfam_jax import workdir as run_reader
+from bertfam_jax.finetune import tasks
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.hf import __main__ as cli
 from bertfam_jax.hf import families
 from bertfam_jax.hf import tokenizer as tokenizer_lib
 from bertfam_jax.hf import workdir as workdir_lib
+from bertfam_jax.objectives import mlm
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import step as step_lib
 
@@ -100,7 +102,7 @@ def hf_bert(tmp_path_factory):
   config = families.run_config(family, arch, model, "")
   config.data.seq_len = SEQ
   init = nn.meta.unbox(objectives.get("mlm").build_model(config).init(
-      {"params": jax.random.key(0)}, **step_lib.init_batch(config, 1), deterministic=True))
+      {"params": jax.random.key(0)}, **mlm.init_inputs(config), deterministic=True))
   m = hf.HFModel(config, jax.device_get(init["params"]),
                  tokenizer_lib.from_files(tokenizer_lib.sentencepiece_files(proto)),
                  dict(model_type="bert"), arch.name)
@@ -129,8 +131,8 @@ def test_fine_tuned_transformers_checkpoint_exports_as_its_task_class(hf_bert, t
 
   again = hf.from_pretrained(str(tmp_path / "hf"))
   assert (again.kind, again.num_outputs) == ("classification", len(labels))
-  run_config = classify.read_run_config(workdir)
-  params = classify.restore_params(run_config, workdir)
+  run_config = run_reader.read_config(workdir)
+  params = run_reader.restore_params(workdir)
   jax.tree.map(np.testing.assert_array_equal, again.params, params)
   ids = np.asarray(again.tokenizer.encode(["Anarchism is a political philosophy."])[0])[None]
   model, _ = finetune_run.build_model(run_config)
@@ -139,5 +141,5 @@ def test_fine_tuned_transformers_checkpoint_exports_as_its_task_class(hf_bert, t
       model.apply({"params": params}, ids, np.ones_like(ids), np.zeros_like(ids),
                   deterministic=True), rtol=0, atol=1e-5)
   # Fine-tuning further from the exported directory reads its encoder.
-  _, _, encoder = classify.load_pretrained_encoder(str(tmp_path / "hf"))
+  _, _, encoder = run_reader.load_encoder(str(tmp_path / "hf"))
   jax.tree.map(np.testing.assert_array_equal, encoder, params["encoder"])

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertfam_jax import config_lib
+from bertfam_jax.finetune import optim
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import step as step_lib
@@ -55,10 +56,11 @@ def fine_tuned_workdir(config, workdir, seed=0):
   shapes instead of running its initialiser keeps the tests fast). Returns them."""
   os.makedirs(workdir)
   checkpoint_lib.check_or_write_config(workdir, config)
-  model, tx, example = finetune_run.model_and_optimizer(config)
+  model, example = finetune_run.build_model(config)
   shapes = jax.eval_shape(lambda: nn.meta.unbox(model.init(
       {"params": jax.random.key(0)}, *(example[k] for k in finetune_run.INPUT_KEYS),
       deterministic=True)))
+  tx, _ = optim.make_finetune_optimizer(config.finetune, config.model, shapes, total_steps=7)
   rng = np.random.default_rng(seed)
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: jnp.asarray((path[-1].key == "scale") + 0.2 * rng.standard_normal(x.shape),

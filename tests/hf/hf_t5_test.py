@@ -23,7 +23,8 @@ from bertfam_jax import config_lib, hf, objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import sources
 from bertfam_jax.data import tokenizers as sp_tokenizers
-from bertfam_jax.finetune import classify, seq2seq
+from bertfam_jax import workdir as workdir_lib
+from bertfam_jax.finetune import seq2seq
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.hf import families
 from bertfam_jax.hf import tokenizer as tokenizer_lib
@@ -144,7 +145,7 @@ def test_from_pretrained_and_save_pretrained_match_transformers(version, tmp_pat
 @needs_torch
 def test_imported_workdir_fine_tunes_and_exports(sentences, tmp_path):
   """A v1.1 checkpoint with a T5Tokenizer imports into a workdir that text-to-text fine-tuning
-  reads (is_text_to_text, its tokenizer's EOS and sentinels, the model's parameters) and exports
+  reads (its model kind, its tokenizer's EOS and sentinels, the model's parameters) and exports
   back to transformers with the same logits; the tokenizer gives transformers' ids."""
   import transformers  # noqa: PLC0415
   reference = saved_t5("1.1", tmp_path / "hf")
@@ -158,9 +159,8 @@ def test_imported_workdir_fine_tunes_and_exports(sentences, tmp_path):
 
   workdir = str(tmp_path / "workdir")
   # Both the import and the transformers directory itself fine-tune text-to-text.
-  assert finetune_run.is_text_to_text(workdir) and finetune_run.is_text_to_text(
-      str(tmp_path / "hf"))
-  config, tokenizer, params = classify.load_pretrained(workdir)
+  assert workdir_lib.model_kind(workdir) == workdir_lib.model_kind(str(tmp_path / "hf")) == "t5"
+  config, tokenizer, params = workdir_lib.load(workdir)
   assert (tokenizer.eos_id, tokenizer.pad_id, tokenizer.mask_id) == (1, 0, None)
   assert (tokenizer.num_pieces, tokenizer.sentinel_start) == (PIECES, VOCAB - 1)
   features = seq2seq.featurize(tokenizer, [dict(inputs=TEXTS[0], targets=TEXTS[1])],
@@ -287,7 +287,7 @@ def test_imported_t5_workdir_feeds_the_t5_objective(our_t5_run, sentences, tmp_p
   assert (saved.objective.name, saved.optimizer.name, saved.data.packing) == (
       "t5", "adafactor", "t5_segments")
   assert (saved.tokenizer.kind, saved.tokenizer.model_path) == ("hf", "tokenizer")
-  tokenizer = classify.load_run_tokenizer(saved, target)
+  tokenizer = workdir_lib.load_tokenizer(saved, target)
   saved.data.seq_len = 32
   t5_objective = objectives.get("t5")
   length = t5_objective.segment_length(saved)

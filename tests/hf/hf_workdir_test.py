@@ -16,7 +16,7 @@ from bertfam_jax import config_lib, hf, objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import sources
 from bertfam_jax.data import tokenizers as sp_tokenizers
-from bertfam_jax.finetune import classify
+from bertfam_jax import workdir as run_reader
 from bertfam_jax.hf import __main__ as cli
 from bertfam_jax.hf import families, workdir as workdir_lib
 from bertfam_jax.hf import tokenizer as tokenizer_lib
@@ -119,7 +119,8 @@ def test_imported_workdir_is_read_as_a_run(our_run, tmp_path):
   mesh = sharding_lib.make_mesh(saved.mesh)
   model = objectives.get(saved.objective.name).build_model(saved)
   tx, _ = optimizer_lib.make_optimizer(saved)
-  abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, saved, mesh)
+  abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
+      model, tx, mesh, objectives.init_inputs(objectives.get(saved.objective.name), saved))
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(target, "checkpoints"), 1,
                                              read_only=True)
   state, data_state = checkpointer.restore(checkpointer.latest_step(), abstract)
@@ -127,7 +128,7 @@ def test_imported_workdir_is_read_as_a_run(our_run, tmp_path):
   assert int(state.step) == 0 and data_state == workdir_lib.DATA_START
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params["params"]), m.params)
 
-  _, tokenizer, encoder = classify.load_pretrained_encoder(
+  _, tokenizer, encoder = run_reader.load_encoder(
       target, tokenizer_path=config.tokenizer.model_path)
   jax.tree.map(np.testing.assert_array_equal, encoder, m.params["encoder"])
   imported_tokenizer = tokenizer_lib.from_dir(os.path.join(target, "tokenizer"))
@@ -143,7 +144,7 @@ def test_imported_workdir_is_read_as_a_run(our_run, tmp_path):
   saved.train.update(total_steps=2, batch_size=8, log_every=2, eval_batches=0, checkpoint_every=2)
   saved.data.update(seq_len=32, docs_per_chunk=16)
   assert np.isfinite(train.run(saved, target)["loss"])
-  _, own_tokenizer, trained = classify.load_pretrained_encoder(target)
+  _, own_tokenizer, trained = run_reader.load_encoder(target)
   assert own_tokenizer.encode(TEXTS)[0].tolist() == imported_tokenizer.encode(TEXTS)[0].tolist()
   assert not np.array_equal(trained["layer_0"]["mlp"]["output"]["kernel"],
                             m.params["encoder"]["layer_0"]["mlp"]["output"]["kernel"])

@@ -21,7 +21,7 @@ def write_run(config, workdir: str) -> dict:
   objective = objectives.get(config.objective.name)
   model = objective.build_model(config)
   params = jax.jit(lambda: nn.meta.unbox(model.init(
-      jax.random.key(1), **step_lib.objective_init_inputs(objective, config),
+      jax.random.key(1), **objectives.init_inputs(objective, config),
       deterministic=True)))()["params"]
   workdir_lib.save_initial_checkpoint(config, params, os.path.join(workdir, "checkpoints"))
   return jax.device_get(params)

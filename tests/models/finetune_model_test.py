@@ -159,8 +159,10 @@ def test_scanned_adapters_and_all_layers_equal_unrolled(variant):
   assert (jax.tree.map(lambda s: s.shape, abstract(scanned))
           == jax.tree.map(jnp.shape, stacked))
   x_scan, hidden_scan = run_encoder(scanned, stacked, return_all_layers=True)
-  np.testing.assert_allclose(hidden_scan, hidden, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(x_scan, x, rtol=1e-5, atol=1e-6)
+  # float32 through a scanned and an unrolled stack: one element in 3,072 differed by 1.04e-6
+  # (values of order 1) with jax 0.10.2 on CPU, so the absolute tolerance is 2e-6.
+  np.testing.assert_allclose(hidden_scan, hidden, rtol=1e-5, atol=2e-6)
+  np.testing.assert_allclose(x_scan, x, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])

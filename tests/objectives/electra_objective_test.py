@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from bertfam_jax import config_lib as cl
-from bertfam_jax.finetune import classify
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.objectives import electra
 from bertfam_jax.train import sharding, step as step_lib, train
 from run_records import copy_until, train_records
@@ -352,7 +352,7 @@ def test_resume_restores_generator_discriminator_and_optimizer_exactly(tmp_path)
   assert sorted(got) == list(range(1, 7))
   assert [got[s] for s in range(4, 7)] == [expected[s] for s in range(4, 7)]
   # Fine-tuning reads the discriminator: the checkpoint's `encoder`, a BERT encoder's layout.
-  config, _, encoder_params = classify.load_pretrained_encoder(resumed)
+  config, _, encoder_params = workdir_lib.load_encoder(resumed)
   assert config.model.hidden == 32 and "word_embeddings" in encoder_params
   state = checkpoint_params(resumed)
   jax.tree.map(np.testing.assert_array_equal, encoder_params, state["encoder"])
@@ -361,4 +361,4 @@ def test_resume_restores_generator_discriminator_and_optimizer_exactly(tmp_path)
 
 def checkpoint_params(workdir):
   """The latest checkpoint's parameters, restored without the train loop."""
-  return classify.restore_params(classify.read_run_config(workdir), workdir)
+  return workdir_lib.restore_params(workdir)

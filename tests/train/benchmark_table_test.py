@@ -24,8 +24,7 @@ def our_parameter_count(config) -> int:
   tx, _ = optimizer_lib.make_optimizer(config)
   mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
-      objective.build_model(config), tx, config, mesh,
-      step_lib.objective_init_inputs(objective, config))
+      objective.build_model(config), tx, mesh, objectives.init_inputs(objective, config))
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
 
 

@@ -8,7 +8,7 @@ from flax import traverse_util
 
 from bertfam_jax import config_lib as cl
 from bertfam_jax.models import t5
-from bertfam_jax.train import flops
+from bertfam_jax import flops
 
 
 @pytest.mark.parametrize("version", ["1.0", "1.1"])

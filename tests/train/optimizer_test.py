@@ -284,7 +284,7 @@ def real_params(config_name, **model_overrides):
   model = mlm.build_model(config)
   rng = jax.random.key(0)
   return jax.eval_shape(lambda: nn.meta.unbox(model.init(
-      {"params": rng, "dropout": rng}, **step_lib.init_batch(config, 1), deterministic=True)))
+      {"params": rng, "dropout": rng}, **mlm.init_inputs(config), deterministic=True)))
 
 
 @pytest.mark.parametrize("config_name, scan_layers, num_decayed", [

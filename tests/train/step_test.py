@@ -95,7 +95,8 @@ def abstract_state(config):
   """The train state's shapes and shardings on config.mesh (8 devices), without allocating."""
   mesh = sharding.make_mesh(config.mesh)
   model, (tx, _) = mlm.build_model(config), optimizer.make_optimizer(config)
-  return step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, config, mesh)[0]
+  return step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
+      model, tx, mesh, mlm.init_inputs(config))[0]
 
 
 def test_parameters_are_sharded_by_logical_rules():

@@ -10,7 +10,7 @@ import pytest
 
 from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.train import checkpoint, train
+from bertfam_jax.train import checkpoint, loop, train
 from run_records import copy_until, train_records
 
 
@@ -76,7 +76,8 @@ def test_checkpoint_restores_onto_a_smaller_mesh(uninterrupted):
     mesh_config = dict(data=-1, fsdp=1, tensor=1) if len(devices) == 8 else config.mesh
     mesh = sharding.make_mesh(mesh_config, devices)
     model, (tx, _) = mlm.build_model(config), optimizer.make_optimizer(config)
-    abstract, _ = step.with_mesh_context(step.abstract_state, mesh)(model, tx, config, mesh)
+    abstract, _ = step.with_mesh_context(step.abstract_state, mesh)(model, tx, mesh,
+                                                                    mlm.init_inputs(config))
     ckpt = checkpoint.Checkpointer(os.path.join(uninterrupted, "checkpoints"), keep=5)
     state, data_state = ckpt.restore(4, abstract)
     ckpt.close()
@@ -118,7 +119,7 @@ def test_non_finite_loss_stops_without_checkpointing_it(tmp_path):
   config.optimizer.peak_lr = float("inf")
   workdir = str(tmp_path / "nan")
   # The first update already uses lr = inf·0 = NaN, so the parameters after step 1 are NaN.
-  with pytest.raises(train.NonFiniteLossError, match="between steps 1 and 1; no checkpoint"):
+  with pytest.raises(loop.NonFiniteLossError, match="between steps 1 and 1; no checkpoint"):
     train.run(config, workdir)
   assert checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), keep=1).latest_step() is None
 
@@ -186,7 +187,8 @@ def test_a_checkpoint_from_before_the_carry_restores(uninterrupted, tmp_path):
   config = tiny_config()
   mesh = sharding.make_mesh(config.mesh)
   model, (tx, _) = mlm.build_model(config), optimizer.make_optimizer(config)
-  abstract, _ = step.with_mesh_context(step.abstract_state, mesh)(model, tx, config, mesh)
+  abstract, _ = step.with_mesh_context(step.abstract_state, mesh)(model, tx, mesh,
+                                                                  mlm.init_inputs(config))
   ckpt = checkpoint.Checkpointer(os.path.join(uninterrupted, "checkpoints"), keep=5)
   state, _ = ckpt.restore(4, abstract)
   ckpt.close()

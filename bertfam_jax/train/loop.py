@@ -1,0 +1,212 @@
+"""The one training loop. Pre-training (`train.run`), fine-tuning of encoders and of T5s
+(`finetune.run`, on the command line and in process for the experiments) all step through
+`train`; what differs between them is what they hand it:
+
+  source      the batches: an iterator of this process's rows of each global batch, with
+              `state() -> {name: int}` (its position after the last batch handed out, saved with
+              every checkpoint) and `restore([state of every process])`. Pre-training's
+              `data.pipeline.Pipeline` and fine-tuning's `EpochSource` are two.
+  train_step  `step(state, batch) -> (state, metrics)`, jitted (`train.step.make_train_step`).
+  evaluators  `Evaluator(every, evaluate)`: `evaluate(step, params) -> {metric: value}` every
+              `every` steps and after the last; the values are logged as eval_<metric>.
+
+Every run gets the same behaviour: the stop at the first non-finite loss (its last checkpoint,
+all finite, kept), progress lines with tokens/s, MFU and ETA, metrics.jsonl and TensorBoard,
+checkpoints holding the data position, preemption (SIGTERM: save and stop at a step every
+process agrees on) and exact resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+
+from bertfam_jax import flops as flops_lib
+from bertfam_jax.data import pipeline as pipeline_lib
+from bertfam_jax.train import metrics as metrics_lib
+from bertfam_jax.train import preemption
+from bertfam_jax.train import sharding as sharding_lib
+from bertfam_jax.train import step as step_lib
+
+
+class NonFiniteLossError(RuntimeError):
+  """Raised when the loss becomes NaN/inf; the last checkpoint (all finite) is kept."""
+
+
+class BatchSource(Protocol):
+  """What `train` draws batches from (module docstring)."""
+
+  def __next__(self) -> dict[str, np.ndarray]: ...
+
+  def state(self) -> dict[str, int]: ...
+
+  def restore(self, process_states: Sequence[Mapping[str, int]]) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+  """`evaluate(step, params) -> {metric: value}` every `every` steps and after the last."""
+  every: int
+  evaluate: Callable[[int, Any], dict[str, float]]
+
+
+class EpochSource:
+  """Batches of in-memory rows, a fresh permutation each epoch: the global batch of step s holds
+  the rows `epoch_order(rows, batch_size, seed, s)`, this process its contiguous share. Its state
+  is the step, so a resumed run sees the batches an uninterrupted one would."""
+
+  def __init__(self, data: dict[str, np.ndarray], batch_size: int, seed: int, step: int = 0):
+    """`data`: {name: [rows, ...]} (every process holds all rows); `batch_size`: global."""
+    self.data, self.batch_size, self.seed, self.step = data, batch_size, seed, step
+    self.num_rows = len(next(iter(data.values())))
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    rows = local_rows(epoch_order(self.num_rows, self.batch_size, self.seed, self.step))
+    self.step += 1
+    return {k: v[rows] for k, v in self.data.items()}
+
+  def state(self) -> dict[str, int]:
+    return {"step": self.step}
+
+  def restore(self, process_states: Sequence[Mapping[str, int]]) -> None:
+    self.step = int(process_states[0]["step"])
+
+
+def epoch_order(num_rows: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+  """The [batch_size] row indices of global step `step` (0-based): epoch e = step // per_epoch
+  is a fresh permutation from (seed, e), its last partial batch dropped (run_classifier.py's
+  shuffle + drop_remainder). A pure function of (seed, step)."""
+  per_epoch = num_rows // batch_size
+  epoch, index = divmod(step, per_epoch)
+  order = np.random.default_rng([seed, epoch]).permutation(num_rows)
+  return order[index * batch_size:(index + 1) * batch_size]
+
+
+def local_rows(global_rows: np.ndarray) -> np.ndarray:
+  """This process's contiguous share of a global batch's rows."""
+  share = len(global_rows) // jax.process_count()
+  return global_rows[jax.process_index() * share:(jax.process_index() + 1) * share]
+
+
+@dataclasses.dataclass
+class Sinks:
+  """Where a run's records go: `writer` (metrics.jsonl + TensorBoard) and `checkpointer`
+  (`train.checkpoint.Checkpointer`), both None for an in-memory run (no workdir)."""
+  writer: metrics_lib.MetricsWriter | None = None
+  checkpointer: Any = None
+
+
+def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource, *, mesh,
+          total_steps: int, log_every: int, checkpoint_every: int, tokens_per_step: int,
+          flops_per_token: float | None = None, evaluators: Sequence[Evaluator] = (),
+          sinks: Sinks = Sinks()) -> tuple[step_lib.TrainState, dict[str, float]]:
+  """Steps `state` from `state.step` to `total_steps` (module docstring).
+
+  Metrics are fetched every `log_every` steps, before every checkpoint and after the last step,
+  not every step, so dispatch runs ahead of the host; a checkpoint is saved every
+  `checkpoint_every` steps, after the last and at a preemption notice, after a check that every
+  step since the previous one was finite. Returns the state and the last logged scalars (train
+  and eval_*); a run whose state is already at `total_steps` runs nothing and returns {}.
+  """
+  step = int(jax.device_get(state.step))
+  if step >= total_steps:
+    metrics_lib.print_progress(f"Already finished at step {step} (train.total_steps="
+                               f"{total_steps}).")
+    return state, {}
+  log = _Logger(sinks, total_steps, tokens_per_step, flops_per_token)
+  window, last = None, {}
+  checkpointer = sinks.checkpointer
+  with preemption.Watch(enabled=checkpointer is not None) as preempted:
+    while step < total_steps:
+      local = next(source)
+      data_state = source.state()
+      batch = pipeline_lib.make_global_batch(local, mesh, sharding_lib.BATCH_SPEC)
+      state, metrics = train_step(state, batch)
+      step += 1
+      window = metrics if window is None else step_lib.accumulate_metrics(window, metrics)
+      log.stepped(metrics)
+      stop = preempted.reached(step)  # the same step on every process
+      save = checkpointer is not None and (
+          step % checkpoint_every == 0 or step == total_steps or stop)
+      if step % log_every == 0 or step == total_steps or save:
+        last = log.train(step, jax.device_get(window))
+        window = None
+      for evaluator in evaluators:
+        if step % evaluator.every == 0 or step == total_steps:
+          last.update(log.evaluation(step, evaluator.evaluate(step, state.params)))
+      if save:
+        checkpointer.save(step, state, data_state)
+      if save or any(step % e.every == 0 for e in evaluators):
+        log.exclude_pause()
+      if stop:
+        logging.warning("Preemption notice (SIGTERM): saved step %d and stopped.", step)
+        break
+  return state, last
+
+
+class _Logger:
+  """Train and eval records: the non-finite check, throughput from the end of the first
+  (compiling) step, MFU, ETA, the progress line and the writer."""
+
+  def __init__(self, sinks: Sinks, total_steps: int, tokens_per_step: int,
+               flops_per_token: float | None):
+    self.sinks, self.total_steps, self.tokens_per_step = sinks, total_steps, tokens_per_step
+    peak = flops_lib.peak_flops_per_device()
+    self.mfu_denominator = (peak * jax.device_count() / flops_per_token
+                            if peak and flops_per_token else None)
+    self.timer, self.timed_steps, self.last_logged = None, 0, None
+
+  def stepped(self, metrics) -> None:
+    if self.timer is None:  # the first step compiles: time throughput from its end
+      jax.block_until_ready(metrics)
+      self.timer = time.perf_counter()
+    else:
+      self.timed_steps += 1
+
+  def exclude_pause(self) -> None:
+    """Restarts the throughput timer after an evaluation or a checkpoint, so that tokens/s and
+    the ETA count training steps only (the steps since the last log are dropped from the
+    window, with their time)."""
+    if self.timer is not None:
+      self.timer, self.timed_steps = time.perf_counter(), 0
+
+  def train(self, step: int, host) -> dict[str, float]:
+    first = step if self.last_logged is None else self.last_logged + 1
+    if not all(math.isfinite(float(s)) for s, _ in host.values()):
+      checkpointer = self.sinks.checkpointer
+      latest = checkpointer.latest_step() if checkpointer is not None else None
+      kept = (f"the last checkpoint (step {latest}) is kept" if latest is not None
+              else "no checkpoint was written")
+      raise NonFiniteLossError(
+          f"Non-finite loss, gradients or parameters between steps {first} and {step}; "
+          f"{kept}. Lower --config.optimizer.peak_lr or check the data.")
+    now = time.perf_counter()
+    seconds_per_step = (now - self.timer) / self.timed_steps if self.timed_steps else math.nan
+    self.timer, self.timed_steps, self.last_logged = now, 0, step
+    scalars = step_lib.finalize_metrics(host)
+    scalars["tokens_per_sec"] = self.tokens_per_step / seconds_per_step
+    if self.mfu_denominator:
+      scalars["mfu"] = scalars["tokens_per_sec"] / self.mfu_denominator
+    if self.sinks.writer is not None:
+      self.sinks.writer.write(step, scalars)
+    metrics_lib.print_progress(metrics_lib.progress_line(
+        step, self.total_steps, scalars, (self.total_steps - step) * seconds_per_step))
+    return scalars
+
+  def evaluation(self, step: int, scalars: dict[str, float]) -> dict[str, float]:
+    if not scalars:
+      return {}
+    if self.sinks.writer is not None:
+      self.sinks.writer.write(step, scalars, prefix="eval_")
+    metrics_lib.print_progress(f"eval @ {step}: " + ", ".join(
+        f"{k} {v:.4f}" for k, v in sorted(scalars.items())))
+    return {f"eval_{k}": v for k, v in scalars.items()}
