@@ -7,15 +7,14 @@ and `validate(config)` checks the invariants that would otherwise fail deep insi
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
+import types
 
 import ml_collections
+from ml_collections import config_dict
 
-
-class ConfigError(ValueError):
-  """A configuration that cannot run; the message names the fix."""
+from bertfam_jax.errors import ConfigError  # noqa: F401  (config_lib.ConfigError, the public name)
 
 
 # Transformer encoder sizes. BERT: Devlin et al. 2019, Table/§3.1 (base L12 H768 A12, large L24 H1024
@@ -47,35 +46,25 @@ ELECTRA_SIZES = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Arg:
-  """Parsed `--config=file.py:ARG` argument, e.g. `size=large,runlocal`."""
-  size: str = "base"
-  runlocal: bool = False
+def parse_arg(arg: str | None, **fields) -> types.SimpleNamespace:
+  """Parses the `key=value,flag` pairs of `--config=file.py:ARG` (e.g. `size=large,runlocal`).
 
-
-def parse_arg(arg: str | None, **defaults) -> Arg:
-  """Parses `key=value,flag` pairs of a config argument into an `Arg`.
-
-  `runlocal` alone means `runlocal=True`; a bare size name (`large`) means `size=large`.
+  `fields` are the keys the config file takes, with their defaults, whose types the values are
+  cast to (`size="base"`, `version="1.0"`, `task=""`, ...); `runlocal` (default False) is always
+  taken. A bare `runlocal` means runlocal=True; any other bare word is the size, for files that
+  take one. An unknown key is a ConfigError naming the known ones; sizes are checked by the
+  model constructors.
   """
-  values = dict(Arg().__dict__)
-  values.update(defaults)
+  values = dict(runlocal=False, **fields)
   for item in filter(None, (arg or "").split(",")):
     key, sep, value = item.partition("=")
-    if not sep:
-      if key in ENCODER_SIZES or key in ALBERT_SIZES or key in ELECTRA_SIZES:
-        key, value = "size", key
-      else:
-        value = "true"
+    if not sep and (key == "runlocal" or "size" in values):
+      key, value = ("runlocal", "true") if key == "runlocal" else ("size", key)
     if key not in values:
       raise ConfigError(f"Unknown config argument {key!r} in {arg!r}; known: {sorted(values)}.")
     field_type = type(values[key])
     values[key] = value.lower() in ("1", "true", "yes") if field_type is bool else field_type(value)
-  if values["size"] not in ENCODER_SIZES and values["size"] not in ALBERT_SIZES:
-    raise ConfigError(f"Unknown size {values['size']!r}; choose one of "
-                      f"{sorted(ENCODER_SIZES.keys() | ALBERT_SIZES.keys())}.")
-  return Arg(**values)
+  return types.SimpleNamespace(**values)
 
 
 def apply_overrides(config: ml_collections.ConfigDict, items) -> None:
@@ -403,13 +392,6 @@ def xlnet_objective(**overrides) -> ml_collections.ConfigDict:
   return o
 
 
-T5_NOISE_MASKS = ("random_spans", "iid", "random_prefix", "bart_infilling")
-T5_ENCODINGS = ("original", "noise_token_to_sentinel", "noise_span_to_sentinel",
-                "nonnoise_span_to_sentinel", "noise_span_to_unique_sentinel",
-                "nonnoise_span_to_unique_sentinel", "drop_noise_tokens", "drop_nonnoise_tokens",
-                "permute_noise_tokens", "noise_token_to_gathered_token",
-                "noise_token_to_random_token", "noise_token_to_random_token_or_sentinel")
-
 
 def t5_objective(**overrides) -> ml_collections.ConfigDict:
   """T5's denoising objective as (noise mask) × (inputs encoding) × (targets encoding), the
@@ -602,7 +584,6 @@ PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segm
             "t5_segments", "xlnet_streams")
 MLM_CHOICES = dict(
     mask_style=("bert", "fairseq", "spanbert"),
-    mask_scheme=("token", "token_with_replacement", "whole_word", "ngram", "span", "units"),
     replace_per=("token", "span"),
     random_tokens=("uniform", "unigram"),
     sentence_task=("", "nsp", "sop", "structbert"),
@@ -610,14 +591,22 @@ MLM_CHOICES = dict(
 )
 
 
+def check_mlm_choices(o: ml_collections.ConfigDict) -> None:
+  """The MLM family's `objective` fields against their choices: MLM_CHOICES, and for
+  `mask_scheme` the selection schemes `objectives/noise.py` defines."""
+  # Imported here: importing objectives/ imports the objectives, which import this module.
+  from bertfam_jax.objectives import noise  # pylint: disable=g-import-not-at-top
+  for key, choices in dict(MLM_CHOICES, mask_scheme=tuple(noise.SELECTORS)).items():
+    if o[key] not in choices:
+      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {choices}.")
+
+
 def _validate_mlm_objective(c: ml_collections.ConfigDict) -> None:
   """The MLM family's choices and their combinations (no-op for other objectives)."""
   o = c.objective
   if o.get("name") not in ("mlm", "electra"):
     return
-  for key, choices in MLM_CHOICES.items():
-    if o[key] not in choices:
-      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {choices}.")
+  check_mlm_choices(o)
   if (min(o.mask_token_prob, o.random_token_prob) < 0
       or o.mask_token_prob + o.random_token_prob > 1.0):
     raise ConfigError(f"objective.mask_token_prob={o.mask_token_prob} and random_token_prob="
@@ -664,11 +653,14 @@ def _validate_t5(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"model.kind='t5' trains with objective.name='t5', not {o.get('name')!r}.")
   if c.data.packing != "t5_segments":
     raise ConfigError("T5 reads token segments: set --config.data.packing=t5_segments.")
-  if o.noise_mask not in T5_NOISE_MASKS:
-    raise ConfigError(f"objective.noise_mask={o.noise_mask!r}; choose one of {T5_NOISE_MASKS}.")
+  # Imported here: importing objectives/ imports the objectives, which import this module.
+  from bertfam_jax.objectives import t5_noise  # pylint: disable=g-import-not-at-top
+  if o.noise_mask not in t5_noise.MASK_CHOICES:
+    raise ConfigError(f"objective.noise_mask={o.noise_mask!r}; choose one of "
+                      f"{t5_noise.MASK_CHOICES}.")
   for key in ("inputs_encoding", "targets_encoding"):
-    if o[key] not in T5_ENCODINGS:
-      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {T5_ENCODINGS}.")
+    if o[key] not in t5_noise.ENCODINGS:
+      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {tuple(t5_noise.ENCODINGS)}.")
   if not 0.0 < o.noise_density <= 1.0 or o.mean_noise_span_length < 1.0:
     raise ConfigError(f"objective.noise_density={o.noise_density} must be in (0, 1] and "
                       f"mean_noise_span_length={o.mean_noise_span_length} >= 1.")
@@ -725,24 +717,35 @@ def effective_mask_rate(c: ml_collections.ConfigDict) -> float:
 
 FINETUNE_METHODS = ("full", "adapters")
 FINETUNE_FEATURES = ("last", "weighted_sum")
+FINETUNE_OPTIMIZERS = ("adamw", "adafactor")
+
+_DEFAULT = config_dict.placeholder  # a typed field left None: resolved when the run starts
 
 
 def finetune_config() -> ml_collections.ConfigDict:
-  """The sections of a fine-tuning run: seed, finetune, train, mesh."""
+  """The sections of a fine-tuning run: seed, finetune, optimizer, train, mesh.
+
+  The model, tokenizer and objective come from `finetune.init` when the run starts, and so does
+  whether it trains an encoder's task head or a T5 text-to-text: the fields left None here take
+  that recipe's defaults then (`resolve_finetune`, the tables `FINETUNE_DEFAULTS` and
+  `FINETUNE_RUNLOCAL`), and any field given a value keeps it. Building the config reads nothing.
+  """
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.finetune = ml_collections.ConfigDict(dict(
       task="wordnet_supersense",
       init="",                 # a workdir of ours (pre-trained or imported) or a transformers dir
+      runlocal=False,          # CPU-sized defaults (FINETUNE_RUNLOCAL) for the :runlocal models
       from_scratch=False,      # keep init's shape and tokenizer, re-initialise every weight
       data_dir="",             # TFDS data_dir for glue/*, super_glue/*, squad/*
       train_split="",          # '' = the task's own (train)
       eval_split="",           # '' = the task's own (validation; mnli: validation_matched)
-      max_train_examples=0,    # 0 = all
-      max_eval_examples=0,
-      max_seq_len=128,
-      doc_stride=128,          # extractive QA windows (run_squad.py)
-      max_query_len=64,
+      max_train_examples=_DEFAULT(int),   # 0 = all
+      max_eval_examples=_DEFAULT(int),    # 0 = all
+      max_seq_len=_DEFAULT(int),          # tokens per row (a T5's inputs)
+      epochs=_DEFAULT(float),             # sets the steps when train.total_steps is 0
+      doc_stride=_DEFAULT(int),           # extractive QA windows (run_squad.py)
+      max_query_len=_DEFAULT(int),
       max_answer_len=30,
       n_best=20,
       null_threshold=0.0,      # SQuAD 2.0: predict no answer when null − best > threshold
@@ -752,20 +755,22 @@ def finetune_config() -> ml_collections.ConfigDict:
       layer_decay=1.0,         # layer-wise lr decay (ELECTRA: 0.8 base, 0.9 large); 1 = off
       freeze_layers=0,         # embeddings + the lowest N layers get no update
       reuse_pooler=True,       # start the head's pooler from the pre-trained NSP pooler if any
-      epochs=3.0,
-      peak_lr=5e-5,
-      warmup_fraction=0.1,
-      weight_decay=0.01,
-      clip_norm=1.0,
       # Text-to-text fine-tuning of a T5 init (finetune/seq2seq.py):
-      steps=0,                 # updates; 0 = from epochs
       targets_length=0,        # decoder length; 0 = the task's max_target_tokens
       beam_size=1,             # 1 = greedy decoding (the paper); > 1 beam search
       alpha=0.6,               # beam search length penalty
   ))
+  c.optimizer = ml_collections.ConfigDict(dict(
+      name=_DEFAULT(str),              # adamw (BERT's AdamWeightDecay) | adafactor (T5's)
+      peak_lr=_DEFAULT(float),
+      warmup_fraction=_DEFAULT(float),  # warmup over this fraction of the steps, then linear decay
+      weight_decay=_DEFAULT(float),
+      clip_norm=_DEFAULT(float),
+  ))
   c.train = ml_collections.ConfigDict(dict(
       batch_size=32,
       eval_batch_size=64,
+      total_steps=0,           # 0 = finetune.epochs passes over the training rows
       grad_accum_steps=1,
       log_every=50,
       keep_checkpoints=1,
@@ -774,20 +779,75 @@ def finetune_config() -> ml_collections.ConfigDict:
   return c
 
 
+# The recipes' defaults. Encoders: run_classifier.py (128 tokens, lr 5e-5, 3 epochs, 10% warmup,
+# AdamW with weight decay 0.01, clip 1.0), run_squad.py (384 tokens, doc_stride 128, queries of
+# <= 64 tokens, lr 3e-5, 2 epochs), BERT's NER setting for token classification. T5 (Raffel et
+# al. §3.1.4; t5x finetune.gin): Adafactor at a constant 0.001, 512 input tokens.
+_ENCODER = dict(optimizer=dict(name="adamw", peak_lr=5e-5, warmup_fraction=0.1, weight_decay=0.01,
+                               clip_norm=1.0),
+                finetune=dict(max_seq_len=128, epochs=3.0, doc_stride=128, max_query_len=64,
+                              max_train_examples=0, max_eval_examples=0))
+FINETUNE_DEFAULTS = {
+    "encoder": _ENCODER,
+    "extractive_qa": dict(optimizer=dict(_ENCODER["optimizer"], peak_lr=3e-5),
+                          finetune=dict(_ENCODER["finetune"], max_seq_len=384, epochs=2.0)),
+    "text_to_text": dict(optimizer=dict(name="adafactor", peak_lr=1e-3, warmup_fraction=0.0,
+                                        weight_decay=0.0, clip_norm=0.0),
+                         finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0)),
+}
+# `runlocal`: a CPU-sized slice for the `:runlocal` pre-trained models (128 positions, 2 layers,
+# 128 wide). lr 5e-4: such an encoder needs more than the papers' base-size rates; the T5s at
+# T5's 0.001 still emit one label after 150 steps of supersense (0% accuracy), at 0.01 they
+# reach 20% (measured on a runlocal T5).
+FINETUNE_RUNLOCAL = {
+    "encoder": dict(optimizer=dict(peak_lr=5e-4),
+                    finetune=dict(max_train_examples=4000, max_eval_examples=1000,
+                                  max_seq_len=128)),
+    "extractive_qa": dict(optimizer=dict(peak_lr=5e-4),
+                          finetune=dict(max_train_examples=4000, max_eval_examples=1000,
+                                        max_seq_len=128, doc_stride=64, max_query_len=32)),
+    "text_to_text": dict(optimizer=dict(peak_lr=1e-2),
+                         finetune=dict(max_train_examples=4000, max_eval_examples=500,
+                                       max_seq_len=128),
+                         train=dict(total_steps=1000)),
+}
+
+
+def finetune_recipe(text_to_text: bool, task_kind: str) -> str:
+  """The key of FINETUNE_DEFAULTS for a T5 (text-to-text) or an encoder's task of `task_kind`."""
+  if text_to_text:
+    return "text_to_text"
+  return "extractive_qa" if task_kind == "extractive_qa" else "encoder"
+
+
+def resolve_finetune(config: ml_collections.ConfigDict, recipe: str) -> ml_collections.ConfigDict:
+  """A copy of the fine-tuning `config` with every field left None set from the `recipe`'s
+  defaults (`finetune_recipe`; FINETUNE_RUNLOCAL's first with finetune.runlocal), then
+  validated. Fields given a value keep it; train.total_steps only takes runlocal's when it is 0."""
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  layers = [FINETUNE_DEFAULTS[recipe]]
+  if config.finetune.runlocal:
+    layers.insert(0, FINETUNE_RUNLOCAL[recipe])
+  for layer in layers:
+    for section, values in layer.items():
+      for key, value in values.items():
+        current = resolved[section][key]
+        if current is None or (section == "train" and current == 0):
+          resolved[section][key] = value
+  validate_finetune(resolved)
+  return resolved
+
+
 def validate_finetune(c: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError naming the fix for a fine-tuning config that cannot run."""
-  f, t = c.finetune, c.train
-  if not f.init:
-    raise ConfigError("finetune.init is empty: pass the pre-trained model, "
-                      "--config=configs/finetune.py:task=NAME,init=PATH (a workdir of ours, one "
-                      "from `python -m bertfam_jax.hf import`, or a transformers checkpoint dir).")
-  if not os.path.isdir(f.init):
-    raise ConfigError(f"finetune.init={f.init!r} is not a directory; pass a pre-training workdir "
-                      f"or a transformers checkpoint directory.")
+  """Raises ConfigError naming the fix for a fine-tuning config that cannot run (after
+  `resolve_finetune`: no field is None)."""
+  f, t, o = c.finetune, c.train, c.optimizer
   if f.method not in FINETUNE_METHODS:
     raise ConfigError(f"finetune.method={f.method!r}; choose one of {FINETUNE_METHODS}.")
   if f.features not in FINETUNE_FEATURES:
     raise ConfigError(f"finetune.features={f.features!r}; choose one of {FINETUNE_FEATURES}.")
+  if o.name not in FINETUNE_OPTIMIZERS:
+    raise ConfigError(f"optimizer.name={o.name!r}; choose one of {FINETUNE_OPTIMIZERS}.")
   if not 0 < f.layer_decay <= 1:
     raise ConfigError(f"finetune.layer_decay={f.layer_decay} must be in (0, 1] (1 = off).")
   if f.freeze_layers < 0 or f.epochs <= 0 or f.max_seq_len < 8 or f.adapter_size < 1:
@@ -796,6 +856,12 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   if f.doc_stride < 1 or f.max_query_len < 1:
     raise ConfigError(f"finetune.doc_stride={f.doc_stride} and max_query_len={f.max_query_len} "
                       f"must be >= 1.")
+  if f.max_train_examples < 0 or f.max_eval_examples < 0 or t.total_steps < 0:
+    raise ConfigError("finetune.max_train_examples, max_eval_examples and train.total_steps must "
+                      "be >= 0 (0: all examples; steps from finetune.epochs).")
+  if o.peak_lr < 0 or o.weight_decay < 0 or o.clip_norm < 0 or not 0 <= o.warmup_fraction < 1:
+    raise ConfigError("optimizer.peak_lr, weight_decay and clip_norm must be >= 0 and "
+                      "warmup_fraction in [0, 1).")
   if t.batch_size < 1 or t.eval_batch_size < 1 or t.batch_size % t.grad_accum_steps:
     raise ConfigError(f"train.batch_size={t.batch_size} must be >= 1 and divisible by "
                       f"train.grad_accum_steps={t.grad_accum_steps}.")

@@ -20,33 +20,12 @@ model needs a download).
   #   --config.objective.noise_mask=iid --config.objective.targets_length=192
 """
 
-import dataclasses
-
 from bertfam_jax import config_lib as cl
 
 
-@dataclasses.dataclass(frozen=True)
-class T5Arg:
-  size: str = "base"
-  version: str = "1.0"
-  runlocal: bool = False
-
-
-def parse_arg(arg):
-  """`size=large,version=1.1,runlocal` (a bare size or `runlocal` alone also work)."""
-  values = dict(T5Arg().__dict__)
-  for item in filter(None, (arg or "").split(",")):
-    key, sep, value = item.partition("=")
-    if not sep:
-      key, value = ("runlocal", "true") if key == "runlocal" else ("size", key)
-    if key not in values:
-      raise cl.ConfigError(f"Unknown config argument {key!r} in {arg!r}; known: {sorted(values)}.")
-    values[key] = value.lower() in ("1", "true", "yes") if key == "runlocal" else value
-  return T5Arg(**values)
-
-
 def get_config(arg=None):
-  arg = parse_arg(arg)
+  """`size=large,version=1.1,runlocal` (a bare size or `runlocal` alone also work)."""
+  arg = cl.parse_arg(arg, size="base", version="1.0")
   config = cl.base_config()
   config.model = cl.t5_model(arg.size, arg.version)
   config.objective = cl.t5_objective()

@@ -69,7 +69,8 @@ def finetune_config(scale: dict, seed: int):
   config.finetune.update(
       task=SUPERSENSE, max_train_examples=scale["finetune_train"] or 0,
       max_eval_examples=scale["finetune_eval"] or 0, max_seq_len=scale["finetune_seq_len"],
-      epochs=float(scale["finetune_epochs"]), peak_lr=scale["finetune_lr"])
+      epochs=float(scale["finetune_epochs"]))
+  config.optimizer.peak_lr = scale["finetune_lr"]
   config.train.update(log_every=10_000)
   return config
 

@@ -215,14 +215,14 @@ def finetune_config(init_config, task: text_tasks.TextTask, scale: dict, seed: i
   (Adafactor at a constant rate, greedy decoding) for `finetune_steps` updates."""
   config = config_lib.finetune_config()
   config.seed = seed
+  config.optimizer.peak_lr = scale["finetune_lr"]
   config.finetune.update(
-      task=task.name, steps=scale["finetune_steps"], peak_lr=scale["finetune_lr"],
-      max_seq_len=scale["finetune_inputs"],
+      task=task.name, max_seq_len=scale["finetune_inputs"],
       targets_length=min(task.max_target_tokens, scale["finetune_targets"]),
       max_train_examples=scale["finetune_train"] or 0,
       max_eval_examples=scale["finetune_eval"] or 0)
   config.train.update(batch_size=scale["finetune_batch"], eval_batch_size=scale["finetune_batch"],
-                      log_every=10_000)
+                      total_steps=scale["finetune_steps"], log_every=10_000)
   return finetune_run.resolved_config(config, init_config)
 
 

@@ -1,10 +1,11 @@
 """The fine-tuning optimizer: BERT's AdamW with layer-wise learning-rate decay, frozen layers and
 adapter-only training.
 
-  tx, schedule = make_finetune_optimizer(config.finetune, config.model, params, total_steps)
+  tx, schedule = make_finetune_optimizer(config, params, total_steps)
 
-`ft` is the `config.finetune` section; the fields read are peak_lr, warmup_fraction,
-weight_decay, clip_norm, layer_decay, freeze_layers and method.
+`config` is a resolved fine-tuning config (`config_lib.resolve_finetune`): `config.optimizer`
+(name, peak_lr, warmup_fraction, weight_decay, clip_norm), `config.finetune` (`ft` below:
+layer_decay, freeze_layers, method) and the encoder's `config.model`.
 
 - Update (bert run_classifier.py → optimization.py create_optimizer, via train/optimizer.py
   make_optimizer): clip the global gradient norm at `clip_norm`, Adam without bias correction,
@@ -171,17 +172,32 @@ def _scale_by(factors) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update_fn)
 
 
-def make_finetune_optimizer(ft, config_model, params, total_steps: int
+def base_optimizer(o, total_steps: int) -> ml_collections.ConfigDict:
+  """The {optimizer, train} sections `train.optimizer.make_optimizer` reads for fine-tuning's
+  `config.optimizer` `o` over `total_steps` updates: 'adamw', BERT's AdamWeightDecay
+  (`config_lib.bert_adamw`) with warmup over int(total_steps · warmup_fraction) steps, then
+  linear decay to 0; 'adafactor', T5's (`config_lib.t5_adafactor`) at a constant rate."""
+  if o.name == "adafactor":
+    if o.warmup_fraction:
+      raise ConfigError(f"optimizer.warmup_fraction={o.warmup_fraction}: Adafactor fine-tunes at "
+                        f"a constant rate (T5); set --config.optimizer.warmup_fraction=0.")
+    section = config_lib.t5_adafactor(peak_lr=o.peak_lr, schedule="constant", warmup_steps=0,
+                                      weight_decay=o.weight_decay, clip_norm=o.clip_norm)
+  else:
+    section = config_lib.bert_adamw(peak_lr=o.peak_lr, weight_decay=o.weight_decay,
+                                    clip_norm=o.clip_norm,
+                                    warmup_steps=int(total_steps * o.warmup_fraction))
+  return ml_collections.ConfigDict(dict(optimizer=section, train=dict(total_steps=total_steps)))
+
+
+def make_finetune_optimizer(config, params, total_steps: int
                             ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """(transformation, schedule) for fine-tuning `params` (concrete or abstract, with or without
-  the outer {'params': ...}) of a models/finetune.py FineTuneModel over `total_steps` updates."""
+  the outer {'params': ...}) of a models/finetune.py FineTuneModel over `total_steps` updates:
+  `base_optimizer` on the trainable entries, layer-wise decay on top."""
+  ft, config_model = config.finetune, config.model
   mask = trainable_mask(ft, config_model, params)
-  bert = ml_collections.ConfigDict(dict(
-      optimizer=config_lib.bert_adamw(
-          peak_lr=ft.peak_lr, weight_decay=ft.weight_decay, clip_norm=ft.clip_norm,
-          warmup_steps=int(total_steps * ft.warmup_fraction)),
-      train=dict(total_steps=total_steps)))
-  adamw, schedule = optimizer.make_optimizer(bert)
+  adamw, schedule = optimizer.make_optimizer(base_optimizer(config.optimizer, total_steps))
   labels = jax.tree.map(lambda m: "trainable" if m.any() else "frozen", mask)
   as_float = lambda m: m.astype(np.float32)  # noqa: E731
   multipliers = jax.tree.map(lambda m, k: as_float(m) * k, mask,

@@ -44,6 +44,7 @@ from bertfam_jax import config_lib
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import features, optim, recipe as recipe_lib, seq2seq, tasks
+from bertfam_jax.finetune import text_tasks
 from bertfam_jax.finetune import losses as finetune_losses
 from bertfam_jax.models import finetune as finetune_models
 from bertfam_jax.train import checkpoint as checkpoint_lib
@@ -136,11 +137,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes and evaluates `config.finetune` in `workdir` (the module docstring); returns the
   last eval_results. Nothing in `workdir` is touched before the config is known to run."""
   ft = config.finetune
-  config_lib.validate_finetune(config)
-  prepare_workdir(workdir, ft.task)
+  if ft.task not in tasks.TASKS and ft.task not in text_tasks.TASKS:
+    raise ConfigError(f"Unknown task {ft.task!r} (finetune.task); choose one of "
+                      f"{sorted(tasks.TASKS)} (encoders) or {sorted(text_tasks.TASKS)} (T5s).")
+  if not ft.init:
+    raise ConfigError("finetune.init is empty: pass the pre-trained model, "
+                      "--config=configs/finetune.py:task=NAME,init=PATH (a workdir of ours, one "
+                      "from `python -m bertfam_jax.hf import`, or a transformers checkpoint dir).")
+  if not os.path.isdir(ft.init):
+    raise ConfigError(f"finetune.init={ft.init!r} is not a directory; pass a pre-training workdir "
+                      f"or a transformers checkpoint directory.")
   init_config, tokenizer, pretrained = workdir_lib.load(ft.init)
   resolved = resolved_config(config, init_config,
                              tokenizer_path=workdir_lib.tokenizer_location(init_config, ft.init))
+  prepare_workdir(workdir, ft.task)
   mesh = sharding_lib.make_mesh(config.mesh)
   check_batches(resolved, mesh)
   recipe = make_recipe(resolved, tokenizer, None if ft.from_scratch else pretrained, mesh)
@@ -199,7 +209,7 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   if num_train < batch_size:
     raise ConfigError(f"{ft.task} has {num_train} training rows, fewer than train.batch_size="
                       f"{batch_size}; lower the batch size or raise finetune.max_train_examples.")
-  total_steps = ft.steps or max(1, int(num_train / batch_size * ft.epochs))
+  total_steps = config.train.total_steps or max(1, int(num_train / batch_size * ft.epochs))
   train_metrics.print_progress(
       f"{ft.task} ({task.kind}): {len(train_examples)} train examples → {num_train} rows, "
       f"{len(eval_examples)} {ft.eval_split or task.eval_split} examples; {total_steps} steps of "
@@ -207,7 +217,7 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
 
   model, example = build_model(config)
   shapes = _abstract_params(model, example)
-  tx, schedule = optim.make_finetune_optimizer(ft, config.model, shapes, total_steps)
+  tx, schedule = optim.make_finetune_optimizer(config, shapes, total_steps)
   fraction = optim.trainable_fraction(ft, config.model, shapes)
   train_metrics.print_progress(f"method {ft.method}: {100 * fraction:.2f}% of the parameters "
                                f"are trained.")
@@ -256,10 +266,14 @@ def _keep_hf_source(init: str, init_config, workdir: str) -> None:
 
 def resolved_config(config, init_config, *, tokenizer_path: str = ""
                     ) -> ml_collections.ConfigDict:
-  """The fine-tuning config plus the pre-trained run's model, tokenizer and objective sections,
-  as written to config.json; `tokenizer_path`: where the tokenizer is (absolute), recorded as
-  tokenizer.model_path."""
-  resolved = ml_collections.ConfigDict(config.to_dict())
+  """The fine-tuning config with the defaults of its recipe filled in (an encoder's task head or
+  a T5's text-to-text, as `init_config` says; `config_lib.resolve_finetune`) and the pre-trained
+  run's model, tokenizer and objective sections, as written to config.json; `tokenizer_path`:
+  where the tokenizer is (absolute), recorded as tokenizer.model_path."""
+  text_to_text = init_config.model.get("kind") == "t5"
+  task_kind = "" if text_to_text else tasks.get(config.finetune.task).kind
+  resolved = config_lib.resolve_finetune(config,
+                                         config_lib.finetune_recipe(text_to_text, task_kind))
   resolved.model = model_config(init_config.model, config.finetune)
   resolved.tokenizer = ml_collections.ConfigDict(init_config.tokenizer.to_dict())
   if tokenizer_path:

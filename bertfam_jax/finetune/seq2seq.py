@@ -36,9 +36,9 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import decoding
+from bertfam_jax.finetune import optim
 from bertfam_jax.finetune import recipe as recipe_lib
 from bertfam_jax.finetune import text_tasks
 from bertfam_jax.models import t5 as t5_lib
@@ -122,13 +122,6 @@ def fit_pretrained(fresh, pretrained):
       {k: jnp.asarray(flat_given[k], v.dtype) for k, v in flat_fresh.items()}, sep="/")
 
 
-def optimizer_config(total_steps: int, peak_lr: float) -> ml_collections.FrozenConfigDict:
-  """T5's fine-tuning optimizer: Adafactor at a constant `peak_lr` (`config_lib.t5_adafactor`)."""
-  return ml_collections.FrozenConfigDict(dict(
-      optimizer=config_lib.t5_adafactor(peak_lr=peak_lr, schedule="constant", warmup_steps=0),
-      train=dict(total_steps=total_steps)))
-
-
 def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   """What trains (`recipe.Recipe`) for the resolved config of a T5 `init`: the task's examples
   (module docstring), the T5 of `config.model` (its dropout applies), T5's fine-tuning Adafactor,
@@ -136,9 +129,9 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   tree, or None: from scratch), and decoding as the score.
 
   Reads finetune.{task, data_dir, max_train_examples, max_eval_examples, max_seq_len (the inputs
-  length), peak_lr, epochs, steps (0 = from epochs), targets_length (0 = the task's
-  max_target_tokens), beam_size, alpha} and train.{batch_size, eval_batch_size (decoding
-  batches)}."""
+  length), epochs, targets_length (0 = the task's max_target_tokens), beam_size, alpha},
+  optimizer (T5's: adafactor at a constant peak_lr) and train.{batch_size, eval_batch_size
+  (decoding batches), total_steps (0 = from epochs)}."""
   ft = config.finetune
   task = text_tasks.get(ft.task)
   start = time.time()
@@ -149,13 +142,13 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
       batch_size=batch_size, max_train_examples=ft.max_train_examples or None,
       max_eval_examples=ft.max_eval_examples or None, data_dir=ft.data_dir or None)
   num_train = len(train_data["input_ids"])
-  total_steps = ft.steps or max(1, int(num_train / batch_size * ft.epochs))
+  total_steps = config.train.total_steps or max(1, int(num_train / batch_size * ft.epochs))
   train_metrics.print_progress(
       f"{ft.task} (text-to-text): {num_train} train / {len(eval_examples)} {task.eval_split} "
       f"examples; {total_steps} steps of {batch_size}; mesh {dict(mesh.shape)}; data ready in "
       f"{time.time() - start:.1f} s.")
   model = build_model(config.model)
-  tx, schedule = optimizer_lib.make_optimizer(optimizer_config(total_steps, ft.peak_lr))
+  tx, schedule = optimizer_lib.make_optimizer(optim.base_optimizer(config.optimizer, total_steps))
   ids = np.zeros((1, 8), np.int32)   # parameter shapes depend on neither length
   return recipe_lib.Recipe(
       model=model, example=dict(input_ids=ids, decoder_input_ids=ids), tx=tx, schedule=schedule,

@@ -22,6 +22,7 @@ from typing import Any
 
 import flax.linen as nn
 
+from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import encoder, heads, xlnet
 
@@ -46,7 +47,6 @@ def backbone_for(config_model) -> str:
   """The BACKBONES key of a pre-trained `model` section."""
   return "xlnet" if config_model.get("kind") == "xlnet" else "encoder"
 
-FEATURES = ("last", "weighted_sum")
 
 # kind → (head module name, head(config_model, width, name), output width fixed by the kind or
 # None when `num_outputs` sets it). Every head maps [rows, length, hidden] → [rows, ...].
@@ -99,8 +99,9 @@ class FineTuneModel(nn.Module):
     """input_ids / input_mask / segment_ids: [batch, length] int ([batch, choices, length] for
     multiple_choice, whose choices are folded into the batch)."""
     width = output_width(self.kind, self.num_outputs)
-    if self.features not in FEATURES:
-      raise ConfigError(f"features={self.features!r}; choose one of {FEATURES}.")
+    if self.features not in config_lib.FINETUNE_FEATURES:
+      raise ConfigError(f"features={self.features!r}; choose one of "
+                        f"{config_lib.FINETUNE_FEATURES}.")
     if self.backbone not in BACKBONES:
       raise ConfigError(f"backbone={self.backbone!r}; choose one of {sorted(BACKBONES)}.")
     batch_shape = input_ids.shape[:-1]

@@ -94,9 +94,7 @@ def _scheme_params(o) -> dict:
 def make_features(config, tokenizer):
   """Returns the host-side noising `fn(examples, rng) -> batch` (see objectives/__init__.py)."""
   o = config.objective
-  for key, choices in config_lib.MLM_CHOICES.items():
-    if o[key] not in choices:
-      raise ValueError(f"objective.{key}={o[key]!r}; choose one of {choices}.")
+  config_lib.check_mlm_choices(o)
   unit_source = spans.make_span_source(o.span_source, tokenizer) if o.span_source else None
   return functools.partial(
       mlm_features, config=o, vocab_size=config.model.vocab_size,

@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from bertfam_jax import config_lib
+from bertfam_jax.errors import ConfigError
 
 # fairseq truncates the Poisson span-length distribution at the first k whose pmf is below this.
 POISSON_PMF_CUTOFF = 1e-7
@@ -184,7 +184,7 @@ def random_spans_noise_mask(lengths: np.ndarray, max_len: int, rng: np.random.Ge
   too_many = num_spans > num_nonnoise
   if too_many.any():
     i = int(np.argmax(too_many))
-    raise config_lib.ConfigError(
+    raise ConfigError(
         f"random_spans_noise_mask: a row of {lengths[i]} tokens at noise_density={noise_density} "
         f"has {num_spans[i]} noise spans but only {num_nonnoise[i]} non-noise tokens to separate "
         "them; lower noise_density (<= 0.5) or raise mean_noise_span_length.")
@@ -230,7 +230,7 @@ def random_prefix_noise_mask(lengths: np.ndarray, max_len: int, rng: np.random.G
     [n, max_len] bool, True on the prefix.
   """
   if noise_density > 0.5:
-    raise config_lib.ConfigError(
+    raise ConfigError(
         f"random_prefix_noise_mask: noise_density={noise_density}; the prefix LM mask needs "
         "noise_density <= 0.5 (0.5 in T5's prefix_lm).")
   lengths = np.asarray(lengths, np.int64)
@@ -241,12 +241,15 @@ def random_prefix_noise_mask(lengths: np.ndarray, max_len: int, rng: np.random.G
   return np.arange(max_len)[None, :] < num_inputs[:, None]
 
 
-# Keys: the reference function names without "_noise_mask" (config_lib.T5_NOISE_MASKS).
+# Keys: the reference function names without "_noise_mask".
 NOISE_MASKS = {
     "random_spans": random_spans_noise_mask,
     "iid": iid_noise_mask,
     "random_prefix": random_prefix_noise_mask,
 }
+# objective.noise_mask's choices: these masks, and BART's text infilling (Poisson spans, each
+# replaced by one mask; objectives/t5.py).
+MASK_CHOICES = (*NOISE_MASKS, "bart_infilling")
 
 
 # ---------------------------------------------------------------------------------------------

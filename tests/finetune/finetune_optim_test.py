@@ -24,10 +24,17 @@ IDS = np.ones((1, 8), np.int32)
 
 
 def ft(**overrides):
-  """config.finetune's optimizer fields; a large rate and decay so that any update shows."""
+  """config.finetune's and config.optimizer's fields; a large rate and decay so that any update
+  shows."""
   return ml_collections.ConfigDict(dict(dict(
       peak_lr=0.1, warmup_fraction=0.25, weight_decay=0.1, clip_norm=1.0, layer_decay=1.0,
       freeze_layers=0, method="full"), **overrides))
+
+
+def run_config(settings, model):
+  """A resolved fine-tuning config of `settings` (`ft`) and the encoder's `model` section."""
+  return ml_collections.ConfigDict(dict(finetune=settings, model=model,
+                                        optimizer=dict(settings, name="adamw")))
 
 
 def tiny_config(**overrides):
@@ -77,7 +84,7 @@ def test_full_training_is_berts_adamw():
   config = tiny_config()
   shapes = abstract_params(config)
   params, grads = random_like(shapes, 0), gradients(shapes)
-  tx, schedule = optim.make_finetune_optimizer(ft(), config, shapes, TOTAL)
+  tx, schedule = optim.make_finetune_optimizer(run_config(ft(), config), shapes, TOTAL)
   reference = ml_collections.ConfigDict(dict(
       optimizer=config_lib.bert_adamw(peak_lr=0.1, weight_decay=0.1, clip_norm=1.0,
                                       warmup_steps=2),
@@ -98,7 +105,7 @@ def test_frozen_layers_never_move_and_hold_no_state(scan):
   shapes = abstract_params(config)
   params, grads = random_like(shapes, 0), gradients(shapes)
   settings = ft(freeze_layers=1)
-  tx, _ = optim.make_finetune_optimizer(settings, config, shapes, TOTAL)
+  tx, _ = optim.make_finetune_optimizer(run_config(settings, config), shapes, TOTAL)
   history, state = trajectory(tx, params, grads)
   before, after = flat(params), flat(history[-1])
   for name, value in after.items():
@@ -124,7 +131,8 @@ def test_adapter_training_moves_only_adapters_layernorms_and_head():
   config = tiny_config(adapter_size=4)
   shapes = abstract_params(config, "weighted_sum")
   params, grads = random_like(shapes, 0), gradients(shapes)
-  tx, _ = optim.make_finetune_optimizer(ft(method="adapters"), config, shapes, TOTAL)
+  tx, _ = optim.make_finetune_optimizer(run_config(ft(method="adapters"), config), shapes,
+                                        TOTAL)
   history, _ = trajectory(tx, params, grads)
   before, after = flat(params), flat(history[-1])
   moved = {name for name in after if np.any(after[name] != before[name])}
@@ -182,10 +190,10 @@ def test_layer_decay_follows_electra(scan):
                                  err_msg=name)
   # The updates are the undecayed ones times the multipliers.
   params, grads = random_like(shapes, 0), gradients(shapes)[:1]
-  decayed, _ = trajectory(optim.make_finetune_optimizer(ft(layer_decay=0.8), config, shapes,
-                                                        TOTAL)[0], params, grads)
-  plain, _ = trajectory(optim.make_finetune_optimizer(ft(), config, shapes, TOTAL)[0], params,
-                        grads)
+  decayed, _ = trajectory(optim.make_finetune_optimizer(run_config(ft(layer_decay=0.8), config),
+                                                        shapes, TOTAL)[0], params, grads)
+  plain, _ = trajectory(optim.make_finetune_optimizer(run_config(ft(), config), shapes,
+                                                      TOTAL)[0], params, grads)
   p0, d, u = flat(params), flat(decayed[0]), flat(plain[0])
   for name, m in multipliers.items():
     np.testing.assert_allclose(d[name] - p0[name], m * (u[name] - p0[name]), rtol=1e-4,
@@ -205,4 +213,4 @@ def test_settings_that_cannot_apply_are_refused():
   for bad, match in [(dict(freeze_layers=3), "freeze_layers"), (dict(method="lora"), "method"),
                      (dict(layer_decay=0.0), "layer_decay")]:
     with pytest.raises(ConfigError, match=match):
-      optim.make_finetune_optimizer(ft(**bad), config, abstract_params(config), TOTAL)
+      optim.make_finetune_optimizer(run_config(ft(**bad), config), abstract_params(config), TOTAL)

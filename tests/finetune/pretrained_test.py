@@ -141,9 +141,9 @@ def marker_task(examples_per_split=(256, 64)):
 def finetune_config(init_config, seed: int, **finetune):
   config = cl.finetune_config()
   config.seed = seed
-  config.finetune.update(task="marker", max_seq_len=16, steps=60, peak_lr=2e-3,
-                         **finetune)
-  config.train.update(batch_size=16, eval_batch_size=16, log_every=20)
+  config.finetune.update(task="marker", max_seq_len=16, **finetune)
+  config.optimizer.peak_lr = 2e-3
+  config.train.update(batch_size=16, eval_batch_size=16, total_steps=60, log_every=20)
   config.mesh.update(data=1)
   return finetune_run.resolved_config(config, init_config)
 

@@ -20,7 +20,7 @@ from bertfam_jax.finetune import run as run_lib
 from bertfam_jax.finetune import seq2seq
 from bertfam_jax.finetune import text_tasks
 from bertfam_jax.train import sharding
-from run_records import copy_until, metric_records, train_records
+from helpers.run_records import copy_until, metric_records, train_records
 from seq2seq_test import (COPY_SPLITS, COPY_TASK, _fresh_params, _model_config, _with,
                           copy_tokenizer, init_config as make_init_config)
 
@@ -28,8 +28,8 @@ F32_TOL = dict(rtol=2e-5, atol=2e-6)
 # 4 steps of 16 of the copy task's first 32 examples: an epoch is 2 steps, so evaluations and
 # checkpoints follow steps 2 and 4; beam search over the first 4 validation examples. A small
 # learning rate keeps the decoded outputs of `t5_init`'s weights varied.
-RUN = dict(max_train_examples=32, max_eval_examples=4, steps=4, max_seq_len=10,
-           targets_length=6, peak_lr=1e-4, beam_size=2)
+RUN = dict(max_train_examples=32, max_eval_examples=4, max_seq_len=10, targets_length=6,
+           beam_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,9 @@ def t5_init(tokenizer, tmp_path_factory):
 def run_config(init, task="copy"):
   config = config_lib.finetune_config()
   config.finetune.update(task=task, init=init, **RUN)
-  config.train.update(batch_size=16, eval_batch_size=4, log_every=1, keep_checkpoints=2)
+  config.optimizer.peak_lr = 1e-4
+  config.train.update(batch_size=16, eval_batch_size=4, total_steps=4, log_every=1,
+                      keep_checkpoints=2)
   config.mesh.update(data=2, fsdp=2, tensor=2)
   return config
 

@@ -16,7 +16,7 @@ from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.finetune import seq2seq
 from bertfam_jax.finetune import text_tasks
 from bertfam_jax.train import sharding
-from run_records import train_records
+from helpers.run_records import train_records
 
 WORDS = ("apple", "river", "stone", "cloud", "green", "seven", "table", "music", "north", "light",
          "paper", "horse")
@@ -121,9 +121,9 @@ def copy_config(model_config, **finetune):
   """A resolved fine-tuning config of the copy task: 400 steps of 32, Adafactor at 0.01 (after
   300 steps one of the 12 validation copies still swaps two words)."""
   config = config_lib.finetune_config()
-  config.finetune.update(dict(task="copy", steps=400, peak_lr=1e-2, max_seq_len=10,
-                              targets_length=8), **finetune)
-  config.train.update(batch_size=32, eval_batch_size=12, log_every=100)
+  config.finetune.update(dict(task="copy", max_seq_len=10, targets_length=8), **finetune)
+  config.optimizer.peak_lr = 1e-2
+  config.train.update(batch_size=32, eval_batch_size=12, total_steps=400, log_every=100)
   config.mesh.update(data=1)
   return finetune_run.resolved_config(config, init_config(model_config))
 

@@ -3,7 +3,6 @@ exports as its task class and imports back as the run's FineTuneModel; what no H
 holds is refused before anything is written; a run finds the HF checkpoint it descends from
 through its init."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -28,11 +27,7 @@ from bertfam_jax.objectives import mlm
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import step as step_lib
 
-_spec = importlib.util.spec_from_file_location(
-    "hf_finetune_export_finetuned", pathlib.Path(__file__).with_name("hf_finetuned.py"))
-_finetuned = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_finetuned)
-fine_tuned_config = _finetuned.fine_tuned_config
+from helpers.hf_finetuned import fine_tuned_config  # noqa: E402
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 SEQ = 32

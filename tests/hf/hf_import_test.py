@@ -3,9 +3,7 @@ downloads): from_pretrained gives HF's logits and last hidden states with paddin
 our save_pretrained loads back into transformers with the same logits, and a checkpoint survives
 import_to_workdir → export_workdir → transformers. Skipped without torch and transformers."""
 
-import importlib.util
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -17,11 +15,8 @@ from bertfam_jax.hf import io as hf_io
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-_spec = importlib.util.spec_from_file_location(
-    "hf_import_reference", pathlib.Path(__file__).with_name("hf_reference.py"))
-_reference = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_reference)
-randomised = _reference.randomised  # N(0, 0.2²) on every HF parameter, tied weights kept tied
+# N(0, 0.2²) on every HF parameter, tied weights kept tied (needs torch: after the importorskip)
+from helpers.hf_reference import randomised  # noqa: E402
 
 BATCH, LENGTH, VOCAB = 2, 16, 101
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

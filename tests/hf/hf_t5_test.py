@@ -10,7 +10,6 @@ import importlib.util
 import io
 import json
 import os
-import pathlib
 
 import flax.linen as nn
 import jax
@@ -29,7 +28,7 @@ from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.hf import families
 from bertfam_jax.hf import tokenizer as tokenizer_lib
 
-import our_runs
+from helpers import our_runs
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch and transformers "
@@ -108,10 +107,7 @@ def saved_t5(version, directory, seed=0):
   d_model)) saved in `directory`; returns it."""
   import torch  # noqa: PLC0415
   import transformers  # noqa: PLC0415
-  spec = importlib.util.spec_from_file_location(
-      "hf_t5_reference", pathlib.Path(__file__).with_name("hf_reference.py"))
-  reference = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(reference)  # N(0, 0.2²) on every parameter, tied weights kept tied
+  from helpers import hf_reference as reference  # noqa: PLC0415  (needs torch)
   config = transformers.T5Config(**SMALL, feed_forward_proj="relu" if version == "1.0" else
                                  "gated-gelu", tie_word_embeddings=version == "1.0",
                                  attn_implementation="eager")

@@ -7,7 +7,6 @@ parameters; HF task checkpoints import as our FineTuneModel with HF's outputs an
 heads HF computes differently are refused, or left out on request. Skipped without torch and
 transformers."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -27,19 +26,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-def _load(name):
-  """A helper module of this folder, loaded by path under a name of its own."""
-  spec = importlib.util.spec_from_file_location(f"hf_task_heads_{name}",
-                                                pathlib.Path(__file__).with_name(f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-randomised = _load("hf_reference").randomised  # N(0, 0.2²) on every HF parameter
-_finetuned = _load("hf_finetuned")
-fine_tuned_config, fine_tuned_workdir = _finetuned.fine_tuned_config, _finetuned.fine_tuned_workdir
-LENGTH, VOCAB, TASKS = _finetuned.LENGTH, _finetuned.VOCAB, _finetuned.TASKS
+from helpers.hf_finetuned import (LENGTH, TASKS, VOCAB,  # noqa: E402
+                                  fine_tuned_config, fine_tuned_workdir)
+from helpers.hf_reference import randomised  # noqa: E402  N(0, 0.2²) on every HF parameter
 BATCH, CHOICES = 2, 3
 TOL = dict(rtol=0, atol=1e-4)
 PREFIX = dict(bert="Bert", roberta="Roberta", albert="Albert", electra="Electra")

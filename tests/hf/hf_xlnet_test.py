@@ -9,7 +9,6 @@ without torch."""
 import importlib.util
 import io
 import json
-import pathlib
 
 import jax
 import numpy as np
@@ -21,7 +20,7 @@ from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import sources
 from bertfam_jax.hf import families
 
-import our_runs
+from helpers import our_runs
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch and transformers "
@@ -73,10 +72,7 @@ def assert_same_logits(ours, reference):
 
 def saved_xlnet(directory, seed=0, **overrides):
   import transformers  # noqa: PLC0415
-  spec = importlib.util.spec_from_file_location(
-      "hf_xlnet_reference", pathlib.Path(__file__).with_name("hf_reference.py"))
-  reference = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(reference)  # N(0, 0.2²) on every parameter, tied weights kept tied
+  from helpers import hf_reference as reference  # noqa: PLC0415  (needs torch)
   config = transformers.XLNetConfig(**{**SMALL, **overrides})
   model, _ = reference.randomised(transformers.XLNetLMHeadModel(config), seed)
   model.save_pretrained(directory)

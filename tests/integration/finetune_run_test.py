@@ -40,8 +40,9 @@ def pretrained(tmp_path_factory):
 
 def finetune_config(task, init, **overrides):
   c = cl.load_config(os.path.join(_REPO, "configs", "finetune.py"), f"task={task},init={init}")
-  c.finetune.update(max_train_examples=160, max_eval_examples=48, epochs=2.0, peak_lr=1e-3,
-                    max_seq_len=SEQ, doc_stride=16, max_query_len=16)
+  c.finetune.update(max_train_examples=160, max_eval_examples=48, epochs=2.0, max_seq_len=SEQ,
+                    doc_stride=16, max_query_len=16)
+  c.optimizer.peak_lr = 1e-3
   c.train.update(batch_size=16, eval_batch_size=16, log_every=5)
   for key, value in overrides.items():
     section, field = key.split("__")
@@ -138,7 +139,8 @@ def test_a_non_finite_loss_stops_fine_tuning_and_keeps_the_last_good_checkpoint(
   workdir = str(tmp_path / "poisoned")
   finetune_run.run(config, workdir)
   results = read_json(os.path.join(workdir, "eval_results.json"))
-  config.finetune.update(epochs=2.0, peak_lr=1e38)
+  config.finetune.epochs = 2.0
+  config.optimizer.peak_lr = 1e38
   with pytest.raises(loop.NonFiniteLossError, match=r"between steps 4 and 4; the last "
                                                      r"checkpoint \(step 3\) is kept"):
     finetune_run.run(config, workdir)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from run_records import metric_records
+from helpers.run_records import metric_records
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -21,7 +21,7 @@ from bertfam_jax import config_lib
 from bertfam_jax.data import pipeline
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.train import train
-from run_records import metric_records, train_records
+from helpers.run_records import metric_records, train_records
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TINY = {"model.hidden": 32, "model.layers": 2, "model.heads": 2, "model.mlp": 64,

@@ -11,7 +11,7 @@ from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import train
-from run_records import copy_until, metric_records, train_records
+from helpers.run_records import copy_until, metric_records, train_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

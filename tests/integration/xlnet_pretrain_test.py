@@ -14,7 +14,7 @@ from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import xlnet
 from bertfam_jax.train import sharding, step as step_lib, train
-from run_records import copy_until, metric_records, train_records
+from helpers.run_records import copy_until, metric_records, train_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH, REUSE = 8, 16

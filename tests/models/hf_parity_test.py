@@ -39,7 +39,7 @@ def _load(path):
 
 # The exact HF counts and the released configs, from the torch-free ELECTRA tests.
 electra_test = _load(pathlib.Path(__file__).with_name("electra_test.py"))
-randomised = _load(pathlib.Path(__file__).parents[1] / "hf" / "hf_reference.py").randomised
+from helpers.hf_reference import randomised  # noqa: E402  (needs torch: after the importorskip)
 
 BATCH, LENGTH, VOCAB, HIDDEN, LAYERS, HEADS, MLP = 2, 16, 101, 32, 2, 4, 64
 REAL_TOKENS = (LENGTH, 11)  # the second row ends in 5 padding positions

@@ -15,7 +15,7 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.objectives import electra
 from bertfam_jax.train import sharding, step as step_lib, train
-from run_records import copy_until, train_records
+from helpers.run_records import copy_until, train_records
 
 # The project tokenizer layout: <pad> 0, <unk> 1, [CLS] 2, [SEP] 3, [MASK] 4.
 VOCAB, LENGTH, BATCH = 61, 32, 8

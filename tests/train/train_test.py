@@ -11,7 +11,7 @@ import pytest
 from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import checkpoint, loop, train
-from run_records import copy_until, train_records
+from helpers.run_records import copy_until, train_records
 
 
 def tiny_config(**train_overrides):

@@ -29,6 +29,7 @@ def fine_tuned_config(family, kind, init="", **model_overrides):
   unstacks them); ALBERT and ELECTRA have factorised embeddings."""
   config = config_lib.finetune_config()
   config.finetune.update(task=TASKS[kind], init=init)
+  config = config_lib.resolve_finetune(config, config_lib.finetune_recipe(False, kind))
   model = dict(hidden=32, layers=2, heads=4, mlp=64, vocab_size=VOCAB, max_positions=LENGTH)
   config.objective = config_lib.mlm_objective(sentence_task="nsp")
   config.tokenizer = config_lib.base_config().tokenizer
@@ -60,7 +61,7 @@ def fine_tuned_workdir(config, workdir, seed=0):
   shapes = jax.eval_shape(lambda: nn.meta.unbox(model.init(
       {"params": jax.random.key(0)}, *(example[k] for k in finetune_run.INPUT_KEYS),
       deterministic=True)))
-  tx, _ = optim.make_finetune_optimizer(config.finetune, config.model, shapes, total_steps=7)
+  tx, _ = optim.make_finetune_optimizer(config, shapes, total_steps=7)
   rng = np.random.default_rng(seed)
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: jnp.asarray((path[-1].key == "scale") + 0.2 * rng.standard_normal(x.shape),

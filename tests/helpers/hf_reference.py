@@ -1,5 +1,5 @@
-"""Helpers shared by the tests that compare with transformers' PyTorch models (loaded by path from
-tests/hf/hf_import_test.py and tests/models/hf_parity_test.py)."""
+"""Helpers shared by the tests that compare with transformers' PyTorch models (tests/hf/ and
+tests/models/hf_parity_test.py); importing this needs torch."""
 
 import torch
 
