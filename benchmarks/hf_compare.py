@@ -654,7 +654,7 @@ def hf_extra_work(config, flops_per_token: float) -> str:
 def run(config) -> int:
   """Prints the header and the two-row table (and --output line); returns the exit status."""
   torch, transformers = import_torch()
-  config_lib.validate(config)
+  objectives.validate(config)
   peer_family(config)  # ConfigError before any work
   platform = jax.devices()[0].platform
   if platform not in TORCH_DEVICES:

@@ -154,7 +154,8 @@ def row_config(row: BenchRow, *, fast_path: bool, extra: tuple[str, ...] = ()):
     dropout = "model.dropout=0" if config.model.get("kind") == "t5" else "model.attention_dropout=0"
     items = [dropout, *FAST_PATH, *items]
   config_lib.apply_overrides(config, items)
-  config_lib.validate(config)
+  from bertfam_jax import objectives  # pylint: disable=g-import-not-at-top
+  objectives.validate(config)
   return config
 
 

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
-from bertfam_jax import config_lib, objectives
+from bertfam_jax import objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax import flops as flops_lib
 from bertfam_jax.train import sharding as sharding_lib
@@ -276,7 +276,7 @@ def measure(config, mesh, result: Result, *, steps: int, warmup: int):
 
 def run(config) -> None:
   """Prints the header and one markdown row (and --output line) per batch size."""
-  config_lib.validate(config)
+  objectives.validate(config)
   mesh = sharding_lib.make_mesh(config.mesh)
   devices = jax.devices()
   device = f"{devices[0].device_kind} x{len(devices)}"

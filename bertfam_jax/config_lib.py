@@ -264,8 +264,6 @@ def electra_objective(**overrides) -> ml_collections.ConfigDict:
   return o
 
 
-ELECTRA_VARIANTS = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm")
-
 
 def electra_max_predictions(seq_len: int, mask_rate: float) -> int:
   """ELECTRA's prediction slots N = int((mask_prob + 0.005) · max_seq_length) (19 at 128/15%,
@@ -491,13 +489,16 @@ def mask_budget(seq_len: int, mask_rate: float) -> int:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError naming the fix for configurations that cannot run."""
+  """Raises ConfigError naming the fix for configurations that cannot run: the sections every
+  run has (data, model, optimizer, train, mesh). The objective's own fields are its module's
+  `validate` (`objectives.validate` runs both)."""
   d, m, t = c.data, c.model, c.train
-  if m.get("kind") == "t5":
-    _validate_t5(c)
-  elif m.get("kind") == "xlnet":
-    _validate_xlnet(c)
-  elif d.seq_len > m.max_positions:
+  if m.get("kind") in ("t5", "xlnet") and c.objective.get("name") != m.kind:
+    raise ConfigError(f"model.kind={m.kind!r} trains with objective.name={m.kind!r}, not "
+                      f"{c.objective.get('name')!r}.")
+  if m.get("kind") == "t5" and m.architecture not in T5_ARCHITECTURES:
+    raise ConfigError(f"model.architecture={m.architecture!r}; choose one of {T5_ARCHITECTURES}.")
+  if m.get("kind") not in ("t5", "xlnet") and d.seq_len > m.max_positions:
     raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions={m.max_positions}; "
                       f"lower --config.data.seq_len or raise --config.model.max_positions.")
   if d.seq_len < 8:
@@ -518,8 +519,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if d.num_shards < 0 or (d.num_shards and t.batch_size % d.num_shards):
     raise ConfigError(f"data.num_shards={d.num_shards} must be 0 (one per process) or divide "
                       f"train.batch_size={t.batch_size}.")
-  _validate_mlm_objective(c)
-  _validate_electra_objective(c)
   if t.batch_size % t.grad_accum_steps:
     raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by "
                       f"train.grad_accum_steps={t.grad_accum_steps}.")
@@ -529,8 +528,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
   sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     raise ConfigError(f"mesh {dict(c.mesh)}: sizes must be positive with at most one -1.")
-  if "max_predictions" in c.objective and c.objective.max_predictions <= 0:
-    raise ConfigError("objective.max_predictions must be positive.")
 
 
 ATTENTION_IMPLS = ("", "xla", "cudnn")
@@ -582,126 +579,6 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
 
 PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments",
             "t5_segments", "xlnet_streams")
-MLM_CHOICES = dict(
-    mask_style=("bert", "fairseq", "spanbert"),
-    replace_per=("token", "span"),
-    random_tokens=("uniform", "unigram"),
-    sentence_task=("", "nsp", "sop", "structbert"),
-    span_source=("", "entities", "noun_phrases"),
-)
-
-
-def check_mlm_choices(o: ml_collections.ConfigDict) -> None:
-  """The MLM family's `objective` fields against their choices: MLM_CHOICES, and for
-  `mask_scheme` the selection schemes `objectives/noise.py` defines."""
-  # Imported here: importing objectives/ imports the objectives, which import this module.
-  from bertfam_jax.objectives import noise  # pylint: disable=g-import-not-at-top
-  for key, choices in dict(MLM_CHOICES, mask_scheme=tuple(noise.SELECTORS)).items():
-    if o[key] not in choices:
-      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {choices}.")
-
-
-def _validate_mlm_objective(c: ml_collections.ConfigDict) -> None:
-  """The MLM family's choices and their combinations (no-op for other objectives)."""
-  o = c.objective
-  if o.get("name") not in ("mlm", "electra"):
-    return
-  check_mlm_choices(o)
-  if (min(o.mask_token_prob, o.random_token_prob) < 0
-      or o.mask_token_prob + o.random_token_prob > 1.0):
-    raise ConfigError(f"objective.mask_token_prob={o.mask_token_prob} and random_token_prob="
-                      f"{o.random_token_prob} must be >= 0 with a sum <= 1 (the rest stay "
-                      "unchanged).")
-  if o.sentence_task and c.data.packing != "sentence_pairs":
-    raise ConfigError(f"objective.sentence_task={o.sentence_task!r} needs sentence pairs: set "
-                      f"--config.data.packing=sentence_pairs or --config.objective.sentence_task=''.")
-  if (o.mask_scheme == "units") != bool(o.span_source):
-    raise ConfigError("objective.mask_scheme='units' needs --config.objective.span_source="
-                      "entities|noun_phrases, and span_source is only used by mask_scheme='units'.")
-  if not 0.0 < o.span_p <= 1.0 or o.span_max_words < 1 or o.max_ngram < 1:
-    raise ConfigError("objective.span_p must be in (0, 1], span_max_words and max_ngram >= 1.")
-  if not 0.0 <= o.word_shuffle_rate < 0.5:
-    raise ConfigError(f"objective.word_shuffle_rate={o.word_shuffle_rate} must be in [0, 0.5).")
-
-
-def _validate_electra_objective(c: ml_collections.ConfigDict) -> None:
-  """ELECTRA's variant and a generator shape that can be built."""
-  o = c.objective
-  if o.get("name") != "electra":
-    return
-  if o.variant not in ELECTRA_VARIANTS:
-    raise ConfigError(f"objective.variant={o.variant!r}; choose one of {ELECTRA_VARIANTS}.")
-  if o.sentence_task:
-    raise ConfigError("ELECTRA has no sentence-level task: set --config.objective.sentence_task=''.")
-  generator = electra_generator(c.model, o.generator_hidden_fraction, o.generator_layers_fraction)
-  if generator.hidden < 1 or generator.layers < 1 or generator.hidden % generator.heads:
-    raise ConfigError(
-        f"objective.generator_hidden_fraction={o.generator_hidden_fraction} / "
-        f"generator_layers_fraction={o.generator_layers_fraction} give a generator of hidden "
-        f"{generator.hidden}, {generator.layers} layers, {generator.heads} heads; choose fractions "
-        "giving >= 1 layer and a hidden size divisible by max(1, hidden // 64).")
-  if o.temperature <= 0:
-    raise ConfigError(f"objective.temperature={o.temperature} must be > 0.")
-
-
-def _validate_t5(c: ml_collections.ConfigDict) -> None:
-  """T5's model and objective: known choices, and lengths the objective can fill."""
-  m, o = c.model, c.objective
-  if m.architecture not in T5_ARCHITECTURES:
-    raise ConfigError(f"model.architecture={m.architecture!r}; choose one of {T5_ARCHITECTURES}.")
-  if o.get("name") != "t5":
-    raise ConfigError(f"model.kind='t5' trains with objective.name='t5', not {o.get('name')!r}.")
-  if c.data.packing != "t5_segments":
-    raise ConfigError("T5 reads token segments: set --config.data.packing=t5_segments.")
-  # Imported here: importing objectives/ imports the objectives, which import this module.
-  from bertfam_jax.objectives import t5_noise  # pylint: disable=g-import-not-at-top
-  if o.noise_mask not in t5_noise.MASK_CHOICES:
-    raise ConfigError(f"objective.noise_mask={o.noise_mask!r}; choose one of "
-                      f"{t5_noise.MASK_CHOICES}.")
-  for key in ("inputs_encoding", "targets_encoding"):
-    if o[key] not in t5_noise.ENCODINGS:
-      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {tuple(t5_noise.ENCODINGS)}.")
-  if not 0.0 < o.noise_density <= 1.0 or o.mean_noise_span_length < 1.0:
-    raise ConfigError(f"objective.noise_density={o.noise_density} must be in (0, 1] and "
-                      f"mean_noise_span_length={o.mean_noise_span_length} >= 1.")
-  if o.noise_mask == "random_prefix" and o.noise_density > 0.5:
-    raise ConfigError("objective.noise_mask='random_prefix' needs noise_density <= 0.5 (the "
-                      "reference's random_prefix_noise_mask raises above it).")
-  if o.permute_sentences and o.targets_encoding != "original":
-    raise ConfigError("objective.permute_sentences shuffles the inputs' sentences; the target must "
-                      "be the document in order: set --config.objective.targets_encoding=original.")
-  if o.targets_length < 2 or c.data.seq_len < 2:
-    raise ConfigError("objective.targets_length and data.seq_len must be >= 2 (a token and EOS).")
-  if c.tokenizer.kind == "sentencepiece" and c.tokenizer.extra_ids < 1 and (
-      "sentinel" in o.inputs_encoding + o.targets_encoding):
-    raise ConfigError("Sentinel encodings need sentinel ids: set --config.tokenizer.extra_ids=100.")
-
-
-def _validate_xlnet(c: ml_collections.ConfigDict) -> None:
-  """XLNet's windows: R (reuse_len) + A <sep> B <sep> <cls>, permutation blocks, memory."""
-  m, o, d = c.model, c.objective, c.data
-  if o.get("name") != "xlnet":
-    raise ConfigError(f"model.kind='xlnet' trains with objective.name='xlnet', not "
-                      f"{o.get('name')!r}.")
-  if d.packing != "xlnet_streams":
-    raise ConfigError("XLNet reads parallel token streams: set --config.data.packing=xlnet_streams.")
-  if not 0 < m.reuse_len < d.seq_len - 3:
-    raise ConfigError(f"model.reuse_len={m.reuse_len} must leave room for A <sep> B <sep> <cls> "
-                      f"in data.seq_len={d.seq_len}: use 0 < reuse_len < seq_len - 3 (the paper: "
-                      f"256 of 512).")
-  if m.mem_len < 0:
-    raise ConfigError(f"model.mem_len={m.mem_len} must be >= 0 (0: no memory).")
-  for length in (m.reuse_len, d.seq_len - m.reuse_len):
-    if length % o.perm_size:
-      raise ConfigError(f"objective.perm_size={o.perm_size} must divide both halves of a window "
-                        f"(reuse_len={m.reuse_len}, seq_len - reuse_len={d.seq_len - m.reuse_len}).")
-  if not 0 < o.num_predict <= d.seq_len:
-    raise ConfigError(f"objective.num_predict={o.num_predict} must be in [1, data.seq_len].")
-  if m.mem_len and c.train.grad_accum_steps != 1:
-    raise ConfigError("XLNet's memory carries each row from one batch to the next: set "
-                      "--config.train.grad_accum_steps=1 (or --config.model.mem_len=0).")
-
-
 def effective_mask_rate(c: ml_collections.ConfigDict) -> float:
   """The fraction of a full-length sequence that is predicted given max_predictions (ALBERT's
   shipped 512/20 setting predicts ~3.9%, which is legal and logged, not refused)."""
@@ -770,7 +647,7 @@ def finetune_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(
       batch_size=32,
       eval_batch_size=64,
-      total_steps=0,           # 0 = finetune.epochs passes over the training rows
+      total_steps=_DEFAULT(int),  # 0 = finetune.epochs passes over the training rows
       grad_accum_steps=1,
       log_every=50,
       keep_checkpoints=1,
@@ -783,17 +660,22 @@ def finetune_config() -> ml_collections.ConfigDict:
 # AdamW with weight decay 0.01, clip 1.0), run_squad.py (384 tokens, doc_stride 128, queries of
 # <= 64 tokens, lr 3e-5, 2 epochs), BERT's NER setting for token classification. T5 (Raffel et
 # al. §3.1.4; t5x finetune.gin): Adafactor at a constant 0.001, 512 input tokens.
-_ENCODER = dict(optimizer=dict(name="adamw", peak_lr=5e-5, warmup_fraction=0.1, weight_decay=0.01,
-                               clip_norm=1.0),
+_ENCODER = dict(optimizer=dict(name="adamw", peak_lr=5e-5),
                 finetune=dict(max_seq_len=128, epochs=3.0, doc_stride=128, max_query_len=64,
-                              max_train_examples=0, max_eval_examples=0))
+                              max_train_examples=0, max_eval_examples=0),
+                train=dict(total_steps=0))
 FINETUNE_DEFAULTS = {
     "encoder": _ENCODER,
-    "extractive_qa": dict(optimizer=dict(_ENCODER["optimizer"], peak_lr=3e-5),
+    "extractive_qa": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=3e-5),
                           finetune=dict(_ENCODER["finetune"], max_seq_len=384, epochs=2.0)),
-    "text_to_text": dict(optimizer=dict(name="adafactor", peak_lr=1e-3, warmup_fraction=0.0,
-                                        weight_decay=0.0, clip_norm=0.0),
+    "text_to_text": dict(_ENCODER, optimizer=dict(name="adafactor", peak_lr=1e-3),
                          finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0)),
+}
+# The rest of the optimizer by its name, whichever recipe: BERT's AdamWeightDecay (10% warmup,
+# decay 0.01, clip 1.0) and T5's Adafactor (constant rate, no decay, update clipping only).
+FINETUNE_OPTIMIZERS_DEFAULTS = {
+    "adamw": dict(warmup_fraction=0.1, weight_decay=0.01, clip_norm=1.0),
+    "adafactor": dict(warmup_fraction=0.0, weight_decay=0.0, clip_norm=0.0),
 }
 # `runlocal`: a CPU-sized slice for the `:runlocal` pre-trained models (128 positions, 2 layers,
 # 128 wide). lr 5e-4: such an encoder needs more than the papers' base-size rates; the T5s at
@@ -822,18 +704,23 @@ def finetune_recipe(text_to_text: bool, task_kind: str) -> str:
 
 def resolve_finetune(config: ml_collections.ConfigDict, recipe: str) -> ml_collections.ConfigDict:
   """A copy of the fine-tuning `config` with every field left None set from the `recipe`'s
-  defaults (`finetune_recipe`; FINETUNE_RUNLOCAL's first with finetune.runlocal), then
-  validated. Fields given a value keep it; train.total_steps only takes runlocal's when it is 0."""
+  defaults (`finetune_recipe`; FINETUNE_RUNLOCAL's first with finetune.runlocal), the optimizer's
+  other fields from its name's (FINETUNE_OPTIMIZERS_DEFAULTS: an AdamW asked of a T5 gets
+  AdamW's), then validated. A field given a value keeps it."""
   resolved = ml_collections.ConfigDict(config.to_dict())
-  layers = [FINETUNE_DEFAULTS[recipe]]
-  if config.finetune.runlocal:
-    layers.insert(0, FINETUNE_RUNLOCAL[recipe])
+  layers = [FINETUNE_RUNLOCAL[recipe]] if config.finetune.runlocal else []
+  layers.append(FINETUNE_DEFAULTS[recipe])
   for layer in layers:
     for section, values in layer.items():
       for key, value in values.items():
-        current = resolved[section][key]
-        if current is None or (section == "train" and current == 0):
+        if resolved[section][key] is None:
           resolved[section][key] = value
+  if resolved.optimizer.name not in FINETUNE_OPTIMIZERS:
+    raise ConfigError(f"optimizer.name={resolved.optimizer.name!r}; choose one of "
+                      f"{FINETUNE_OPTIMIZERS}.")
+  for key, value in FINETUNE_OPTIMIZERS_DEFAULTS[resolved.optimizer.name].items():
+    if resolved.optimizer[key] is None:
+      resolved.optimizer[key] = value
   validate_finetune(resolved)
   return resolved
 
@@ -862,6 +749,9 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   if o.peak_lr < 0 or o.weight_decay < 0 or o.clip_norm < 0 or not 0 <= o.warmup_fraction < 1:
     raise ConfigError("optimizer.peak_lr, weight_decay and clip_norm must be >= 0 and "
                       "warmup_fraction in [0, 1).")
+  if o.name == "adafactor" and o.warmup_fraction:
+    raise ConfigError(f"optimizer.warmup_fraction={o.warmup_fraction}: Adafactor fine-tunes at a "
+                      f"constant rate (T5); set --config.optimizer.warmup_fraction=0.")
   if t.batch_size < 1 or t.eval_batch_size < 1 or t.batch_size % t.grad_accum_steps:
     raise ConfigError(f"train.batch_size={t.batch_size} must be >= 1 and divisible by "
                       f"train.grad_accum_steps={t.grad_accum_steps}.")

@@ -1,9 +1,9 @@
 """Reading a run back: its config, its tokenizer and its parameters, without its optimizer.
 
-A run is read from
-  a workdir of ours       config.json (`train.run`, `finetune.run` or `python -m bertfam_jax.hf
-                          import` wrote it), the tokenizer it names, checkpoints/<step>/;
-  a transformers dir      config.json with a `model_type`, imported in memory (`bertfam_jax.hf`).
+A run is a workdir of ours: config.json (`train.run`, `finetune.run` or `python -m
+bertfam_jax.hf import` wrote it), the tokenizer it names, checkpoints/<step>/. (A transformers
+checkpoint directory is read by `bertfam_jax.hf`; fine-tuning takes either, `finetune.run.
+load_init`.)
 
   config, tokenizer, params = workdir.load(path)          # params: {'encoder', heads...}
   params = workdir.restore_params(path)                   # the latest checkpoint's, host numpy
@@ -61,19 +61,6 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(saved)
 
 
-def model_kind(path: str) -> str:
-  """'t5', 'xlnet' or 'encoder' (the BERT family) for a workdir of ours or a transformers
-  directory; '' when `path` holds no config.json."""
-  config_path = os.path.join(path, CONFIG_FILE)
-  if not os.path.exists(config_path):
-    return ""
-  with open(config_path) as f:
-    config = json.load(f)
-  kind = config.get("model_type") if "model_type" in config else config.get("model", {}).get(
-      "kind")
-  return kind if kind in ("t5", "xlnet") else "encoder"
-
-
 def tokenizer_location(config, workdir: str, tokenizer_path: str = "") -> str:
   """Where the tokenizer of the run in `workdir` is: `tokenizer_path`, else the run's
   `tokenizer.model_path` (relative paths, as imported workdirs write them, are relative to the
@@ -92,7 +79,7 @@ def tokenizer_location(config, workdir: str, tokenizer_path: str = "") -> str:
 def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
   """The tokenizer at `tokenizer_location`: a SentencePiece model file
   (`data.tokenizers.Tokenizer`), or a directory of transformers tokenizer files
-  (`hf.tokenizer.HFTokenizer`, the same interface)."""
+  (`data.hf_tokenizer.HFTokenizer`, the same interface)."""
   path = tokenizer_location(config, workdir, tokenizer_path)
   if not os.path.exists(path):
     raise ConfigError(
@@ -101,7 +88,8 @@ def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
         f"corpus files). On that machine `python -m bertfam_jax.train_tokenizer --config=<the "
         f"run's config> --output=PATH` copies it; then pass tokenizer_path=PATH.")
   if os.path.isdir(path):
-    from bertfam_jax.hf import tokenizer as hf_tokenizer  # pylint: disable=g-import-not-at-top
+    # Imported here: it needs the `tokenizers` package (the [hf] extra).
+    from bertfam_jax.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
     tokenizer = hf_tokenizer.from_dir(path)
   else:
     tokenizer = tokenizers.Tokenizer.from_file(path, config.tokenizer.get("extra_ids", 0))
@@ -163,16 +151,12 @@ def _reader(workdir: str) -> ocp.CheckpointManager:
 
 
 def load(path: str, *, tokenizer_path: str = "") -> tuple[ml_collections.ConfigDict, Any, Any]:
-  """(config, tokenizer, params) of a workdir of ours or a transformers checkpoint directory
-  (module docstring), read-only. `tokenizer_path`: a tokenizer to use instead of the run's."""
+  """(config, tokenizer, params) of the workdir `path` (module docstring), read-only.
+  `tokenizer_path`: a tokenizer to use instead of the run's."""
   if is_transformers_checkpoint(path):
-    from bertfam_jax.hf import io as hf_io  # pylint: disable=g-import-not-at-top
-    imported = hf_io.from_pretrained(path, task_head=False)  # the encoder; heads start fresh
-    if imported.tokenizer is None:
-      raise ConfigError(f"{path} holds no tokenizer files (tokenizer.json, vocab.txt, "
-                        f"vocab.json + merges.txt or spiece.model); copy the checkpoint's "
-                        f"tokenizer into it.")
-    return imported.config, imported.tokenizer, jax.device_get(imported.params)
+    raise ConfigError(f"{path} is a transformers checkpoint, not a workdir of ours: import it "
+                      f"with `python -m bertfam_jax.hf import --hf_path={path} --workdir=DIR`, "
+                      f"or fine-tune it directly (finetune.init={path}).")
   config = read_config(path)
   return config, load_tokenizer(config, path, tokenizer_path), restore_params(path)
 

@@ -176,7 +176,7 @@ def pretrain_config(scale: dict, overrides: dict, seed: int):
   config.train.update(total_steps=steps, log_every=max(1, min(steps // 10, 1000)),
                       eval_every=min(steps, scale.get("eval_every", steps)),
                       checkpoint_every=min(steps, scale.get("checkpoint_every", steps)))
-  config_lib.validate(config)
+  objectives.validate(config)
   return config
 
 

@@ -29,7 +29,7 @@ import time
 from absl import app, flags
 import numpy as np
 
-from bertfam_jax import config_lib
+from bertfam_jax import config_lib, objectives
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.finetune import run as finetune_run
@@ -202,7 +202,7 @@ def pretrain_config(scale: dict, spec: dict, seed: int):
   config.objective = config_lib.t5_objective(**overrides)
   config.objective.targets_length = targets_length(spec, config.data.seq_len, config.objective)
   config_lib.apply_overrides(config, scale.get("config_overrides", ()))
-  config_lib.validate(config)
+  objectives.validate(config)
   t5_objective.segment_length(config)  # the objective's own length check
   return config
 

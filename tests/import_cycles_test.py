@@ -23,8 +23,10 @@ def module_files(package_dir: str = PACKAGE_DIR) -> dict[str, str]:
 
 
 def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
-  """{module: the package's modules it imports}. `from a.b import c` imports the module a.b.c
-  when there is one, else a.b; relative imports are resolved against the importing module."""
+  """{module: the package's modules importing it runs}. `from a.b import c` imports the module
+  a.b.c when there is one, else a.b; relative imports are resolved against the importing
+  module. Importing a module also runs the `__init__` of each package above it that the importer
+  is not itself inside (those are already running): `workdir` importing `hf.io` runs `hf`."""
   graph = {}
   for module, path in modules.items():
     with open(path) as f:
@@ -42,7 +44,12 @@ def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
         for alias in node.names:
           full = f"{base}.{alias.name}"
           imported.add(full if full in modules else base)
-    graph[module] = {name for name in imported if name in modules and name != module}
+    runs = set()
+    for name in imported:
+      parts = name.split(".")
+      runs.update(".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                  if not module.startswith(".".join(parts[:i]) + "."))
+    graph[module] = {name for name in runs if name in modules and name != module}
   return graph
 
 
@@ -95,3 +102,25 @@ def test_a_cycle_is_found(tmp_path):
   graph = import_graph(module_files(str(package)))
   assert graph["pkg.b"] == {"pkg.c"} and graph["pkg.c"] == {"pkg.a"}
   assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_a_cycle_through_a_package_init_is_found(tmp_path):
+  """`top` imports `pkg.leaf`, which runs `pkg/__init__`, which imports `top`: a cycle; while
+  `pkg/__init__` importing its own `pkg.leaf`, which imports `pkg.other`, is none."""
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "__init__.py").write_text("from pkg import leaf\nimport top\n")
+  (tmp_path / "pkg" / "leaf.py").write_text("from pkg import other\n")
+  (tmp_path / "pkg" / "other.py").write_text("")
+  (tmp_path / "pkg" / "top.py").write_text("def f():\n  from pkg import leaf\n")
+  graph = import_graph(module_files(str(tmp_path / "pkg")))
+  assert graph["pkg.leaf"] == {"pkg.other"}
+  assert cycles(graph) == []
+  (tmp_path / "pkg" / "__init__.py").write_text("from pkg import leaf\nfrom pkg import top\n")
+  (tmp_path / "pkg" / "top.py").write_text("")
+  (tmp_path / "pkg" / "sub").mkdir()
+  (tmp_path / "pkg" / "sub" / "__init__.py").write_text("from pkg import top\n")
+  (tmp_path / "pkg" / "sub" / "mod.py").write_text("")
+  (tmp_path / "pkg" / "top.py").write_text("def f():\n  from pkg.sub import mod\n")
+  graph = import_graph(module_files(str(tmp_path / "pkg")))
+  assert graph["pkg.top"] == {"pkg.sub", "pkg.sub.mod"}
+  assert cycles(graph) == [["pkg.sub", "pkg.top"]]

@@ -295,7 +295,8 @@ def _load_hf(config: ml_collections.ConfigDict, workdir: str):
         f"tokenizer.kind='hf' needs tokenizer.model_path to be a directory of tokenizer files; "
         f"got {path!r}. For an imported checkpoint pass --config.tokenizer.model_path="
         f"<its workdir>/tokenizer.")
-  from bertfam_jax.hf import tokenizer as hf_tokenizer  # pylint: disable=g-import-not-at-top
+  # Imported here: it needs the `tokenizers` package (the [hf] extra).
+  from bertfam_jax.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
   tokenizer = hf_tokenizer.from_dir(path)
   if tokenizer.vocab_size > config.model.vocab_size:
     raise config_lib.ConfigError(

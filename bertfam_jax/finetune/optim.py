@@ -177,10 +177,7 @@ def base_optimizer(o, total_steps: int) -> ml_collections.ConfigDict:
   `config.optimizer` `o` over `total_steps` updates: 'adamw', BERT's AdamWeightDecay
   (`config_lib.bert_adamw`) with warmup over int(total_steps · warmup_fraction) steps, then
   linear decay to 0; 'adafactor', T5's (`config_lib.t5_adafactor`) at a constant rate."""
-  if o.name == "adafactor":
-    if o.warmup_fraction:
-      raise ConfigError(f"optimizer.warmup_fraction={o.warmup_fraction}: Adafactor fine-tunes at "
-                        f"a constant rate (T5); set --config.optimizer.warmup_fraction=0.")
+  if o.name == "adafactor":   # a constant rate (`config_lib.validate_finetune`: no warmup)
     section = config_lib.t5_adafactor(peak_lr=o.peak_lr, schedule="constant", warmup_steps=0,
                                       weight_decay=o.weight_decay, clip_norm=o.clip_norm)
   else:

@@ -74,7 +74,7 @@ class _Compiled(NamedTuple):
 
 
 _CACHE: collections.OrderedDict = collections.OrderedDict()
-_CACHE_SIZE = 4
+_CACHE_SIZE = 16
 
 
 def _compiled(recipe: Recipe, config, mesh) -> _Compiled:
@@ -95,12 +95,15 @@ def _compiled(recipe: Recipe, config, mesh) -> _Compiled:
 
 
 def _trace_key(config) -> str:
-  """The config as JSON without what the traced programs do not read (the seed, bound at call
-  time, and where the pre-trained weights came from)."""
+  """The config as JSON without what the traced programs do not read: the seed (bound at call
+  time), the tokenizer and where the weights came from, and the pre-training objective but for
+  the one field a fine-tuning loss reads (T5's z-loss), so that the rows of an experiment
+  (pre-trained with different objectives) share one compilation per shape."""
   tree = json.loads(config.to_json())
   tree.pop("seed", None)
+  tree.pop("tokenizer", None)
   tree.get("finetune", {}).pop("init", None)
-  tree.get("tokenizer", {}).pop("model_path", None)
+  tree["objective"] = {"z_loss": tree.get("objective", {}).get("z_loss")}
   return json.dumps(tree, sort_keys=True)
 
 
@@ -183,7 +186,10 @@ def train_and_evaluate(config, recipe: Recipe, mesh, workdir: str | None = None
         state, compiled.train_step, source, mesh=mesh, total_steps=recipe.total_steps,
         log_every=t.log_every, checkpoint_every=recipe.steps_per_epoch,
         tokens_per_step=t.batch_size * recipe.tokens_per_row,
-        evaluators=[loop_lib.Evaluator(recipe.steps_per_epoch, evaluate)], sinks=sinks)
+        # In memory only the end is scored; with a workdir every epoch is, and checkpointed.
+        evaluators=[loop_lib.Evaluator(
+            recipe.total_steps if workdir is None else recipe.steps_per_epoch, evaluate)],
+        sinks=sinks)
     step = int(jax.device_get(state.step))
     if step >= recipe.total_steps and not results:  # resumed after the last step: score it again
       evaluate(step, state.params)

@@ -147,7 +147,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if not os.path.isdir(ft.init):
     raise ConfigError(f"finetune.init={ft.init!r} is not a directory; pass a pre-training workdir "
                       f"or a transformers checkpoint directory.")
-  init_config, tokenizer, pretrained = workdir_lib.load(ft.init)
+  init_config, tokenizer, pretrained = load_init(ft.init)
   resolved = resolved_config(config, init_config,
                              tokenizer_path=workdir_lib.tokenizer_location(init_config, ft.init))
   prepare_workdir(workdir, ft.task)
@@ -160,14 +160,34 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   return {k: v for k, v in results.items() if k != "predictions"}
 
 
+def load_init(path: str) -> tuple[ml_collections.ConfigDict, Any, Any]:
+  """(config, tokenizer, params) of `finetune.init`: a workdir of ours (`bertfam_jax.workdir`)
+  or a transformers checkpoint directory, imported in memory (its encoder; heads start fresh)."""
+  if not workdir_lib.is_transformers_checkpoint(path):
+    return workdir_lib.load(path)
+  from bertfam_jax.hf import io as hf_io  # pylint: disable=g-import-not-at-top  (the [hf] extra)
+  imported = hf_io.from_pretrained(path, task_head=False)
+  if imported.tokenizer is None:
+    raise ConfigError(f"{path} holds no tokenizer files (tokenizer.json, vocab.txt, vocab.json + "
+                      f"merges.txt or spiece.model); copy the checkpoint's tokenizer into it.")
+  return imported.config, imported.tokenizer, jax.device_get(imported.params)
+
+
 def fine_tune(config: ml_collections.ConfigDict, tokenizer, params, *, mesh=None
               ) -> dict[str, Any]:
   """`run` in memory: fine-tunes `params` (the pre-trained run's tree, or None to train from
   scratch) with the resolved `config` (`resolved_config`) on every device, data-parallel, unless
   given a mesh; nothing is written. Returns the evaluation's results (task, split, examples,
   main_metric, scores, predictions, step, ...); deterministic given config.seed and the mesh."""
+  unresolved = [f"{section}.{key}" for section in ("finetune", "optimizer")
+                for key, value in config[section].items() if value is None]
+  if unresolved or "model" not in config:
+    missing = ", ".join(unresolved) or "the model section"
+    raise ConfigError(f"fine_tune needs the config `resolved_config` returns ({missing} unset); "
+                      f"pass resolved_config(config, init_config).")
   mesh = sharding_lib.make_mesh(config.mesh) if mesh is None else mesh
   check_batches(config, mesh)
+  params = None if config.finetune.from_scratch else params
   return recipe_lib.train_and_evaluate(config, make_recipe(config, tokenizer, params, mesh), mesh)
 
 

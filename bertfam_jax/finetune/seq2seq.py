@@ -171,7 +171,7 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
 def make_search(model, param_shardings, mesh, *, max_length: int, eos_id: int,
                 beam_size: int = 1, alpha: float = 0.6) -> Callable:
   """Jitted `search(variables, {'input_ids': [batch, Li]}) -> [batch, max_length]` generated ids
-  on `mesh` (`run.sharded_predict`: parameters as `param_shardings`, the batch split over the
+  on `mesh` (`recipe.sharded_predict`: parameters as `param_shardings`, the batch split over the
   batch axes, outputs replicated): greedy when beam_size is 1, else beam search with length
   penalty alpha (`finetune.decoding`)."""
   if beam_size == 1:

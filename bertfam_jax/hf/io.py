@@ -33,7 +33,7 @@ from safetensors import numpy as safetensors_numpy
 from bertfam_jax import config_lib, objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.hf import families, mapping
-from bertfam_jax.hf import tokenizer as tokenizer_lib
+from bertfam_jax.data import hf_tokenizer as tokenizer_lib
 from bertfam_jax.models import finetune as finetune_models
 from bertfam_jax.objectives import electra as electra_objective
 

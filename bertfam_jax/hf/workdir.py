@@ -5,9 +5,10 @@ import_to_workdir(hf_path, workdir) writes
                            tokenizer.model_path 'tokenizer', relative to the workdir)
   workdir/checkpoints/0/   TrainState(step 0, the imported params, a fresh optimizer state; no
                            XLNet memory: it restores at zeros) and the data position of a fresh
-                           stream, saved
-                           by train/checkpoint.py, so `train.init_from=workdir/checkpoints`,
-                           resuming the workdir itself, `bertfam_jax.workdir.load(workdir)` and fine-tuning with init=workdir (T5: text-to-text) work
+                           stream, saved by train/checkpoint.py, so `train.init_from=
+                           workdir/checkpoints`, resuming the workdir itself,
+                           `bertfam_jax.workdir.load(workdir)` and fine-tuning with init=workdir
+                           (T5: text-to-text) work
   workdir/tokenizer/       the checkpoint's tokenizer files
   workdir/hf_import.json   source, model_type, architecture, HF config, freshly initialised
                            modules
@@ -30,13 +31,13 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from bertfam_jax import config_lib
+from bertfam_jax import objectives
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import tokenizers as sp_tokenizers
 from bertfam_jax.finetune import tasks
 from bertfam_jax.hf import families, io
-from bertfam_jax.hf import tokenizer as tokenizer_lib
+from bertfam_jax.data import hf_tokenizer as tokenizer_lib
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import step as step_lib
@@ -56,7 +57,7 @@ def import_to_workdir(hf_path: str, workdir: str, generator_path: str | None = N
   m = io.from_pretrained(hf_path, generator_path, task_head=False)
   config = ml_collections.ConfigDict(m.config.to_dict())
   config.tokenizer.model_path = TOKENIZER_DIR if m.tokenizer is not None else ""
-  config_lib.validate(config)
+  objectives.validate(config)
   os.makedirs(workdir, exist_ok=True)
   checkpoint_lib.check_or_write_config(workdir, config)
   if m.tokenizer is not None:

@@ -1,7 +1,8 @@
 """Pre-training objectives: the one seam between the data pipeline, the models and the train loop.
 
-An objective is a module. It provides these functions, and `train/` calls nothing else of it,
-always through the accessors below (`init_inputs(objective, config)`, ...), never by name:
+An objective is a module. It provides these functions, and `train/` calls nothing else of it;
+the hooks with a default are read through the accessors below (`init_carry(objective, config)`,
+...), which supply it:
 
 Required:
   build_model(config) -> flax.linen.Module
@@ -19,6 +20,9 @@ Required:
       Model training FLOPs per token (`bertfam_jax.flops` conventions), for the logged MFU.
 
 Optional (the defaults are defined here):
+  validate(config) -> None
+      Raises `ConfigError` naming the fix for the objective's own fields (`config_lib.validate`
+      checks the sections every run has; `validate` below runs both). Default: nothing to check.
   init_carry(config, batch_size) -> pytree
       State threaded from one step to the next (XLNet's memory); `loss_fn` then takes
       `carry=` and returns `(loss, metrics, new_carry)`. Default: none.
@@ -65,6 +69,8 @@ Adding an objective touches its module, one line in OBJECTIVES, its config and i
 
 import jax
 
+from bertfam_jax import config_lib
+from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.objectives import electra, mlm, t5, xlnet
 
 OBJECTIVES = {
@@ -78,9 +84,18 @@ OBJECTIVES = {
 def get(name: str):
   """Returns the objective module registered as `name`."""
   if name not in OBJECTIVES:
-    raise ValueError(f"Unknown objective {name!r}; choose one of {sorted(OBJECTIVES)} "
-                     "(config.objective.name).")
+    raise ConfigError(f"Unknown objective {name!r}; choose one of {sorted(OBJECTIVES)} "
+                      "(config.objective.name).")
   return OBJECTIVES[name]
+
+
+def validate(config) -> None:
+  """Raises ConfigError naming the fix for a pre-training config that cannot run: the sections
+  every run has (`config_lib.validate`), then its objective's own `validate`."""
+  config_lib.validate(config)
+  own = getattr(get(config.objective.name), "validate", None)
+  if own:
+    own(config)
 
 
 def init_inputs(objective, config) -> dict:
@@ -103,7 +118,8 @@ def pipeline_options(objective, config) -> dict:
 
 
 def describe(objective, config) -> str:
-  """The run's header line: the objective's own `describe`, else its name and length."""
+  """The run's header line: the objective's own `describe`, else its name and length (every
+  objective registered today has its own)."""
   own = getattr(objective, "describe", None)
   return own(config) if own else (f"objective {config.objective.name} on "
                                   f"{config.data.seq_len}-token rows")

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from bertfam_jax import config_lib, flops
+from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import electra
 from bertfam_jax.objectives import losses, mlm
 
@@ -50,10 +51,33 @@ def generator_config(config):
                                       o.generator_layers_fraction)
 
 
+VARIANTS = tuple(_HEADS)
+
+
+def validate(config) -> None:
+  """The masked LM's checks (`mlm.validate`), ELECTRA's variant and a generator shape that can
+  be built."""
+  mlm.validate(config)
+  o = config.objective
+  if o.variant not in VARIANTS:
+    raise ConfigError(f"objective.variant={o.variant!r}; choose one of {VARIANTS}.")
+  if o.sentence_task:
+    raise ConfigError("ELECTRA has no sentence-level task: set --config.objective.sentence_task=''.")
+  generator = generator_config(config)
+  if generator.hidden < 1 or generator.layers < 1 or generator.hidden % generator.heads:
+    raise ConfigError(
+        f"objective.generator_hidden_fraction={o.generator_hidden_fraction} / "
+        f"generator_layers_fraction={o.generator_layers_fraction} give a generator of hidden "
+        f"{generator.hidden}, {generator.layers} layers, {generator.heads} heads; choose fractions "
+        "giving >= 1 layer and a hidden size divisible by max(1, hidden // 64).")
+  if o.temperature <= 0:
+    raise ConfigError(f"objective.temperature={o.temperature} must be > 0.")
+
+
 def build_model(config):
   variant = config.objective.variant
   if variant not in _HEADS:
-    raise ValueError(f"objective.variant={variant!r}; choose one of {sorted(_HEADS)}.")
+    raise ConfigError(f"objective.variant={variant!r}; choose one of {VARIANTS}.")
   return electra.Electra(config.model, generator_config(config),
                          discriminator_head=_HEADS[variant])
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertfam_jax import config_lib, flops
+from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import packing, spans
 from bertfam_jax.models import pretraining
 from bertfam_jax.objectives import losses, noise
@@ -48,6 +49,45 @@ def build_model(config):
   return pretraining.MaskedLM(
       config.model, sentence_classes=packing.PAIR_CLASSES.get(o.sentence_task, 0),
       sbo_max_targets=o.sbo_max_targets if o.sbo else 0, sbo_position_size=o.sbo_position_size)
+
+
+# The masked-LM family's choices (mask_scheme's are noise.SELECTORS's names).
+CHOICES = dict(
+    mask_style=("bert", "fairseq", "spanbert"),
+    replace_per=("token", "span"),
+    random_tokens=("uniform", "unigram"),
+    sentence_task=("", "nsp", "sop", "structbert"),
+    span_source=("", "entities", "noun_phrases"),
+)
+
+
+def _check_choices(o) -> None:
+  for key, choices in dict(CHOICES, mask_scheme=tuple(noise.SELECTORS)).items():
+    if o[key] not in choices:
+      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {choices}.")
+
+
+def validate(config) -> None:
+  """The MLM family's objective fields: their choices and combinations."""
+  o = config.objective
+  _check_choices(o)
+  if o.max_predictions <= 0:
+    raise ConfigError("objective.max_predictions must be positive.")
+  if (min(o.mask_token_prob, o.random_token_prob) < 0
+      or o.mask_token_prob + o.random_token_prob > 1.0):
+    raise ConfigError(f"objective.mask_token_prob={o.mask_token_prob} and random_token_prob="
+                      f"{o.random_token_prob} must be >= 0 with a sum <= 1 (the rest stay "
+                      "unchanged).")
+  if o.sentence_task and config.data.packing != "sentence_pairs":
+    raise ConfigError(f"objective.sentence_task={o.sentence_task!r} needs sentence pairs: set "
+                      f"--config.data.packing=sentence_pairs or --config.objective.sentence_task=''.")
+  if (o.mask_scheme == "units") != bool(o.span_source):
+    raise ConfigError("objective.mask_scheme='units' needs --config.objective.span_source="
+                      "entities|noun_phrases, and span_source is only used by mask_scheme='units'.")
+  if not 0.0 < o.span_p <= 1.0 or o.span_max_words < 1 or o.max_ngram < 1:
+    raise ConfigError("objective.span_p must be in (0, 1], span_max_words and max_ngram >= 1.")
+  if not 0.0 <= o.word_shuffle_rate < 0.5:
+    raise ConfigError(f"objective.word_shuffle_rate={o.word_shuffle_rate} must be in [0, 0.5).")
 
 
 def init_inputs(config) -> dict[str, jnp.ndarray]:
@@ -94,7 +134,7 @@ def _scheme_params(o) -> dict:
 def make_features(config, tokenizer):
   """Returns the host-side noising `fn(examples, rng) -> batch` (see objectives/__init__.py)."""
   o = config.objective
-  config_lib.check_mlm_choices(o)
+  _check_choices(o)
   unit_source = spans.make_span_source(o.span_source, tokenizer) if o.span_source else None
   return functools.partial(
       mlm_features, config=o, vocab_size=config.model.vocab_size,

@@ -427,9 +427,18 @@ def xlnet_features(streams: dict, rng: np.random.Generator, *, seq_len: int, reu
   return out
 
 
-def check_config(config) -> None:
-  """Raises ConfigError for constants the reference asserts (or loops forever on)."""
-  o, seq_len, reuse_len = config.objective, config.data.seq_len, config.model.reuse_len
+def validate(config) -> None:
+  """Raises ConfigError for XLNet's windows (R = reuse_len, then A <sep> B <sep> <cls>), its
+  memory, and the constants the reference asserts (or loops forever on)."""
+  o, m, seq_len = config.objective, config.model, config.data.seq_len
+  reuse_len = m.reuse_len
+  if config.data.packing != "xlnet_streams":
+    raise ConfigError("XLNet reads parallel token streams: set --config.data.packing=xlnet_streams.")
+  if m.mem_len < 0:
+    raise ConfigError(f"model.mem_len={m.mem_len} must be >= 0 (0: no memory).")
+  if m.mem_len and config.train.grad_accum_steps != 1:
+    raise ConfigError("XLNet's memory carries each row from one batch to the next: set "
+                      "--config.train.grad_accum_steps=1 (or --config.model.mem_len=0).")
   non_reuse = seq_len - reuse_len
   if not 0 < reuse_len < seq_len - _FUNCTIONAL_TOKENS:
     raise ConfigError(f"model.reuse_len={reuse_len} must lie in (0, data.seq_len − 3) = (0, "
@@ -454,7 +463,7 @@ def check_config(config) -> None:
 def make_features(config, tokenizer):
   """Returns the host-side `fn(streams, rng) -> batch` (`xlnet_features`; streams from
   `packing.xlnet_streams` with R = the per-shard batch size)."""
-  check_config(config)
+  validate(config)
   vocab = getattr(tokenizer, "vocab_size", None)
   if vocab is not None and vocab > config.model.vocab_size:
     raise ConfigError(f"The tokenizer has {vocab} ids but model.vocab_size="

@@ -113,8 +113,9 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
 
   Metrics are fetched every `log_every` steps, before every checkpoint and after the last step,
   not every step, so dispatch runs ahead of the host; a checkpoint is saved every
-  `checkpoint_every` steps, after the last and at a preemption notice, after a check that every
-  step since the previous one was finite. Returns the state and the last logged scalars (train
+  `checkpoint_every` steps (after that step's evaluations), after the last and at a preemption
+  notice (at once: that step is not evaluated), after a check that every step since the
+  previous one was finite. Returns the state and the last logged scalars (train
   and eval_*); a run whose state is already at `total_steps` runs nothing and returns {}.
   """
   step = int(jax.device_get(state.step))
@@ -122,7 +123,7 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
     metrics_lib.print_progress(f"Already finished at step {step} (train.total_steps="
                                f"{total_steps}).")
     return state, {}
-  log = _Logger(sinks, total_steps, tokens_per_step, flops_per_token)
+  log = _Logger(sinks, step, total_steps, tokens_per_step, flops_per_token)
   window, last = None, {}
   checkpointer = sinks.checkpointer
   with preemption.Watch(enabled=checkpointer is not None) as preempted:
@@ -140,6 +141,10 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
       if step % log_every == 0 or step == total_steps or save:
         last = log.train(step, jax.device_get(window))
         window = None
+      if stop:  # saved at once, not after an evaluation that could outlast the grace period
+        checkpointer.save(step, state, data_state)
+        logging.warning("Preemption notice (SIGTERM): saved step %d and stopped.", step)
+        break
       for evaluator in evaluators:
         if step % evaluator.every == 0 or step == total_steps:
           last.update(log.evaluation(step, evaluator.evaluate(step, state.params)))
@@ -147,9 +152,6 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
         checkpointer.save(step, state, data_state)
       if save or any(step % e.every == 0 for e in evaluators):
         log.exclude_pause()
-      if stop:
-        logging.warning("Preemption notice (SIGTERM): saved step %d and stopped.", step)
-        break
   return state, last
 
 
@@ -157,13 +159,13 @@ class _Logger:
   """Train and eval records: the non-finite check, throughput from the end of the first
   (compiling) step, MFU, ETA, the progress line and the writer."""
 
-  def __init__(self, sinks: Sinks, total_steps: int, tokens_per_step: int,
+  def __init__(self, sinks: Sinks, start_step: int, total_steps: int, tokens_per_step: int,
                flops_per_token: float | None):
     self.sinks, self.total_steps, self.tokens_per_step = sinks, total_steps, tokens_per_step
     peak = flops_lib.peak_flops_per_device()
     self.mfu_denominator = (peak * jax.device_count() / flops_per_token
                             if peak and flops_per_token else None)
-    self.timer, self.timed_steps, self.last_logged = None, 0, None
+    self.timer, self.timed_steps, self.last_logged = None, 0, start_step
 
   def stepped(self, metrics) -> None:
     if self.timer is None:  # the first step compiles: time throughput from its end
@@ -180,7 +182,7 @@ class _Logger:
       self.timer, self.timed_steps = time.perf_counter(), 0
 
   def train(self, step: int, host) -> dict[str, float]:
-    first = step if self.last_logged is None else self.last_logged + 1
+    first = self.last_logged + 1
     if not all(math.isfinite(float(s)) for s, _ in host.values()):
       checkpointer = self.sinks.checkpointer
       latest = checkpointer.latest_step() if checkpointer is not None else None

@@ -13,7 +13,7 @@ import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bertfam_jax import config_lib, objectives
+from bertfam_jax import objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
@@ -89,7 +89,7 @@ def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs,
 
 def run(config, workdir: str) -> dict[str, float]:
   """Trains `config` in `workdir`; returns the last logged train scalars (and eval ones)."""
-  config_lib.validate(config)
+  objectives.validate(config)
   prepare_workdir(workdir)
   mesh = sharding_lib.make_mesh(config.mesh)
   local_batch = check_batch(config, mesh)

@@ -12,19 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertfam_jax import config_lib
 from bertfam_jax.finetune import decoding
 from bertfam_jax.models import t5
+from helpers import tiny
 
 VOCAB, EOS, BATCH, INPUTS, MAX_LENGTH = 13, 3, 3, 7, 6
 
 
 def tiny_config(**overrides):
-  fields = dict(vocab_size=VOCAB, hidden=32, layers=1, decoder_layers=2, heads=4, head_dim=8,
-                mlp=48, dropout=0.0, relative_buckets=8, relative_max_distance=12,
-                tie_embeddings=False)
-  fields.update(overrides)
-  return config_lib.t5_model("mini", **fields)
+  return tiny.t5(**{**dict(vocab_size=VOCAB, layers=1, mlp=48, tie_embeddings=False),
+                    **overrides})
 
 
 MODELS = {"unrolled": t5.T5(tiny_config()), "scanned": t5.T5(tiny_config(scan_layers=True))}

@@ -18,6 +18,7 @@ from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import optim
 from bertfam_jax.models import finetune
 from bertfam_jax.train import optimizer
+from helpers import tiny
 
 TOTAL, STEPS = 8, 3
 IDS = np.ones((1, 8), np.int32)
@@ -38,8 +39,7 @@ def run_config(settings, model):
 
 
 def tiny_config(**overrides):
-  return config_lib.encoder("base", hidden=16, layers=2, heads=2, mlp=32, vocab_size=50,
-                            max_positions=8, **overrides)
+  return tiny.encoder(vocab_size=50, max_positions=8, **overrides)
 
 
 def abstract_params(config, features="last"):

@@ -18,6 +18,7 @@ from bertfam_jax.data import tokenizers
 from bertfam_jax.finetune import recipe, tasks
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.train import train
+from helpers import tiny
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda omicron".split()
 
@@ -27,7 +28,7 @@ def pretraining_config(corpus: str, cache_dir: str):
   c = cl.base_config()
   c.data.update(source="text", text_files=corpus, seq_len=32, docs_per_chunk=16,
                 cache_dir=cache_dir)
-  c.model.update(hidden=32, layers=1, heads=2, mlp=64, vocab_size=108, max_positions=32)
+  c.model = tiny.encoder(layers=1, heads=2, vocab_size=108)
   c.objective.max_predictions = 5
   c.optimizer.update(peak_lr=5e-3, warmup_steps=1)
   c.train.update(batch_size=8, total_steps=2, log_every=2, eval_batches=0, checkpoint_every=2,
@@ -53,7 +54,7 @@ def loaded(pretrained):
   return workdir_lib.load_encoder(pretrained[0])
 
 
-def test_load_pretrained_encoder_returns_the_checkpoint_encoder(pretrained, loaded):
+def test_load_encoder_returns_the_checkpoint_encoder(pretrained, loaded):
   workdir, config = pretrained
   run_config, tokenizer, encoder_params = loaded
   assert run_config.model.to_dict() == config.model.to_dict()
@@ -141,7 +142,7 @@ def marker_task(examples_per_split=(256, 64)):
 def finetune_config(init_config, seed: int, **finetune):
   config = cl.finetune_config()
   config.seed = seed
-  config.finetune.update(task="marker", max_seq_len=16, **finetune)
+  config.finetune.update(dict(task="marker", max_seq_len=16), **finetune)
   config.optimizer.peak_lr = 2e-3
   config.train.update(batch_size=16, eval_batch_size=16, total_steps=60, log_every=20)
   config.mesh.update(data=1)
@@ -176,6 +177,36 @@ def test_fine_tune_learns_deterministically_and_compiles_once(pretrained, marker
                                       if k != "tokens_per_sec"})
   assert timeless(again) == timeless(result)
   assert other_seed["train"]["loss"] != result["train"]["loss"]
-  # Three runs, two seeds: the train step and predict function built by the first are reused.
+  # Three runs, two seeds: the train step and predict function built by the first are reused,
+  # and the reused step trains seed 1 as a freshly built one does (the seed is bound per run).
   assert len(compiled) == 1
   assert list(recipe._CACHE.values()) == compiled  # pylint: disable=protected-access
+  recipe._CACHE.clear()  # pylint: disable=protected-access
+  assert timeless(run(1)) == timeless(other_seed)
+
+
+def test_fine_tuning_starts_from_the_pretrained_encoder(pretrained, marker, tmp_path):
+  """At a zero learning rate the fine-tuned encoder, read back from the run's checkpoint, is
+  exactly the pre-trained one (the head is new, the pooler fresh: no NSP head in this run)."""
+  init_config, tokenizer, params = workdir_lib.load(pretrained[0])
+  config = finetune_config(init_config, seed=0)
+  config.optimizer.peak_lr = 0.0
+  config.train.total_steps = 2
+  mesh = one_device()
+  recipe.train_and_evaluate(config, finetune_run.make_recipe(config, tokenizer, params, mesh),
+                            mesh, str(tmp_path))
+  tuned = workdir_lib.restore_params(str(tmp_path))
+  jax.tree.map(np.testing.assert_array_equal, tuned["encoder"], params["encoder"])
+  assert sorted(tuned) == ["classification_head", "encoder"]
+
+
+def test_data_that_cannot_train_is_refused(pretrained, marker):
+  init_config, tokenizer, params = workdir_lib.load(pretrained[0])
+  too_long = finetune_config(init_config, seed=0, max_seq_len=64)
+  with pytest.raises(ConfigError, match="max_seq_len=64 exceeds the encoder's max_positions=32"):
+    finetune_run.fine_tune(too_long, tokenizer, params, mesh=one_device())
+  too_few = finetune_config(init_config, seed=0, max_train_examples=8)
+  with pytest.raises(ConfigError, match="8 training rows, fewer than train.batch_size=16"):
+    finetune_run.fine_tune(too_few, tokenizer, params, mesh=one_device())
+  with pytest.raises(ConfigError, match="fine_tune needs the config `resolved_config` returns"):
+    finetune_run.fine_tune(cl.finetune_config(), tokenizer, params, mesh=one_device())

@@ -4,14 +4,13 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertfam_jax import config_lib as cl
 from bertfam_jax.finetune import probe
 from bertfam_jax.models import encoder as encoder_lib
+from helpers import tiny
 
 
 def tiny_encoder():
-  model = cl.base_config().model
-  model.update(hidden=32, layers=1, heads=2, mlp=64, vocab_size=50, max_positions=16)
+  model = tiny.encoder(layers=1, heads=2, vocab_size=50, max_positions=16)
   ids = np.zeros((1, 16), np.int32)
   params = nn.meta.unbox(encoder_lib.Encoder(model).init(jax.random.key(0), ids,
                                                          np.ones_like(ids), ids,

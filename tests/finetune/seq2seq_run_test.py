@@ -123,6 +123,10 @@ def test_2x2x2_mesh_trains_and_decodes_as_one_device(t5_init, uninterrupted, tok
                  for line in read(workdir, "predictions.jsonl").splitlines()]
   assert predictions == [p["prediction"] for p in one["predictions"]]
   assert len(set(predictions)) > 2   # varied outputs (`t5_init`), some ending early in EOS
+  # In memory (the experiments' path): the same training, scored once at the end.
+  in_memory = run_lib.fine_tune(config, tokenizer, params, mesh=one_mesh)
+  assert in_memory["train"]["loss"] == logged[4]["loss"]
+  assert [p["prediction"] for p in in_memory["predictions"]] == predictions
 
 
 def test_resumed_run_equals_uninterrupted(t5_init, uninterrupted, tmp_path):

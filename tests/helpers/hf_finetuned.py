@@ -14,6 +14,7 @@ from bertfam_jax.finetune import optim
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import step as step_lib
+from helpers import tiny
 
 LENGTH, VOCAB = 16, 101
 # One registered task of every kind (their label names and sizes need no data).
@@ -30,7 +31,7 @@ def fine_tuned_config(family, kind, init="", **model_overrides):
   config = config_lib.finetune_config()
   config.finetune.update(task=TASKS[kind], init=init)
   config = config_lib.resolve_finetune(config, config_lib.finetune_recipe(False, kind))
-  model = dict(hidden=32, layers=2, heads=4, mlp=64, vocab_size=VOCAB, max_positions=LENGTH)
+  model = dict(vocab_size=VOCAB, max_positions=LENGTH)
   config.objective = config_lib.mlm_objective(sentence_task="nsp")
   config.tokenizer = config_lib.base_config().tokenizer
   config.tokenizer.model_path = "/nonexistent/spm.model"  # exported without a tokenizer
@@ -46,7 +47,7 @@ def fine_tuned_config(family, kind, init="", **model_overrides):
     model.update(type_vocab_size=1, layer_norm_eps=1e-5, activation="gelu")
     config.objective = config_lib.mlm_objective(sentence_task="", mask_style="fairseq")
     config.tokenizer.update(kind="hf", model_path="")
-  config.model = config_lib.encoder("mini", **{**model, **model_overrides})
+  config.model = tiny.encoder(**{**model, **model_overrides})
   return config
 
 

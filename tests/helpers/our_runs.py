@@ -6,16 +6,15 @@ import os
 import flax.linen as nn
 import jax
 
-from bertfam_jax import config_lib, objectives
+from bertfam_jax import objectives
 from bertfam_jax.hf import workdir as workdir_lib
 from bertfam_jax.train import checkpoint as checkpoint_lib
-from bertfam_jax.train import step as step_lib
 
 
 def write_run(config, workdir: str) -> dict:
   """Validates `config`, writes `workdir`'s config.json and a step-0 checkpoint of a model
   initialised from key 1; returns its parameters (host arrays)."""
-  config_lib.validate(config)
+  objectives.validate(config)
   os.makedirs(workdir)
   checkpoint_lib.check_or_write_config(workdir, config)
   objective = objectives.get(config.objective.name)

@@ -21,11 +21,10 @@ from bertfam_jax.finetune import tasks
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.hf import __main__ as cli
 from bertfam_jax.hf import families
-from bertfam_jax.hf import tokenizer as tokenizer_lib
+from bertfam_jax.data import hf_tokenizer as tokenizer_lib
 from bertfam_jax.hf import workdir as workdir_lib
 from bertfam_jax.objectives import mlm
 from bertfam_jax.train import checkpoint as checkpoint_lib
-from bertfam_jax.train import step as step_lib
 
 from helpers.hf_finetuned import fine_tuned_config  # noqa: E402
 
@@ -136,5 +135,5 @@ def test_fine_tuned_transformers_checkpoint_exports_as_its_task_class(hf_bert, t
       model.apply({"params": params}, ids, np.ones_like(ids), np.zeros_like(ids),
                   deterministic=True), rtol=0, atol=1e-5)
   # Fine-tuning further from the exported directory reads its encoder.
-  _, _, encoder = run_reader.load_encoder(str(tmp_path / "hf"))
-  jax.tree.map(np.testing.assert_array_equal, encoder, params["encoder"])
+  _, _, pretrained = finetune_run.load_init(str(tmp_path / "hf"))
+  jax.tree.map(np.testing.assert_array_equal, pretrained["encoder"], params["encoder"])

@@ -24,9 +24,9 @@ from bertfam_jax.data import sources
 from bertfam_jax.data import tokenizers as sp_tokenizers
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.finetune import seq2seq
-from bertfam_jax.finetune import run as finetune_run
+from bertfam_jax.hf import io as hf_io
 from bertfam_jax.hf import families
-from bertfam_jax.hf import tokenizer as tokenizer_lib
+from bertfam_jax.data import hf_tokenizer as tokenizer_lib
 
 from helpers import our_runs
 
@@ -155,7 +155,8 @@ def test_imported_workdir_fine_tunes_and_exports(sentences, tmp_path):
 
   workdir = str(tmp_path / "workdir")
   # Both the import and the transformers directory itself fine-tune text-to-text.
-  assert workdir_lib.model_kind(workdir) == workdir_lib.model_kind(str(tmp_path / "hf")) == "t5"
+  assert workdir_lib.read_config(workdir).model.kind == "t5"
+  assert hf_io.read_hf_config(str(tmp_path / "hf"))["model_type"] == "t5"
   config, tokenizer, params = workdir_lib.load(workdir)
   assert (tokenizer.eos_id, tokenizer.pad_id, tokenizer.mask_id) == (1, 0, None)
   assert (tokenizer.num_pieces, tokenizer.sentinel_start) == (PIECES, VOCAB - 1)

@@ -1,4 +1,4 @@
-"""bertfam_jax.hf.tokenizer: every HF tokenizer layout gives transformers' own ids (when
+"""bertfam_jax.data.hf_tokenizer: every HF tokenizer layout gives transformers' own ids (when
 transformers is installed), character offsets into the original text (accents, CJK, emoji), the
 special ids and pair separators of its family, and our SentencePiece models export as an
 AlbertTokenizer whose transformers ids equal ours."""
@@ -16,7 +16,7 @@ from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import sources
 from bertfam_jax.data import tokenizers as sp_tokenizers
-from bertfam_jax.hf import tokenizer as tokenizer_lib
+from bertfam_jax.data import hf_tokenizer as tokenizer_lib
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

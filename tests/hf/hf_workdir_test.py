@@ -1,6 +1,6 @@
 """bertfam_jax.hf without torch: one of our pre-training runs exports to a transformers directory
 whose re-import gives our model's logits; an HF directory imports into a workdir that training
-(`train.init_from`, resuming) and fine-tuning (`load_pretrained_encoder`) read exactly as a run's;
+(`train.init_from`, resuming) and fine-tuning (`bertfam_jax.workdir.load_encoder`) read exactly as a run's;
 HF config ↔ our config for every family; the CLI's refusals."""
 
 import json
@@ -19,7 +19,7 @@ from bertfam_jax.data import tokenizers as sp_tokenizers
 from bertfam_jax import workdir as run_reader
 from bertfam_jax.hf import __main__ as cli
 from bertfam_jax.hf import families, workdir as workdir_lib
-from bertfam_jax.hf import tokenizer as tokenizer_lib
+from bertfam_jax.data import hf_tokenizer as tokenizer_lib
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
@@ -103,7 +103,7 @@ def test_imported_workdir_is_read_as_a_run(our_run, tmp_path):
   """The imported workdir: its config passes validation and the checkpoint identity check; the
   checkpoint restores against the objective's abstract state on the 8-device mesh (what
   `train.init_from` and resuming do) with step 0, the imported params and a fresh stream
-  position; `load_pretrained_encoder` returns the imported encoder; export goes back to the
+  position; `workdir.load_encoder` returns the imported encoder; export goes back to the
   imported HF class."""
   workdir, config, _ = our_run
   hf.export_workdir(workdir, str(tmp_path / "hf"))
@@ -113,7 +113,7 @@ def test_imported_workdir_is_read_as_a_run(our_run, tmp_path):
   assert saved.tokenizer.to_dict() == dict(config_lib.base_config().tokenizer.to_dict(),
                                            kind="hf", model_path="tokenizer")
   assert saved.objective.sentence_task == "nsp" and not saved.model.scan_layers
-  config_lib.validate(saved)
+  objectives.validate(saved)
   checkpoint_lib.check_or_write_config(target, saved)  # same identity: accepted
 
   mesh = sharding_lib.make_mesh(saved.mesh)

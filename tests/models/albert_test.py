@@ -20,19 +20,20 @@ from encoder_test import (BATCH, F32_TOL, LENGTH, MLM_POSITIONS, VOCAB, dropout_
                           random_tree, reference_layer)
 
 from bertfam_jax import config_lib as cl
+from bertfam_jax import objectives
 from bertfam_jax.models import encoder, pretraining
 from bertfam_jax.objectives import mlm
 from bertfam_jax.train import optimizer, sharding, step as step_lib
+from helpers import tiny
 
 EMBEDDING = 16  # E < hidden 32: the tables are narrower than the layers, as ALBERT's 128 < 768
 
 
 def tiny_config(**overrides):
-  """ALBERT's defaults at hidden 32, 3 layers, 4 heads, FFN 64, E 16 (3 layers: with 2 groups
-  the groups hold different numbers of layers)."""
-  return cl.albert_encoder("base", **{**dict(hidden=32, layers=3, heads=4, mlp=64,
-                                             embedding_size=EMBEDDING, vocab_size=VOCAB,
-                                             max_positions=LENGTH), **overrides})
+  """The suite's tiny ALBERT with 3 layers (with 2 groups the groups hold different numbers of
+  layers)."""
+  return tiny.albert(**{**dict(layers=3, embedding_size=EMBEDDING, vocab_size=VOCAB,
+                               max_positions=LENGTH), **overrides})
 
 
 def count_params(tree):
@@ -289,7 +290,7 @@ def test_validate_rejects_impossible_model_fields(overrides, match):
   config.model = tiny_config(**overrides)
   config.data.seq_len = LENGTH
   with pytest.raises(cl.ConfigError, match=match):
-    cl.validate(config)
+    objectives.validate(config)
 
 
 # ------------------------------------------------------------------------------------------------

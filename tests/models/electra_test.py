@@ -18,6 +18,7 @@ from encoder_test import LENGTH, VOCAB, make_inputs, random_tree
 
 from bertfam_jax import config_lib as cl
 from bertfam_jax.models import electra
+from helpers import tiny as tiny_models
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 SHARED = ("word_embeddings", "position_embeddings", "type_embeddings", "embeddings_ln")
@@ -114,8 +115,7 @@ class Tiny(NamedTuple):
 def tiny():
   """Random parameters (scale 0.2, tables 0.01; encoder_test.random_tree), none at its
   initialiser's value, so a table read from the wrong place shows; jitted forward passes."""
-  discriminator = cl.electra_encoder("small", hidden=32, layers=2, heads=4, mlp=64,
-                                     embedding_size=16, vocab_size=VOCAB, max_positions=LENGTH)
+  discriminator = tiny_models.electra(vocab_size=VOCAB, max_positions=LENGTH)
   generator = cl.electra_generator(discriminator, hidden_fraction=0.75, layers_fraction=1.0)
   assert (generator.hidden, generator.embedding_size) == (24, 16)
   model = electra.Electra(discriminator, generator)

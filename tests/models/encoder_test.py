@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertfam_jax import config_lib
+from bertfam_jax import config_lib, objectives
 from bertfam_jax.models import layers, pretraining
 from bertfam_jax.objectives import mlm
+from helpers import tiny
 
 BATCH, LENGTH, VOCAB = 2, 16, 101
 REAL_TOKENS = (LENGTH, 11)  # the second row ends in 5 padding positions
@@ -30,9 +31,8 @@ F32_TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def tiny_config(**overrides):
-  """hidden 32, 2 layers, 4 heads of 8, FFN 64: the base block at a size that compiles quickly."""
-  return config_lib.encoder("base", hidden=32, layers=2, heads=4, mlp=64, vocab_size=VOCAB,
-                            max_positions=LENGTH, **overrides)
+  """The suite's tiny encoder (tests/helpers/tiny.py) at this file's vocabulary and length."""
+  return tiny.encoder(vocab_size=VOCAB, max_positions=LENGTH, **overrides)
 
 
 def make_inputs(seed=0, *, type_vocab_size=2):
@@ -378,7 +378,7 @@ def test_cudnn_attention_is_refused_where_it_would_deviate(overrides, message):
   config = config_lib.base_config()
   config.model.update(overrides)
   with pytest.raises(config_lib.ConfigError, match=message):
-    config_lib.validate(config)
+    objectives.validate(config)
 
 
 @pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs a GPU")

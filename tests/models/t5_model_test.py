@@ -14,17 +14,14 @@ import pytest
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import t5
+from helpers import tiny
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 BATCH, INPUTS, TARGETS = 3, 14, 10  # one set of shapes, so eager ops compile once per file
 
 
 def tiny_config(**overrides):
-  fields = dict(vocab_size=50, hidden=32, layers=2, decoder_layers=2, heads=4, head_dim=8,
-                mlp=48, dropout=0.0, relative_buckets=8, relative_max_distance=12,
-                tie_embeddings=True)
-  fields.update(overrides)
-  return config_lib.t5_model("mini", **fields)
+  return tiny.t5(**{**dict(vocab_size=50, mlp=48, tie_embeddings=True), **overrides})
 
 
 def init_params(model, *args, **kwargs):

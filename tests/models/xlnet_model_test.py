@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import xlnet
+from helpers import tiny
 
 VOCAB, HIDDEN, HEADS, HEAD_DIM, MLP, LAYERS = 37, 16, 2, 8, 32, 2
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
@@ -26,11 +26,8 @@ HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 
 def tiny_config(**overrides):
   """2 layers, hidden 16 (2 heads of 8), FFN 32, no dropout; the reference's tanh GELU."""
-  fields = dict(vocab_size=VOCAB, hidden=HIDDEN, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM,
-                mlp=MLP, activation="gelu_tanh", dropout=0.0, attention_dropout=0.0, mem_len=6,
-                reuse_len=6)
-  fields.update(overrides)
-  return config_lib.xlnet_model("mini", **fields)
+  return tiny.xlnet(**{**dict(vocab_size=VOCAB, hidden=HIDDEN, layers=LAYERS, heads=HEADS,
+                               head_dim=HEAD_DIM, mlp=MLP, activation="gelu_tanh"), **overrides})
 
 
 def random_params(config, seed=0, scale=0.3):

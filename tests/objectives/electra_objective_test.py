@@ -12,10 +12,12 @@ import optax
 import pytest
 
 from bertfam_jax import config_lib as cl
+from bertfam_jax import objectives
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.objectives import electra
 from bertfam_jax.train import sharding, step as step_lib, train
 from helpers.run_records import copy_until, train_records
+from helpers import tiny
 
 # The project tokenizer layout: <pad> 0, <unk> 1, [CLS] 2, [SEP] 3, [MASK] 4.
 VOCAB, LENGTH, BATCH = 61, 32, 8
@@ -27,8 +29,7 @@ TOKENIZER = types.SimpleNamespace(pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_i
 
 def tiny_config(variant="electra", **objective):
   c = cl.base_config()
-  c.model = cl.electra_encoder("small", hidden=32, layers=2, heads=2, mlp=64, embedding_size=16,
-                               vocab_size=VOCAB, max_positions=LENGTH)
+  c.model = tiny.electra(heads=2, vocab_size=VOCAB, max_positions=LENGTH)
   c.objective = cl.electra_objective(
       variant=variant, max_predictions=cl.electra_max_predictions(LENGTH, 0.15),
       generator_hidden_fraction=0.5, **objective)
@@ -85,7 +86,7 @@ CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "electra.
 def test_paper_recipes(size, seq_len, rate, slots, batch, lr, fraction):
   """configure_pretraining.py's constants, per size (spec §5; 25% masking for large only)."""
   c = cl.load_config(CONFIG, f"size={size}")
-  cl.validate(c)
+  objectives.validate(c)
   o = c.objective
   assert (c.data.seq_len, o.mask_rate, o.max_predictions) == (seq_len, rate, slots)
   assert (c.train.batch_size, c.optimizer.peak_lr) == (batch, lr)
@@ -108,7 +109,7 @@ def test_bad_electra_settings_name_the_fix(overrides, message):
   config = cl.load_config(CONFIG, "runlocal")
   config.objective.update(overrides)
   with pytest.raises(cl.ConfigError, match=message):
-    cl.validate(config)
+    objectives.validate(config)
 
 
 # -- host-side masking -----------------------------------------------------------------------
@@ -178,7 +179,7 @@ def test_discriminator_input_holds_samples_and_labels_compare_with_the_original(
   np.testing.assert_array_equal(fake != originals, [[0, 0, 0, 1, 1, 0, 0]])
 
 
-@pytest.mark.parametrize("variant", cl.ELECTRA_VARIANTS)
+@pytest.mark.parametrize("variant", electra.VARIANTS)
 def test_the_discriminator_never_sees_mask_and_is_fed_the_samples(variant):
   config = tiny_config(variant)
   model, params, batch = init(config)
@@ -235,7 +236,7 @@ def _norm(tree):
   return float(optax.tree.norm(tree))
 
 
-@pytest.mark.parametrize("variant", cl.ELECTRA_VARIANTS)
+@pytest.mark.parametrize("variant", electra.VARIANTS)
 def test_no_gradient_reaches_the_generator_through_its_samples(variant):
   """With the generator's own loss weighted 0, its parameters get exactly zero gradient from the
   discriminator's loss; the shared embeddings get gradient from both losses."""
@@ -299,7 +300,7 @@ def _run_steps(config, batches, devices=None):
   return losses, jax.device_get(state.params)
 
 
-@pytest.mark.parametrize("variant", cl.ELECTRA_VARIANTS)
+@pytest.mark.parametrize("variant", electra.VARIANTS)
 def test_each_variant_learns_one_batch(variant):
   config = tiny_config(variant)
   config.model.update(dropout=0.0, attention_dropout=0.0)

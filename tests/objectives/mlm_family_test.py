@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertfam_jax import config_lib
+from bertfam_jax import config_lib, objectives
 from bertfam_jax.data import packing, sources, tokenizers, wordnet
 from bertfam_jax.objectives import mlm
 
@@ -55,8 +55,8 @@ def packed(config, tokenizer, documents):
 @pytest.mark.parametrize("name", PAPERS)
 def test_paper_configs_validate_and_their_features_feed_their_loss(name, cache_dir, documents):
   config = paper_config(name, cache_dir)
-  config_lib.validate(config)
-  config_lib.validate(config_lib.load_config(str(CONFIGS / f"{name}.py")))
+  objectives.validate(config)
+  objectives.validate(config_lib.load_config(str(CONFIGS / f"{name}.py")))
   tokenizer = tokenizers.load_or_train(config, documents)
   batch = mlm.make_features(config, tokenizer)(packed(config, tokenizer, documents),
                                                np.random.default_rng(1))

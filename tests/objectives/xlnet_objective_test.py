@@ -17,6 +17,7 @@ import pytest
 from bertfam_jax import config_lib as cl
 from bertfam_jax.data import packing
 from bertfam_jax.objectives import xlnet
+from helpers import tiny
 
 # The project tokenizer layout: <pad> 0, <unk> 1, [CLS] 2, [SEP] 3, [MASK] 4.
 VOCAB, CLS, SEP = 61, 2, 3
@@ -32,12 +33,8 @@ def tokenizer(seed=0):
 
 def tiny_config(perm_size=REUSE, bi_data=True, **model):
   c = cl.base_config()
-  c.model = ml_collections.ConfigDict(dict(
-      kind="xlnet", vocab_size=VOCAB, hidden=32, layers=2, heads=2, head_dim=16, mlp=64,
-      activation="gelu", dropout=0.0, attention_dropout=0.0, layer_norm_eps=1e-12,
-      initializer_range=0.02, untie_r=True, mem_len=REUSE, reuse_len=REUSE, clamp_len=-1,
-      dtype="float32", attention_impl="", remat_policy="none", scan_layers=False))
-  c.model.update(model)
+  c.model = tiny.xlnet(**{**dict(vocab_size=VOCAB, heads=2, head_dim=16, activation="gelu",
+                                 mem_len=REUSE, reuse_len=REUSE), **model})
   c.objective = ml_collections.ConfigDict(dict(
       name="xlnet", num_predict=PREDICT, mask_alpha=6.0, mask_beta=1.0, max_ngram=5,
       perm_size=perm_size, bi_data=bi_data, use_eod=True))

@@ -1,4 +1,4 @@
-"""train/flops.t5_train_flops_per_input_token against the T5's own parameter shapes."""
+"""bertfam_jax.flops.t5_train_flops_per_input_token against the T5's own parameter shapes."""
 
 import jax
 import jax.numpy as jnp

@@ -28,7 +28,7 @@ import pytest
 from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.objectives import mlm
-from bertfam_jax.train import optimizer, step as step_lib
+from bertfam_jax.train import optimizer
 
 WARMUP, TOTAL, STEPS = 2, 8, 5
 # Large rate and decay so that a decay applied to the wrong leaves moves a parameter by ~1e-2,

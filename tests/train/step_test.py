@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 from bertfam_jax import config_lib as cl
 from bertfam_jax.objectives import mlm
 from bertfam_jax.train import optimizer, sharding, step as step_lib
+from helpers import tiny
 
 # Heads, MLP width and vocabulary divisible by 8: tensor parallelism up to 8 shards them all.
 VOCAB, HEADS, LENGTH, PREDICTIONS, BATCH = 96, 8, 16, 4, 8
@@ -19,8 +20,7 @@ VOCAB, HEADS, LENGTH, PREDICTIONS, BATCH = 96, 8, 16, 4, 8
 
 def tiny_config(vocab_size=VOCAB, **mesh):
   c = cl.base_config()
-  c.model.update(hidden=32, layers=2, heads=HEADS, mlp=64, vocab_size=vocab_size,
-                 max_positions=LENGTH)
+  c.model = tiny.encoder(heads=HEADS, vocab_size=vocab_size, max_positions=LENGTH)
   c.data.seq_len = LENGTH
   c.objective.max_predictions = PREDICTIONS
   c.optimizer.update(peak_lr=1e-2, warmup_steps=2)

@@ -11,6 +11,7 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax.data import packing
 from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import sharding, step as step_lib
+from helpers import tiny
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VOCAB, INPUTS, TARGETS, BATCH = 96, 24, 12, 8
@@ -18,7 +19,7 @@ VOCAB, INPUTS, TARGETS, BATCH = 96, 24, 12, 8
 
 def tiny_config(**mesh):
   c = cl.load_config(os.path.join(_ROOT, "configs", "t5.py"), "runlocal")
-  c.model.update(hidden=32, heads=4, head_dim=8, mlp=64, vocab_size=VOCAB)
+  c.model = tiny.t5(vocab_size=VOCAB)
   c.data.seq_len = INPUTS
   c.objective.targets_length = TARGETS
   c.optimizer.update(peak_lr=1e-2, warmup_steps=2)

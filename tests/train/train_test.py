@@ -12,13 +12,14 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import checkpoint, loop, train
 from helpers.run_records import copy_until, train_records
+from helpers import tiny
 
 
 def tiny_config(**train_overrides):
   """A model that compiles in a few seconds; real text, a 512-piece tokenizer, 32-token rows."""
   c = cl.base_config()
   c.data.update(source="embedded_wiki", seq_len=32, docs_per_chunk=16)
-  c.model.update(hidden=32, layers=2, heads=2, mlp=64, vocab_size=512, max_positions=32)
+  c.model = tiny.encoder(heads=2)
   c.objective.max_predictions = 5
   c.optimizer.update(peak_lr=5e-3, warmup_steps=2)
   c.train.update(batch_size=8, total_steps=8, log_every=1, eval_every=4, eval_batches=2,

@@ -1,0 +1,98 @@
+"""The fine-tuning config: built without reading anything, its recipe's defaults filled in when the
+run starts (`config_lib.resolve_finetune`) without overwriting a value given, the optimizer's
+defaults following its name, and the one `parse_arg`."""
+
+import os
+
+import pytest
+
+from bertfam_jax import config_lib as cl
+from bertfam_jax.config_lib import ConfigError
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load(arg: str):
+  return cl.load_config(os.path.join(_REPO, "configs", "finetune.py"), arg)
+
+
+def test_building_reads_nothing_and_leaves_the_recipe_fields_unset():
+  config = load("task=glue/mrpc,init=/nonexistent/run,runlocal")   # no such directory: no I/O
+  assert (config.finetune.task, config.finetune.init, config.finetune.runlocal) == (
+      "glue/mrpc", "/nonexistent/run", True)
+  assert config.finetune.max_seq_len is None and config.optimizer.peak_lr is None
+  assert config.train.total_steps is None
+
+
+@pytest.mark.parametrize("recipe, expected", [
+    ("encoder", dict(name="adamw", peak_lr=5e-5, warmup_fraction=0.1, weight_decay=0.01,
+                     clip_norm=1.0, max_seq_len=128, epochs=3.0, total_steps=0)),
+    ("extractive_qa", dict(name="adamw", peak_lr=3e-5, max_seq_len=384, epochs=2.0,
+                           doc_stride=128, max_query_len=64)),
+    ("text_to_text", dict(name="adafactor", peak_lr=1e-3, warmup_fraction=0.0, weight_decay=0.0,
+                          clip_norm=0.0, max_seq_len=512, total_steps=0)),
+])
+def test_each_recipe_has_its_papers_defaults(recipe, expected):
+  resolved = cl.resolve_finetune(load("task=glue/mrpc,init=x"), recipe)
+  flat = {**resolved.optimizer, **resolved.finetune, **resolved.train}
+  assert {k: flat[k] for k in expected} == expected
+
+
+def test_runlocal_comes_first_and_given_values_are_kept():
+  config = load("task=wordnet_supersense_t2t,init=x,runlocal")
+  config.finetune.max_train_examples = 100
+  config.optimizer.peak_lr = 0.5
+  resolved = cl.resolve_finetune(config, cl.finetune_recipe(True, ""))
+  assert resolved.finetune.max_train_examples == 100 and resolved.optimizer.peak_lr == 0.5
+  assert resolved.finetune.max_eval_examples == 500 and resolved.finetune.max_seq_len == 128
+  assert resolved.train.total_steps == 1000   # runlocal T5: 1,000 steps
+  config.train.total_steps = 0   # given: from epochs, even with runlocal
+  assert cl.resolve_finetune(config, "text_to_text").train.total_steps == 0
+  qa = cl.resolve_finetune(load("task=wordnet_qa,init=x,runlocal"),
+                           cl.finetune_recipe(False, "extractive_qa"))
+  assert (qa.finetune.doc_stride, qa.finetune.max_query_len, qa.optimizer.peak_lr) == (64, 32, 5e-4)
+  assert cl.resolve_finetune(config, "text_to_text").to_dict() == cl.resolve_finetune(
+      cl.resolve_finetune(config, "text_to_text"), "text_to_text").to_dict()   # idempotent
+
+
+def test_the_optimizers_defaults_follow_its_name():
+  config = load("task=glue/mrpc,init=x")
+  config.optimizer.name = "adamw"
+  t5_with_adamw = cl.resolve_finetune(config, "text_to_text")
+  assert (t5_with_adamw.optimizer.weight_decay, t5_with_adamw.optimizer.clip_norm,
+          t5_with_adamw.optimizer.warmup_fraction) == (0.01, 1.0, 0.1)
+  config.optimizer.name = "adafactor"
+  assert cl.resolve_finetune(config, "encoder").optimizer.warmup_fraction == 0.0
+  config.optimizer.warmup_fraction = 0.1
+  with pytest.raises(ConfigError, match="Adafactor fine-tunes at a constant rate"):
+    cl.resolve_finetune(config, "encoder")
+  config.optimizer.update(name="sgd", warmup_fraction=None)
+  with pytest.raises(ConfigError, match="optimizer.name='sgd'"):
+    cl.resolve_finetune(config, "encoder")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("finetune.max_seq_len", 4, "max_seq_len >= 8"),
+    ("finetune.layer_decay", 1.5, "layer_decay=1.5"),
+    ("finetune.features", "mean", "features='mean'"),
+    ("optimizer.peak_lr", -1.0, "peak_lr"),
+    ("train.total_steps", -1, "total_steps must be >= 0"),
+])
+def test_bad_values_are_refused_naming_the_field(field, value, message):
+  config = load("task=glue/mrpc,init=x")
+  section, key = field.split(".")
+  config[section][key] = value
+  with pytest.raises(ConfigError, match=message):
+    cl.resolve_finetune(config, "encoder")
+
+
+def test_one_parse_arg_for_every_config_file():
+  assert vars(cl.parse_arg("large,runlocal", size="base")) == dict(runlocal=True, size="large")
+  assert vars(cl.parse_arg("size=large,version=1.1", size="base", version="1.0")) == dict(
+      runlocal=False, size="large", version="1.1")
+  assert vars(cl.parse_arg("task=a,init=/b", task="", init="")) == dict(
+      runlocal=False, task="a", init="/b")
+  with pytest.raises(ConfigError, match="Unknown config argument 'foo'.*known: \\['init', "):
+    cl.parse_arg("foo", task="", init="")
+  with pytest.raises(ConfigError, match="Unknown config argument 'version'"):
+    cl.parse_arg("version=1.1", size="base")
