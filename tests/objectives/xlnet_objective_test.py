@@ -38,7 +38,7 @@ def tiny_config(perm_size=REUSE, bi_data=True, **model):
   c.objective = ml_collections.ConfigDict(dict(
       name="xlnet", num_predict=PREDICT, mask_alpha=6.0, mask_beta=1.0, max_ngram=5,
       perm_size=perm_size, bi_data=bi_data, use_eod=True))
-  c.data.seq_len = SEQ
+  c.data.update(seq_len=SEQ, packing="xlnet_streams")
   return c
 
 
