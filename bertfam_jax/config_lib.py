@@ -493,6 +493,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   run has (data, model, optimizer, train, mesh). The objective's own fields are its module's
   `validate` (`objectives.validate` runs both)."""
   d, m, t = c.data, c.model, c.train
+  _validate_counts(c)
   if m.get("kind") in ("t5", "xlnet") and c.objective.get("name") != m.kind:
     raise ConfigError(f"model.kind={m.kind!r} trains with objective.name={m.kind!r}, not "
                       f"{c.objective.get('name')!r}.")
@@ -528,6 +529,30 @@ def validate(c: ml_collections.ConfigDict) -> None:
   sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     raise ConfigError(f"mesh {dict(c.mesh)}: sizes must be positive with at most one -1.")
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+# Fields that count something, and the least each may be.
+_AT_LEAST = {
+    "train": dict(batch_size=1, total_steps=1, grad_accum_steps=1, log_every=1, eval_every=1,
+                  eval_batches=0, checkpoint_every=1, keep_checkpoints=1),
+    "model": dict(hidden=1, layers=1, heads=1, mlp=1, vocab_size=1, max_positions=1),
+    "data": dict(docs_per_chunk=1, prefetch=0),
+    "optimizer": dict(peak_lr=0, warmup_steps=0),
+}
+
+
+def _validate_counts(c: ml_collections.ConfigDict) -> None:
+  """Sizes, steps and periods in range (a batch of 0 would "train" on nothing, a period of 0
+  divide by zero), and a compute dtype JAX has."""
+  for section, fields in _AT_LEAST.items():
+    for key, least in fields.items():
+      value = c[section].get(key)
+      if value is not None and value < least:
+        raise ConfigError(f"{section}.{key}={value} must be >= {least}; set "
+                          f"--config.{section}.{key} to {least} or more.")
+  if c.model.get("dtype", "float32") not in DTYPES:
+    raise ConfigError(f"model.dtype={c.model.dtype!r}; choose one of {DTYPES}.")
 
 
 ATTENTION_IMPLS = ("", "xla", "cudnn")
@@ -752,6 +777,9 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   if o.name == "adafactor" and o.warmup_fraction:
     raise ConfigError(f"optimizer.warmup_fraction={o.warmup_fraction}: Adafactor fine-tunes at a "
                       f"constant rate (T5); set --config.optimizer.warmup_fraction=0.")
+  if t.log_every < 1 or t.keep_checkpoints < 1 or t.grad_accum_steps < 1:
+    raise ConfigError(f"train.log_every={t.log_every}, keep_checkpoints={t.keep_checkpoints} and "
+                      f"grad_accum_steps={t.grad_accum_steps} must be >= 1.")
   if t.batch_size < 1 or t.eval_batch_size < 1 or t.batch_size % t.grad_accum_steps:
     raise ConfigError(f"train.batch_size={t.batch_size} must be >= 1 and divisible by "
                       f"train.grad_accum_steps={t.grad_accum_steps}.")

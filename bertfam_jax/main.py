@@ -43,17 +43,50 @@ def _maybe_initialize_distributed():
 
 
 def _parse_flags(argv):
-  """absl's parser, with ml_collections' unknown-field errors turned into one line (they raise
-  AttributeError/KeyError rather than a flags error, which absl would print as a traceback)."""
+  """absl's parser, with every user error in the command line turned into one line and exit 2
+  (absl would print them as tracebacks): an unknown config field (ml_collections raises
+  AttributeError/KeyError), a value of the wrong type or a missing --workdir (flags.Error), a
+  config argument its file refuses (ConfigError)."""
   try:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError) as e:
     field = str(e).strip("\"'")
     given = [a.split("=")[0] for a in argv if a.startswith("--config.") and field in a]
-    print(f"error: unknown config field {field!r} ({', '.join(given) or 'in the overrides'}); the "
-          f"config file lists the fields it has, and unknown keys are rejected so that typos never "
-          f"pass silently.", file=sys.stderr)
-    sys.exit(2)
+    _usage_error(f"unknown config field {field!r} ({', '.join(given) or 'in the overrides'}); the "
+                 f"config file lists the fields it has, and unknown keys are rejected so that "
+                 f"typos never pass silently.")
+  except flags.Error as e:
+    message = str(e)
+    if "Traceback" in message:  # the config file raised: its exception's own line says why
+      flag = message.split(": Error whilst parsing")[0]
+      cause = message.strip().splitlines()[-1].rpartition("Error: ")[2]
+      _usage_error(f"{flag}: {cause}")
+    _usage_error(" ".join(message.split()) + " (see --helpfull)")
+  except ConfigError as e:
+    _usage_error(f"--config: {e}")
+
+
+def _load_config(argv):
+  """The --config file's config. ml_collections reads the file when the config is first used,
+  and reports a missing or broken file there, as an OSError whose message holds a traceback."""
+  try:
+    config = _CONFIG.value
+    "seed" in config  # pylint: disable=pointless-statement  (the first use reports the error)
+    return config
+  except OSError as e:
+    given = next((a.partition("=")[2] for a in reversed(argv) if a.startswith("--config=")), "")
+    path = given.partition(":")[0]
+    reason = ("no such file" if path and not os.path.exists(path)
+              else " ".join(str(e).split())[:200])
+    _usage_error(f"--config={given} could not be loaded ({reason}); pass a config file such as "
+                 f"configs/roberta.py:runlocal.")
+  except ConfigError as e:
+    _usage_error(f"--config: {e}")
+
+
+def _usage_error(message: str):
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(2)
 
 
 def main(argv):
@@ -62,7 +95,7 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     # orbax and absl log every checkpoint phase at INFO; the progress lines are printed anyway.
     logging.set_verbosity(logging.WARNING)
-  config = _CONFIG.value
+  config = _load_config(sys.argv)
   finetuning = "finetune" in config
   if config.finetune.data_dir if finetuning else config.data.source == "tfds":
     # TensorFlow (used only by the optional tf.data reader) must never take the GPUs from JAX.

@@ -24,4 +24,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS above)
 
+# With CI=true a skipped test fails (tests/helpers/ci_skips.py): the plugin's hooks, as this
+# conftest's own.
+from helpers.ci_skips import (  # noqa: E402,F401  pylint: disable=unused-import
+    pytest_make_collect_report, pytest_runtest_makereport)
+
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -232,3 +232,28 @@ def test_batch_not_divisible_by_the_devices(tmp_path):
   result = _run(_command(workdir, "--config.train.batch_size=6", config="configs/bert.py:runlocal"))
   _assert_config_error(result, "train.batch_size=6", "multiple of 8")
   assert not os.path.exists(workdir) or not os.listdir(workdir)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (("--config.train.batch_size=0",), ("train.batch_size=0 must be >= 1",)),
+    (("--config.train.log_every=0",), ("train.log_every=0 must be >= 1",)),
+    (("--config.train.checkpoint_every=0",), ("train.checkpoint_every=0",)),
+    (("--config.model.dtype=float17",), ("model.dtype='float17'", "bfloat16")),
+    (("--config.train.total_steps=abc",), ("--config.train.total_steps=abc",)),
+    (("--config=configs/no_such_paper.py",), ("no such file", "configs/roberta.py:runlocal")),
+    (("--config=configs/bert.py:badarg",), ("Unknown model size 'badarg'",)),
+    (("--config=configs/finetune.py:task=a,epochs=3",), ("Unknown config argument 'epochs'",)),
+    (("--workdir=",), ("--workdir",)),
+])
+def test_bad_command_lines_are_one_line_and_touch_nothing(tmp_path, args, fragments):
+  """A wrong value, type, config file, config argument or a missing --workdir: exit 2, one
+  line naming the field and the fix, no traceback, and the workdir never created."""
+  workdir = tmp_path / "never"
+  command = [sys.executable, "-m", "bertfam_jax.main", "--config=configs/roberta.py:runlocal",
+             f"--workdir={workdir}", *args]
+  if args == ("--workdir=",):
+    command = [a for a in command if not a.startswith("--workdir")]
+  result = _run(command, timeout=120)
+  _assert_config_error(result, *fragments)
+  assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+  assert not workdir.exists()
