@@ -212,16 +212,29 @@ def read_hf_config(path: str) -> dict:
 
 
 def _weight_files(path: str) -> tuple[str, list[str]]:
-  """(format, files) of the checkpoint's weights, sharded (an *.index.json) or not."""
+  """(format, files) of the checkpoint's weights, sharded (an *.index.json) or not; every file
+  inside `path` (`_inside`)."""
   for name in (SAFETENSORS, TORCH_BIN):
     index = os.path.join(path, f"{name}.index.json")
     if os.path.exists(index):
       with open(index) as f:
         shards = sorted(set(json.load(f)["weight_map"].values()))
-      return name, [os.path.join(path, s) for s in shards]
+      return name, [_inside(path, shard, index) for shard in shards]
     if os.path.exists(os.path.join(path, name)):
-      return name, [os.path.join(path, name)]
+      return name, [_inside(path, name, os.path.join(path, name))]
   raise ConfigError(f"{path} holds no {SAFETENSORS} or {TORCH_BIN}.")
+
+
+def _inside(directory: str, name: str, named_in: str) -> str:
+  """`directory`/`name`, refused unless it resolves inside `directory` (an absolute or `../`
+  name, or a symlink out of it, would read a file elsewhere)."""
+  root = os.path.realpath(directory)
+  path = os.path.realpath(os.path.join(directory, name))
+  if os.path.commonpath([root, path]) != root:
+    raise ConfigError(f"{named_in} names the weights file {name!r}, which resolves to {path}, "
+                      f"outside {directory}; a checkpoint's files must lie in its directory (a "
+                      f"hub cache snapshot links into blobs/: copy it with `cp -rL` first).")
+  return path
 
 
 def _read_torch(file: str) -> dict[str, np.ndarray]:

@@ -9,6 +9,9 @@ import os
 import sys
 
 import jax
+from absl import logging
+
+from bertfam_jax.errors import ConfigError
 
 
 class MetricsWriter:
@@ -44,11 +47,25 @@ class MetricsWriter:
 
 def _truncate_after(path: str, step: int) -> None:
   """On resume, drops lines logged after the restored checkpoint: those steps run again and are
-  logged again, so the file stays one record per step."""
+  logged again, so the file stays one record per step. A last line cut short (the run was
+  killed while writing it) is dropped with a warning; a damaged line before it is a ConfigError
+  naming the file and line."""
   if not os.path.exists(path):
     return
   with open(path) as f:
-    kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
+  kept = []
+  for index, (number, line) in enumerate(lines):
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      if index + 1 < len(lines):
+        raise ConfigError(f"{path} line {number} is not a JSON record ({line[:60]!r}); repair or "
+                          f"delete that line to resume.") from None
+      logging.warning("%s: dropped its last line, cut short (%r).", path, line[:60])
+      continue
+    if record["step"] <= step:
+      kept.append(line if line.endswith("\n") else line + "\n")
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     f.writelines(kept)
