@@ -152,6 +152,7 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
         checkpointer.save(step, state, data_state)
       if save or any(step % e.every == 0 for e in evaluators):
         log.exclude_pause()
+  log.summary(step, last)
   return state, last
 
 
@@ -166,6 +167,8 @@ class _Logger:
     self.mfu_denominator = (peak * jax.device_count() / flops_per_token
                             if peak and flops_per_token else None)
     self.timer, self.timed_steps, self.last_logged = None, 0, start_step
+    self.started = time.perf_counter()
+    self.run_steps, self.run_seconds = 0, 0.0   # the timed training steps of the whole run
 
   def stepped(self, metrics) -> None:
     if self.timer is None:  # the first step compiles: time throughput from its end
@@ -173,6 +176,17 @@ class _Logger:
       self.timer = time.perf_counter()
     else:
       self.timed_steps += 1
+
+  def summary(self, step: int, last: dict[str, float]) -> None:
+    """The run's last line: where it stopped, its wall time, its training throughput (the timed
+    steps: compilation, evaluations and checkpoints excluded) and its last evaluation."""
+    rate = self.tokens_per_step * self.run_steps / self.run_seconds if self.run_seconds else 0.0
+    evals = ", ".join(f"{k[5:]} {v:.4f}" for k, v in sorted(last.items()) if k.startswith("eval_"))
+    ended = "Finished" if step >= self.total_steps else "Stopped"
+    metrics_lib.print_progress(
+        f"{ended} at step {step}/{self.total_steps} in "
+        f"{metrics_lib.format_duration(time.perf_counter() - self.started)}; "
+        f"{rate / 1e3:.1f}k tok/s while training" + (f"; last eval: {evals}" if evals else "") + ".")
 
   def exclude_pause(self) -> None:
     """Restarts the throughput timer after an evaluation or a checkpoint, so that tokens/s and
@@ -193,6 +207,8 @@ class _Logger:
           f"{kept}. Lower --config.optimizer.peak_lr or check the data.")
     now = time.perf_counter()
     seconds_per_step = (now - self.timer) / self.timed_steps if self.timed_steps else math.nan
+    self.run_steps += self.timed_steps
+    self.run_seconds += now - self.timer if self.timed_steps else 0.0
     self.timer, self.timed_steps, self.last_logged = now, 0, step
     scalars = step_lib.finalize_metrics(host)
     scalars["tokens_per_sec"] = self.tokens_per_step / seconds_per_step

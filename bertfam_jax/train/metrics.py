@@ -15,17 +15,16 @@ from bertfam_jax.errors import ConfigError
 
 
 class MetricsWriter:
+  """metrics.jsonl and TensorBoard events (process 0 only). The events file is opened at the
+  first record, so a run that records nothing (re-run after it finished) adds none."""
 
   def __init__(self, workdir: str, *, resume_step: int | None):
     self.enabled = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb_dir = os.path.join(workdir, "tensorboard")
     self._tb = None
-    if not self.enabled:
-      return
-    if resume_step is not None:
+    if self.enabled and resume_step is not None:
       _truncate_after(self.path, resume_step)
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, step: int, scalars: dict[str, float], prefix: str = "") -> None:
     if not self.enabled:
@@ -35,6 +34,9 @@ class MetricsWriter:
                                for k, v in scalars.items()}}
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
+    if self._tb is None:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(self._tb_dir)
     for k, v in scalars.items():
       if math.isfinite(v):
         self._tb.add_scalar(prefix + k, v, step)

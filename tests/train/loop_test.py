@@ -65,7 +65,7 @@ def test_epoch_source_resumes_where_its_state_says():
   assert [next(resumed)["row"].tolist() for _ in range(3)] == batches[2:]
 
 
-def test_logs_evaluates_and_saves_on_schedule():
+def test_logs_evaluates_and_saves_on_schedule(capsys):
   recorder, evaluated = Recorder(), []
   evaluator = loop.Evaluator(3, lambda step, params: evaluated.append(step) or {"score": step})
   state, last = loop.train(
@@ -75,6 +75,8 @@ def test_logs_evaluates_and_saves_on_schedule():
   assert int(state.step) == 7 and evaluated == [3, 6, 7]
   assert recorder.saved == [(3, {"step": 3}), (6, {"step": 6}), (7, {"step": 7})]
   assert last["eval_score"] == 7 and np.isfinite(last["loss"])
+  summary = capsys.readouterr().out.strip().splitlines()[-1]
+  assert summary.startswith("Finished at step 7/7 in ") and "last eval: score 7.0000." in summary
 
 
 @pytest.mark.parametrize("start", [0, 3])
@@ -91,7 +93,7 @@ def test_a_non_finite_loss_names_the_steps_of_its_window(start):
   assert recorder.saved == []
 
 
-def test_preemption_saves_before_evaluating(monkeypatch):
+def test_preemption_saves_before_evaluating(monkeypatch, capsys):
   recorder, evaluated = Recorder(), []
   monkeypatch.setattr(loop.preemption.Watch, "reached", lambda self, step: step == 4)
   state, _ = loop.train(
@@ -100,6 +102,7 @@ def test_preemption_saves_before_evaluating(monkeypatch):
       evaluators=[loop.Evaluator(2, lambda step, p: evaluated.append(step) or {})],
       sinks=loop.Sinks(checkpointer=recorder))
   assert int(state.step) == 4 and recorder.saved == [(4, {"step": 4})] and evaluated == [2]
+  assert "Stopped at step 4/8" in capsys.readouterr().out
 
 
 def test_a_finished_run_runs_nothing(capsys):

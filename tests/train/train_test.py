@@ -215,3 +215,15 @@ def test_a_checkpoint_from_before_the_carry_restores(uninterrupted, tmp_path):
   assert not any(np.any(np.asarray(m)) for m in restored.carry)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params),
                jax.device_get(state.params))
+
+
+def test_rerunning_a_finished_run_says_so_and_writes_nothing(uninterrupted, tmp_path, capsys):
+  workdir = str(tmp_path / "finished")
+  shutil.copytree(uninterrupted, workdir)
+  files = lambda: sorted(os.path.relpath(os.path.join(root, name), workdir)  # noqa: E731
+                         for root, _, names in os.walk(workdir) for name in names)
+  before, metrics_before = files(), train_records(workdir)
+  capsys.readouterr()
+  assert train.run(tiny_config(), workdir) == {}
+  assert "Already finished at step 8 (train.total_steps=8)." in capsys.readouterr().out
+  assert files() == before and train_records(workdir) == metrics_before   # no new events file
