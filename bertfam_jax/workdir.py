@@ -19,15 +19,12 @@ import json
 import os
 from typing import Any
 
-import jax
 import ml_collections
-import numpy as np
-import orbax.checkpoint as ocp
-from absl import logging
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import tokenizers
+from bertfam_jax.train import checkpoint as checkpoint_lib
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS = "checkpoints"
@@ -102,52 +99,18 @@ def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
 
 def latest_step(workdir: str) -> int | None:
   """The latest complete checkpoint step in WORKDIR/checkpoints, or None."""
-  manager = _reader(workdir)
-  try:
-    return manager.latest_step()
-  finally:
-    manager.close()
+  return checkpoint_lib.read_latest_step(os.path.join(workdir, CHECKPOINTS))
 
 
 def restore_params(workdir: str, step: int | None = None) -> Any:
   """The parameters ({'encoder': ..., heads...}) of checkpoint `step` (default: the latest) as
-  host numpy arrays; the optimizer state and the data position are not read."""
-  manager = _reader(workdir)
-  try:
-    step = manager.latest_step() if step is None else step
-    if step is None:
-      raise ConfigError(f"{workdir} holds no checkpoint yet; let its run reach "
-                        f"train.checkpoint_every steps, or pass the workdir of a finished run.")
-    try:
-      stored = manager.item_metadata(step)["state"]
-      # Every process reads the whole tree onto a device of its own (the first global device
-      # belongs to process 0 alone).
-      device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-      abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                              dict(params=stored["params"]))
-      restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-          item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-          partial_restore=True)))
-    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise bare Exception)
-      detail = " ".join(str(e).split())[:300]
-      raise ConfigError(f"Checkpoint {workdir}/{CHECKPOINTS}/{step} cannot be read: it is corrupt "
-                        f"or incomplete ({type(e).__name__}: {detail}). It is left untouched; "
-                        f"move it aside to read an earlier step.") from e
-  finally:
-    manager.close()
-  return jax.tree.map(np.asarray, restored["state"]["params"]["params"])
-
-
-def _reader(workdir: str) -> ocp.CheckpointManager:
-  directory = os.path.abspath(os.path.join(workdir, CHECKPOINTS))
-  verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)  # orbax warns that a read-only manager is read-only
-  try:
-    return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
-        read_only=True, create=False), item_handlers=dict(
-            state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler()))
-  finally:
-    logging.set_verbosity(verbosity)
+  host numpy arrays (`train.checkpoint.read_params`: neither the optimizer state nor the data
+  position is read)."""
+  step = latest_step(workdir) if step is None else step
+  if step is None:
+    raise ConfigError(f"{workdir} holds no checkpoint yet; let its run reach "
+                      f"train.checkpoint_every steps, or pass the workdir of a finished run.")
+  return checkpoint_lib.read_params(os.path.join(workdir, CHECKPOINTS), step)
 
 
 def load(path: str, *, tokenizer_path: str = "") -> tuple[ml_collections.ConfigDict, Any, Any]:

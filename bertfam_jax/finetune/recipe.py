@@ -135,16 +135,18 @@ def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState
   """A new state in `shardings`: parameters initialised from `config.seed`, then, unless
   `recipe.transfer` is None, replaced by the pre-trained weights under a fresh optimizer
   state."""
-  with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
-  state = with_ctx(step_lib.init_state)(recipe.model, recipe.tx, shardings, config.seed,
-                                        recipe.example)
+  state = step_lib.with_mesh_context(step_lib.init_state, mesh)(
+      recipe.model, recipe.tx, shardings, config.seed, recipe.example)
   if recipe.transfer is None:
     return state
   params = {"params": recipe.transfer(jax.device_get(state.params["params"]))}
-  return with_ctx(lambda p: jax.jit(
-      lambda p: step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=p,
-                                    opt_state=recipe.tx.init(p)),
-      out_shardings=shardings)(p))(params)
+
+  def with_fresh_optimizer(params):
+    return step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,
+                               opt_state=recipe.tx.init(params))
+
+  return step_lib.with_mesh_context(jax.jit(with_fresh_optimizer, out_shardings=shardings),
+                                    mesh)(params)
 
 
 def train_and_evaluate(config, recipe: Recipe, mesh, workdir: str | None = None

@@ -3,6 +3,7 @@ workdir whose checkpoints belong to a different model."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -33,16 +34,24 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 _MIN_REPLICA_SLICE_BYTES = 1 << 20
 
 
-def _register_array_handler() -> None:
+@contextlib.contextmanager
+def _orbax_quiet():
+  """Errors only from absl logging inside: orbax warns that a read-only manager is read-only and
+  that our array handler overrides its own."""
   verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)  # orbax warns that the registration overrides its own
+  logging.set_verbosity(logging.ERROR)
   try:
+    yield
+  finally:
+    logging.set_verbosity(verbosity)
+
+
+def _register_array_handler() -> None:
+  with _orbax_quiet():
     ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
         min_slice_bytes_for_replica_parallel=_MIN_REPLICA_SLICE_BYTES,
         array_metadata_store=getattr(ocp.type_handlers.get_type_handler(jax.Array),
                                      "_array_metadata_store", None)), override=True)
-  finally:
-    logging.set_verbosity(verbosity)
 
 
 _register_array_handler()
@@ -98,14 +107,9 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
         enable_async_checkpointing=True, create=not read_only, read_only=read_only)
-    verbosity = logging.get_verbosity()
-    if read_only:  # orbax warns that a read-only manager is read-only
-      logging.set_verbosity(logging.ERROR)
-    try:
+    with _orbax_quiet() if read_only else contextlib.nullcontext():
       self.manager = ocp.CheckpointManager(self.directory, options=options,
                                            item_names=("state", "data"))
-    finally:
-      logging.set_verbosity(verbosity)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -186,3 +190,48 @@ def _on_disk(state):
   if state.carry is not None:
     tree["carry"] = state.carry
   return tree
+
+
+def _params_reader(directory: str) -> ocp.CheckpointManager:
+  """A read-only manager of `directory` that knows the items' handlers, so that it can read a
+  checkpoint's metadata and restore part of its state (`read_params`)."""
+  with _orbax_quiet():
+    return ocp.CheckpointManager(
+        os.path.abspath(directory),
+        options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+        item_handlers=dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler()))
+
+
+def read_latest_step(directory: str) -> int | None:
+  """The latest complete checkpoint step in `directory`, or None; creates nothing."""
+  manager = _params_reader(directory)
+  try:
+    return manager.latest_step()
+  finally:
+    manager.close()
+
+
+def read_params(directory: str, step: int):
+  """The `params` of checkpoint `step` in `directory` as host numpy arrays, restored against the
+  checkpoint's own metadata (as MaxText's load_params_from_path): no model, no optimizer, and
+  neither the optimizer state nor the data position is read. A corrupt or incomplete checkpoint
+  is a ConfigError naming it."""
+  manager = _params_reader(directory)
+  try:
+    stored = manager.item_metadata(step)["state"]
+    # Every process reads the whole tree onto a device of its own (the first global device
+    # belongs to process 0 alone).
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                            dict(params=stored["params"]))
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+        partial_restore=True)))
+  except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise bare Exception)
+    detail = " ".join(str(e).split())[:300]
+    raise ConfigError(f"Checkpoint {directory}/{step} cannot be read: it is corrupt or incomplete "
+                      f"({type(e).__name__}: {detail}). It is left untouched; move it aside to "
+                      f"read an earlier step.") from e
+  finally:
+    manager.close()
+  return jax.tree.map(np.asarray, restored["state"]["params"]["params"])

@@ -145,12 +145,12 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
         checkpointer.save(step, state, data_state)
         logging.warning("Preemption notice (SIGTERM): saved step %d and stopped.", step)
         break
-      for evaluator in evaluators:
-        if step % evaluator.every == 0 or step == total_steps:
-          last.update(log.evaluation(step, evaluator.evaluate(step, state.params)))
+      due = [e for e in evaluators if step % e.every == 0 or step == total_steps]
+      for evaluator in due:
+        last.update(log.evaluation(step, evaluator.evaluate(step, state.params)))
       if save:
         checkpointer.save(step, state, data_state)
-      if save or any(step % e.every == 0 for e in evaluators):
+      if save or due:
         log.exclude_pause()
   log.summary(step, last)
   return state, last
