@@ -7,7 +7,9 @@ and `validate(config)` checks the invariants that would otherwise fail deep insi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import math
 import os
 import types
 
@@ -133,6 +135,8 @@ def base_config() -> ml_collections.ConfigDict:
       num_shards=0,
       prefetch=2,
       cache_dir="",           # '' = $BERTFAM_CACHE or ~/.cache/bertfam_jax
+      # Resume a workdir although its documents or tokenizer changed (logged); refused otherwise.
+      allow_change=False,
   ))
   c.tokenizer = ml_collections.ConfigDict(dict(
       kind="sentencepiece",
@@ -497,27 +501,17 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if m.get("kind") in ("t5", "xlnet") and c.objective.get("name") != m.kind:
     raise ConfigError(f"model.kind={m.kind!r} trains with objective.name={m.kind!r}, not "
                       f"{c.objective.get('name')!r}.")
-  if m.get("kind") == "t5" and m.architecture not in T5_ARCHITECTURES:
-    raise ConfigError(f"model.architecture={m.architecture!r}; choose one of {T5_ARCHITECTURES}.")
   if m.get("kind") not in ("t5", "xlnet") and d.seq_len > m.max_positions:
     raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions={m.max_positions}; "
                       f"lower --config.data.seq_len or raise --config.model.max_positions.")
-  if d.seq_len < 8:
-    raise ConfigError(f"data.seq_len={d.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8.")
   if m.get("kind") not in ("t5", "xlnet"):
     if m.hidden % m.heads:
       raise ConfigError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}.")
     _validate_model(m)
   _validate_attention(m)
-  if c.optimizer.name not in OPTIMIZERS:
-    raise ConfigError(f"optimizer.name={c.optimizer.name!r}; choose one of {OPTIMIZERS}.")
-  if d.source not in ("embedded_wiki", "tfds", "text"):
-    raise ConfigError(f"data.source={d.source!r}; choose embedded_wiki, tfds or text.")
   if d.source == "text" and not d.text_files:
     raise ConfigError("data.source='text' needs --config.data.text_files=PATH[,PATH...] (globs allowed).")
-  if d.packing not in PACKINGS:
-    raise ConfigError(f"data.packing={d.packing!r}; choose one of {PACKINGS}.")
-  if d.num_shards < 0 or (d.num_shards and t.batch_size % d.num_shards):
+  if d.num_shards and t.batch_size % d.num_shards:
     raise ConfigError(f"data.num_shards={d.num_shards} must be 0 (one per process) or divide "
                       f"train.batch_size={t.batch_size}.")
   if t.batch_size % t.grad_accum_steps:
@@ -529,33 +523,178 @@ def validate(c: ml_collections.ConfigDict) -> None:
   sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     raise ConfigError(f"mesh {dict(c.mesh)}: sizes must be positive with at most one -1.")
+  pieces = c.tokenizer.get("vocab_size", 0) + c.tokenizer.get("extra_ids", 0)
+  if c.tokenizer.kind == "sentencepiece" and pieces > m.vocab_size:
+    raise ConfigError(f"tokenizer.vocab_size={c.tokenizer.vocab_size} + extra_ids="
+                      f"{c.tokenizer.extra_ids} ids do not fit model.vocab_size={m.vocab_size} "
+                      f"rows; raise --config.model.vocab_size or lower the tokenizer's.")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
-# Fields that count something, and the least each may be.
-_AT_LEAST = {
-    "train": dict(batch_size=1, total_steps=1, grad_accum_steps=1, log_every=1, eval_every=1,
-                  eval_batches=0, checkpoint_every=1, keep_checkpoints=1),
-    "model": dict(hidden=1, layers=1, heads=1, mlp=1, vocab_size=1, max_positions=1),
-    "data": dict(docs_per_chunk=1, prefetch=0),
-    "optimizer": dict(peak_lr=0, warmup_steps=0),
+ATTENTION_IMPLS = ("", "xla", "cudnn")
+OPTIMIZERS = ("adamw", "lamb", "adafactor")
+SHARE_LAYERS = ("none", "all", "attention", "ffn")
+PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments",
+            "t5_segments", "xlnet_streams")
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """A finite number in [low, high] (`open` ends excluded): what a size, a period, a rate or a
+  probability may be. NaN and ±inf never hold."""
+  low: float = -math.inf
+  high: float = math.inf
+  low_open: bool = False
+  high_open: bool = False
+
+  def holds(self, value) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+      return False
+    above = value > self.low if self.low_open else value >= self.low
+    below = value < self.high if self.high_open else value <= self.high
+    return above and below
+
+  def describe(self) -> str:
+    if self.high == math.inf:
+      return f"{'>' if self.low_open else '>='} {_number(self.low)}"
+    if self.low == -math.inf:
+      return f"{'<' if self.high_open else '<='} {_number(self.high)}"
+    return (f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}"
+            f"{')' if self.high_open else ']'}")
+
+
+def _number(x: float) -> str:
+  return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(x)
+
+
+AT_LEAST_1 = Range(1)
+AT_LEAST_0 = Range(0)
+POSITIVE = Range(0, low_open=True)
+PROBABILITY = Range(0, 1)
+RATE = Range(0, 1, high_open=True)      # a dropout rate, a held-out fraction, Adam's betas
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+SCHEDULES = ("constant", "linear_after_warmup", "linear_from_zero", "rsqrt",
+             "warmup_times_linear")
+SOURCES = ("embedded_wiki", "tfds", "text")
+TEXT_FORMATS = ("auto", "blank_lines", "lines", "jsonl")
+TOKENIZER_KINDS = ("sentencepiece", "hf")
+SENTENCEPIECE_TYPES = ("unigram", "bpe")
+
+# Every number and choice of the sections all runs share, and what it may be: one table, checked
+# before anything is read or written (`check_fields`). An objective's own fields are in its
+# module's FIELD_RULES (`objectives.field_rules`). Free-form strings (paths, dataset and split
+# names) are checked where they are used, with the file or dataset named.
+FIELD_RULES = {
+    "seed": Range(0, 2**31 - 1),
+    "data.source": SOURCES,
+    "data.text_format": TEXT_FORMATS,
+    "data.eval_fraction": RATE,
+    "data.seq_len": Range(8),
+    "data.packing": PACKINGS,
+    "data.short_seq_prob": PROBABILITY,
+    "data.docs_per_chunk": AT_LEAST_1,
+    "data.num_shards": AT_LEAST_0,
+    "data.prefetch": Range(0, 1024),
+    "tokenizer.kind": TOKENIZER_KINDS,
+    "tokenizer.model_type": SENTENCEPIECE_TYPES,
+    "tokenizer.train_max_sentences": AT_LEAST_1,
+    "tokenizer.vocab_size": AT_LEAST_0,
+    "tokenizer.extra_ids": AT_LEAST_0,
+    "model.vocab_size": AT_LEAST_1,
+    "model.hidden": AT_LEAST_1,
+    "model.layers": AT_LEAST_1,
+    "model.decoder_layers": AT_LEAST_1,
+    "model.heads": AT_LEAST_1,
+    "model.head_dim": AT_LEAST_1,
+    "model.mlp": AT_LEAST_1,
+    "model.max_positions": AT_LEAST_1,
+    "model.type_vocab_size": AT_LEAST_1,
+    "model.embedding_size": AT_LEAST_0,
+    "model.hidden_groups": AT_LEAST_1,
+    "model.adapter_size": AT_LEAST_0,
+    "model.relative_buckets": AT_LEAST_1,
+    "model.relative_max_distance": AT_LEAST_1,
+    "model.mem_len": AT_LEAST_0,
+    "model.reuse_len": AT_LEAST_1,
+    "model.clamp_len": Range(-1),
+    "model.dropout": RATE,
+    "model.attention_dropout": RATE,
+    "model.layer_norm_eps": Range(0, 1, low_open=True),
+    "model.initializer_range": POSITIVE,
+    "model.dtype": DTYPES,
+    "model.activation": ACTIVATIONS,
+    "model.remat_policy": REMAT_POLICIES,
+    "model.attention_impl": ATTENTION_IMPLS,
+    "model.share_layers": SHARE_LAYERS,
+    "model.architecture": T5_ARCHITECTURES,
+    "model.kind": ("t5", "xlnet"),
+    "model.version": ("1.0", "1.1"),
+    "objective.masking": ("static", "dynamic"),
+    "optimizer.name": OPTIMIZERS,
+    "optimizer.schedule": SCHEDULES,
+    "optimizer.peak_lr": AT_LEAST_0,
+    "optimizer.end_lr": AT_LEAST_0,
+    "optimizer.warmup_steps": AT_LEAST_0,
+    "optimizer.b1": RATE,
+    "optimizer.b2": RATE,
+    "optimizer.eps": AT_LEAST_0,
+    "optimizer.weight_decay": AT_LEAST_0,
+    "optimizer.clip_norm": AT_LEAST_0,
+    "optimizer.decay_rate": Range(0, 1, low_open=True),
+    "optimizer.clipping_threshold": AT_LEAST_0,
+    "train.batch_size": AT_LEAST_1,
+    "train.total_steps": AT_LEAST_1,
+    "train.grad_accum_steps": AT_LEAST_1,
+    "train.log_every": AT_LEAST_1,
+    "train.eval_every": AT_LEAST_1,
+    "train.eval_batches": AT_LEAST_0,
+    "train.checkpoint_every": AT_LEAST_1,
+    "train.keep_checkpoints": AT_LEAST_1,
+    "mesh.data": Range(-1),
+    "mesh.fsdp": Range(-1),
+    "mesh.tensor": Range(-1),
 }
 
 
+def check_fields(c: ml_collections.ConfigDict, rules: dict) -> None:
+  """Raises ConfigError for the first field of `c` outside its rule: a `Range`, or a tuple of
+  choices. Fields `c` does not have are skipped (a section of another family)."""
+  for path, rule in rules.items():
+    section, _, key = path.rpartition(".")
+    holder = c[section] if section else c
+    if key not in holder:
+      continue
+    value = holder[key]
+    if isinstance(rule, Range) and not rule.holds(value):
+      raise ConfigError(f"{path}={value} must be {rule.describe()}; set --config.{path} to a "
+                        f"value {rule.describe()}.")
+    if isinstance(rule, tuple) and value not in rule:
+      raise ConfigError(f"{path}={value!r}; choose one of {rule}.")
+
+
+def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
+  """A lower bound on the memory one training step needs, from the config alone: 4-byte
+  parameters and their gradients for the embedding tables and the feed-forward matrices (every
+  family has both; attention and the rest come on top), and one 4-byte hidden state per token
+  per layer kept for the backward pass. Python integers, so that absurd sizes do not overflow.
+  `train.run` refuses a config whose floor exceeds the devices' memory (a hidden size of 10^9
+  would otherwise fail deep inside XLA)."""
+  m = c.model
+  layers = m.layers + m.get("decoder_layers", 0)
+  tables = (m.vocab_size + m.get("max_positions", 0)) * m.hidden
+  params = tables + layers * 2 * m.hidden * m.mlp
+  tokens = c.train.batch_size * (c.data.seq_len + c.objective.get("targets_length", 0))
+  return 8 * params + 4 * tokens * m.hidden * layers
+
+
 def _validate_counts(c: ml_collections.ConfigDict) -> None:
-  """Sizes, steps and periods in range (a batch of 0 would "train" on nothing, a period of 0
-  divide by zero), and a compute dtype JAX has."""
-  for section, fields in _AT_LEAST.items():
-    for key, least in fields.items():
-      value = c[section].get(key)
-      if value is not None and value < least:
-        raise ConfigError(f"{section}.{key}={value} must be >= {least}; set "
-                          f"--config.{section}.{key} to {least} or more.")
-  if c.model.get("dtype", "float32") not in DTYPES:
-    raise ConfigError(f"model.dtype={c.model.dtype!r}; choose one of {DTYPES}.")
+  """Every field of `FIELD_RULES` in range (a batch of 0 would "train" on nothing, a period of 0
+  divide by zero, a dropout of 3 train without complaint) and every choice one we have."""
+  check_fields(c, FIELD_RULES)
 
 
-ATTENTION_IMPLS = ("", "xla", "cudnn")
 
 
 def _validate_attention(m: ml_collections.ConfigDict) -> None:
@@ -576,8 +715,6 @@ def _validate_attention(m: ml_collections.ConfigDict) -> None:
                       f"{m[dropout_field]}) or --config.model.attention_impl=''.")
 
 
-OPTIMIZERS = ("adamw", "lamb", "adafactor")
-SHARE_LAYERS = ("none", "all", "attention", "ffn")
 
 
 def _validate_model(m: ml_collections.ConfigDict) -> None:
@@ -602,8 +739,6 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
                       "--config.model.scan_layers=False.")
 
 
-PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments",
-            "t5_segments", "xlnet_streams")
 def effective_mask_rate(c: ml_collections.ConfigDict) -> float:
   """The fraction of a full-length sequence that is predicted given max_predictions (ALBERT's
   shipped 512/20 setting predicts ~3.9%, which is legal and logged, not refused)."""

@@ -1,33 +1,212 @@
-"""Reading a run back: its config, its tokenizer and its parameters, without its optimizer.
+"""A workdir: what a run records (`record`), what a resume must match (`check_resumable`), and
+reading a run back (its config, tokenizer and parameters, without its optimizer).
 
-A run is a workdir of ours: config.json (`train.run`, `finetune.run` or `python -m
-bertfam_jax.hf import` wrote it), the tokenizer it names, checkpoints/<step>/. (A transformers
-checkpoint directory is read by `bertfam_jax.hf`; fine-tuning takes either, `finetune.run.
-load_init`.)
+A run is a workdir of ours, self-contained: config.json (`train.run`, `finetune.run` or `python -m
+bertfam_jax.hf import` wrote it), its tokenizer (tokenizer.model, a SentencePiece model, or
+tokenizer/, a transformers tokenizer's files), data.json (`data.sources.data_identity`: the
+documents it trains on, by content hash), checkpoints/<step>/, metrics.jsonl. Copied to another
+machine with an empty cache it resumes and exports as it was. (A transformers checkpoint directory
+is read by `bertfam_jax.hf`; fine-tuning takes either, `finetune.run.load_init`.)
+
+The files other than checkpoints are provisional until the first checkpoint: a start that fails
+before it leaves nothing that blocks a corrected re-run, which replaces them.
 
   config, tokenizer, params = workdir.load(path)          # params: {'encoder', heads...}
   params = workdir.restore_params(path)                   # the latest checkpoint's, host numpy
 
 Parameters are restored against the abstract tree in the checkpoint's own metadata (as MaxText's
 `load_params_from_path`): nothing else is read, no optimizer is built and no model is traced, so a
-run of any objective, fine-tuned or not, reads the same way. Everything here only reads.
+run of any objective, fine-tuned or not, reads the same way. Only `record` and `write_config`
+write.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
+import jax
 import ml_collections
+from absl import logging
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.data import tokenizers
+from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.train import checkpoint as checkpoint_lib
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS = "checkpoints"
+TOKENIZER_MODEL = "tokenizer.model"   # a SentencePiece model (data.tokenizers.Tokenizer)
+TOKENIZER_DIR = "tokenizer"           # a transformers tokenizer's files (data.hf_tokenizer)
+DATA_FILE = "data.json"
+# Sections whose change makes an existing checkpoint meaningless (a different network, vocabulary
+# or objective). Optimizer, schedule, batch and step counts may change between resumptions; the
+# tokenizer's own path may too (its content is compared instead, `check_resumable`).
+_IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
+
+
+# ------------------------------------------------------------------------------------- writing
+
+
+def check_writable(workdir: str) -> None:
+  """Refuses a --workdir that is a file, or that cannot be created or written, without creating
+  or touching anything."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ConfigError(f"--workdir={workdir} is a file, not a directory; pass a directory (it is "
+                      f"created if it does not exist).")
+  existing = workdir
+  while not os.path.exists(existing):
+    existing = os.path.dirname(os.path.abspath(existing))
+  if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+    raise ConfigError(f"--workdir={workdir} cannot be written ({existing} is not a writable "
+                      f"directory); choose a directory you can write to.")
+
+
+def tokenizer_files(tokenizer) -> dict[str, bytes]:
+  """{path in the workdir: content} of the files that hold `tokenizer`: its SentencePiece model
+  as tokenizer.model, or a transformers tokenizer's files under tokenizer/."""
+  if hasattr(tokenizer, "model_proto"):
+    return {TOKENIZER_MODEL: tokenizer.model_proto}
+  return {os.path.join(TOKENIZER_DIR, name): content for name, content in tokenizer.files.items()}
+
+
+def saved_tokenizer_files(workdir: str) -> dict[str, bytes]:
+  """`tokenizer_files` as the workdir holds them ({} for a workdir written before it held its
+  tokenizer)."""
+  directory = os.path.join(workdir, TOKENIZER_DIR)
+  names = ([TOKENIZER_MODEL] if os.path.exists(os.path.join(workdir, TOKENIZER_MODEL)) else
+           [os.path.join(TOKENIZER_DIR, n) for n in sorted(os.listdir(directory))]
+           if os.path.isdir(directory) else [])
+  out = {}
+  for name in names:
+    if os.path.isfile(os.path.join(workdir, name)):
+      with open(os.path.join(workdir, name), "rb") as f:
+        out[name] = f.read()
+  return out
+
+
+def check_resumable(workdir: str, config, tokenizer, data: dict | None) -> None:
+  """For a workdir holding a checkpoint, refuses a config whose model, objective or tokenizer
+  settings differ from those it was started with, and, unless `data.allow_change` (logged), a
+  tokenizer or documents (`data`: `sources.data_identity`, None for fine-tuning) other than
+  those it recorded. A workdir without a checkpoint is never refused: nothing in it would be
+  resumed. Reads only."""
+  if latest_step(workdir) is None:
+    return
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise ConfigError(f"{workdir} holds checkpoints but no config.json; use a new --workdir (or "
+                      f"restore that file).")
+  with open(path) as f:
+    saved = json.load(f)
+  check_config(workdir, saved, config)
+  changes = []
+  recorded = saved_tokenizer_files(workdir)
+  if recorded and recorded != tokenizer_files(tokenizer):
+    changes.append(f"the tokenizer ({sorted(recorded)} in the workdir; "
+                   f"tokenizer.model_path={config.tokenizer.model_path!r} given)")
+  saved_data = _read_json(os.path.join(workdir, DATA_FILE))
+  if data is not None and saved_data is not None:
+    changes += sources.identity_changes(saved_data, data)
+  if not changes:
+    return
+  if not config.get("data", {}).get("allow_change", False):
+    raise ConfigError(f"{workdir} was trained on other data or with another tokenizer than this "
+                      f"config gives ({'; '.join(changes)}); resuming would silently continue on "
+                      f"them. Pass the original data, or --config.data.allow_change=True to "
+                      f"resume anyway (it is logged), or use a new --workdir.")
+  logging.warning("data.allow_change=True: resuming %s with %s.", workdir, "; ".join(changes))
+
+
+def check_config(workdir: str, saved: dict, config) -> None:
+  """Refuses `config` when its model, objective or tokenizer settings differ from `saved` (the
+  workdir's config.json)."""
+  current = json.loads(config.to_json())
+  defaults = _identity(json.loads(config_lib.base_config().to_json()))
+  diffs = _diff(_identity(saved), _identity(current), defaults)
+  if diffs:
+    raise ConfigError(
+        f"{workdir} holds a run with a different model/objective/tokenizer ({'; '.join(diffs[:5])})"
+        f". Use a new --workdir, or pass the original settings to resume it.")
+
+
+def record(workdir: str, config, tokenizer, data: dict | None) -> None:
+  """Writes what a resume or a reader needs (process 0): config.json, the tokenizer and data.json.
+  Called once setup has succeeded, just before the first step: a fresh start (no checkpoint yet)
+  replaces what a failed start left; a resume keeps the run's config.json and replaces the
+  tokenizer or data record only where `check_resumable` let a change through or an older workdir
+  lacks them."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  fresh = latest_step(workdir) is None
+  if fresh or not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
+    write_config(workdir, config)
+  files = tokenizer_files(tokenizer)
+  if fresh or saved_tokenizer_files(workdir) != files:
+    for stale in (TOKENIZER_MODEL, TOKENIZER_DIR):
+      stale = os.path.join(workdir, stale)
+      if os.path.isdir(stale):
+        shutil.rmtree(stale)
+      elif os.path.exists(stale):
+        os.remove(stale)
+    for name, content in files.items():
+      sources.write_atomically(os.path.join(workdir, name), content)
+  if data is not None and (fresh or _read_json(os.path.join(workdir, DATA_FILE)) != data):
+    sources.write_atomically(os.path.join(workdir, DATA_FILE),
+                             (json.dumps(data, indent=2) + "\n").encode("utf-8"))
+
+
+def write_config(workdir: str, config) -> None:
+  """WORKDIR/config.json, replaced atomically (process 0)."""
+  if jax.process_index() == 0:
+    sources.write_atomically(os.path.join(workdir, CONFIG_FILE),
+                             config.to_json(indent=2).encode("utf-8"))
+
+
+def check_or_write_config(workdir: str, config) -> None:
+  """`check_config` against an existing config.json, else `write_config`: for writers of a
+  workdir that train nothing (`python -m bertfam_jax.hf import`, tests)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  saved = _read_json(path)
+  if saved is None:
+    write_config(workdir, config)
+  else:
+    check_config(workdir, saved, config)
+
+
+def _read_json(path: str):
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _identity(config_dict: dict) -> dict:
+  identity = {k: config_dict.get(k) for k in _IDENTITY_SECTIONS}
+  if isinstance(identity["tokenizer"], dict):
+    identity["tokenizer"] = {k: v for k, v in identity["tokenizer"].items() if k != "model_path"}
+  return identity
+
+
+def _diff(saved, current, defaults, prefix="") -> list[str]:
+  """'key: saved → current' for every differing field. A field the saved config lacks was added
+  to the codebase after the run started (e.g. ALBERT's `model.share_layers`); it matches while it
+  holds its default (`defaults`, from `config_lib.base_config()`), the behaviour the run had."""
+  if isinstance(saved, dict) and isinstance(current, dict):
+    defaults = defaults if isinstance(defaults, dict) else {}
+    out = []
+    for key in sorted(set(saved) | set(current)):
+      if key not in saved and key in defaults and current.get(key) == defaults[key]:
+        continue
+      out += _diff(saved.get(key), current.get(key), defaults.get(key), f"{prefix}{key}.")
+    return out
+  return [] if saved == current else [f"{prefix[:-1]}: {saved!r} → {current!r}"]
+
+
+# ------------------------------------------------------------------------------------- reading
 
 
 def is_transformers_checkpoint(path: str) -> bool:
@@ -59,14 +238,18 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def tokenizer_location(config, workdir: str, tokenizer_path: str = "") -> str:
-  """Where the tokenizer of the run in `workdir` is: `tokenizer_path`, else the run's
-  `tokenizer.model_path` (relative paths, as imported workdirs write them, are relative to the
-  workdir), else the model the run trained and cached on this machine. For a transformers
+  """Where the tokenizer of the run in `workdir` is: `tokenizer_path`, else the copy the workdir
+  holds (tokenizer.model, or tokenizer/ for a transformers tokenizer), else, for workdirs written
+  before they held one, the run's `tokenizer.model_path` (relative paths are relative to the
+  workdir) or the model the run trained and cached on this machine. For a transformers
   checkpoint directory, that directory."""
   if tokenizer_path:
     return tokenizer_path
   if is_transformers_checkpoint(workdir):
     return os.path.abspath(workdir)
+  for own in (TOKENIZER_MODEL, TOKENIZER_DIR):
+    if os.path.exists(os.path.join(workdir, own)):
+      return os.path.abspath(os.path.join(workdir, own))
   path = config.tokenizer.model_path
   if path and not os.path.isabs(path):
     path = os.path.join(workdir, path)
@@ -80,10 +263,10 @@ def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
   path = tokenizer_location(config, workdir, tokenizer_path)
   if not os.path.exists(path):
     raise ConfigError(
-        f"The tokenizer of {workdir} is not at {path} (it is cached under data.cache_dir or "
-        f"$BERTFAM_CACHE of the machine that pre-trained it, and the cache key changes with the "
-        f"corpus files). On that machine `python -m bertfam_jax.train_tokenizer --config=<the "
-        f"run's config> --output=PATH` copies it; then pass tokenizer_path=PATH.")
+        f"The tokenizer of {workdir} is not at {path}: the workdir predates workdirs holding "
+        f"their tokenizer, which was cached under data.cache_dir or $BERTFAM_CACHE of the machine "
+        f"that pre-trained it. On that machine `python -m bertfam_jax.train_tokenizer --config="
+        f"<the run's config> --output={os.path.join(workdir, TOKENIZER_MODEL)}` copies it in.")
   if os.path.isdir(path):
     # Imported here: it needs the `tokenizers` package (the [hf] extra).
     from bertfam_jax.data import hf_tokenizer  # pylint: disable=g-import-not-at-top

@@ -213,6 +213,7 @@ class Pipeline:
     self._doc_order_cache: dict[int, tuple[int, np.ndarray]] = {}   # shard: (layout_seed, order)
     self._positions = (_Position(0, 0, 0),) * len(self.shards)
     self._stream = None   # a _Prefetcher or a generator, started lazily from self._positions
+    self._peeked: tuple[Batch, tuple[_Position, ...]] | None = None   # (batch, positions after)
 
   # -- seeds and layout ---------------------------------------------------------------------
 
@@ -373,6 +374,10 @@ class Pipeline:
     return self
 
   def __next__(self) -> Batch:
+    if self._peeked is not None:
+      batch, self._positions = self._peeked
+      self._peeked = None
+      return batch
     if self._stream is None:
       stream = self._local_batches(self._positions)
       depth = self._config.data.prefetch
@@ -382,6 +387,16 @@ class Pipeline:
     else:
       batch, self._positions = next(self._stream)
     return batch
+
+  def peek(self) -> Batch:
+    """The next batch, without consuming it: the following `next` returns it (and `state` stays
+    where it was until then). Set-up draws it so that a corpus too small for one batch is
+    refused before anything is written."""
+    if self._peeked is None:
+      before = self._positions
+      self._peeked = (next(self), self._positions)
+      self._positions = before
+    return self._peeked[0]
 
   def state(self) -> dict[str, int]:
     """The positions of this process's shards after the last batch handed out (what the consumer
@@ -411,6 +426,7 @@ class Pipeline:
                       "%s.", len(positions), self._num_shards, fix)
       positions = [_Position(0, 0, 0)] * self._num_shards
     self.close()
+    self._peeked = None
     self._positions = tuple(positions[shard] for shard in self.shards)
 
   def close(self) -> None:

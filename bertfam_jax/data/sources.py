@@ -121,6 +121,10 @@ def write_atomically(path: str, data: bytes) -> None:
     raise
 
 
+def _embedded_wiki_path(cache_dir: str) -> str:
+  return os.path.join(cache_dir, "corpora", "embedded_wiki.jsonl")
+
+
 def embedded_wiki(cache_dir: str) -> list[str]:
   """The embedded English corpus: Wikipedia articles from the sample dump in the gensim wheel.
 
@@ -136,7 +140,7 @@ def embedded_wiki(cache_dir: str) -> list[str]:
   Returns:
     The document texts, in dump order (deterministic).
   """
-  path = os.path.join(cache_dir, "corpora", "embedded_wiki.jsonl")
+  path = _embedded_wiki_path(cache_dir)
   if not os.path.exists(path):
     lines = (json.dumps(doc, ensure_ascii=False) + "\n" for doc in _extract_wiki_documents())
     write_atomically(path, "".join(lines).encode("utf-8"))
@@ -174,10 +178,17 @@ def _read_text_file(path: str, text_format: str) -> list[str]:
     create_pretraining_data input format). lines: every line is a document. jsonl: one JSON
     object per line with a `text` field.
   """
-  with open(path, encoding="utf-8") as f:
-    content = f.read()
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    content = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise config_lib.ConfigError(
+        f"{path} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 4]!r}); data.text_files "
+        f"takes UTF-8 .txt or .jsonl files: convert it (iconv -t UTF-8) or leave it out.") from None
   if text_format == "jsonl":
-    docs = [json.loads(line)["text"] for line in content.splitlines() if line.strip()]
+    docs = [_jsonl_text(path, number, line)
+            for number, line in enumerate(content.splitlines(), 1) if line.strip()]
   elif text_format == "lines":
     docs = content.splitlines()
   elif text_format == "blank_lines":
@@ -189,10 +200,26 @@ def _read_text_file(path: str, text_format: str) -> list[str]:
   return [doc for doc in docs if doc]
 
 
+def _jsonl_text(path: str, number: int, line: str) -> str:
+  try:
+    text = json.loads(line)["text"]
+  except (json.JSONDecodeError, KeyError, TypeError):
+    text = None
+  if not isinstance(text, str):
+    raise config_lib.ConfigError(f"{path} line {number} is not a JSON object with a \"text\" "
+                                 f"string ({line[:60]!r}); fix the line, or pass "
+                                 f"--config.data.text_format=lines to read the file as text.")
+  return text
+
+
 def read_text_files(patterns: str, text_format: str = "auto") -> list[str]:
   """Documents from comma-separated globs of .txt / .jsonl files, in sorted path order."""
-  return [doc for path in _expand_globs(patterns)
-          for doc in _read_text_file(path, _file_format(path, text_format))]
+  documents = [doc for path in _expand_globs(patterns)
+               for doc in _read_text_file(path, _file_format(path, text_format))]
+  if not documents:
+    raise config_lib.ConfigError(f"data.text_files={patterns!r} holds no text (every file is "
+                                 f"empty or blank); point --config.data.text_files at the corpus.")
+  return documents
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +365,64 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str) -> Sequenc
     raise config_lib.ConfigError(
         f"data.source={source!r}; choose embedded_wiki, tfds or text.")
   return _hash_split(documents, split, data_config.eval_fraction)
+
+
+def data_identity(data_config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """What a run's documents are, recorded in its workdir (data.json) and compared on resume:
+  the source and its held-out fraction, and the content (sha256) of every text file or of the
+  extracted embedded corpus, or the TFDS dataset's name, resolved version and splits. `paths`
+  name the files in messages and are never compared (a workdir may move between machines).
+  Call it after `get_documents`, which extracts the embedded corpus."""
+  d = data_config
+  if d.source == "tfds":
+    return dict(source="tfds", tfds_name=d.tfds_name, version=_tfds_version(d),
+                train_split=d.train_split, eval_split=d.eval_split, text_key=d.tfds_text_key)
+  if d.source == "text":
+    paths = [os.path.abspath(p) for p in _expand_globs(d.text_files)]
+    return dict(source="text", text_format=d.text_format, eval_fraction=d.eval_fraction,
+                files=[_sha256(p) for p in paths], paths=paths)
+  return dict(source=d.source, eval_fraction=d.eval_fraction,
+              documents=_sha256(_embedded_wiki_path(cache_root(d))))
+
+
+def identity_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+  """'field: saved → current' for each difference of two `data_identity`s, the source first."""
+  keys = sorted((set(saved) | set(current)) - {"paths"}, key=lambda k: (k != "source", k))
+  changes = []
+  for key in keys:
+    before, after = saved.get(key), current.get(key)
+    if before == after:
+      continue
+    if key == "files":
+      changes.append(f"data files {_files(saved)} → {_files(current)}")
+    elif key == "documents":
+      changes.append(f"the embedded corpus (sha256 {str(before)[:12]} → {str(after)[:12]})")
+    else:
+      changes.append(f"data.{key}: {before!r} → {after!r}")
+  return changes
+
+
+def _files(identity: Mapping[str, Any]) -> str:
+  named = zip(identity.get("paths", []), identity.get("files", []))
+  return "[" + ", ".join(f"{os.path.basename(p)} sha256 {h[:12]}" for p, h in named) + "]"
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _tfds_version(data_config: ml_collections.ConfigDict) -> str:
+  """The version of the prepared TFDS dataset a run reads (the newest, unless its name pins
+  one): what `tfds_records` opens."""
+  # pylint: disable=g-import-not-at-top  (optional extra; tfds_records has already imported it)
+  from tensorflow_datasets.core import read_only_builder
+  builder = read_only_builder.builder_from_files(data_config.tfds_name,
+                                                 data_dir=data_config.tfds_data_dir or None)
+  return str(builder.info.version)
 
 
 def source_identity(data_config: ml_collections.ConfigDict) -> str:

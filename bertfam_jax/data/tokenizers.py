@@ -241,6 +241,12 @@ def _check_vocab(tokenizer: Tokenizer, config: ml_collections.ConfigDict, origin
         f"{tokenizer.vocab_size} (and --config.tokenizer.vocab_size) or use another tokenizer.")
 
 
+def is_available(config: ml_collections.ConfigDict) -> bool:
+  """Whether `load_or_train` finds its tokenizer (a model_path, or one cached) or trains one."""
+  return bool(config.tokenizer.model_path) or config.tokenizer.kind != "sentencepiece" or (
+      os.path.exists(cache_path(config)))
+
+
 def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
                   workdir: str = "") -> Tokenizer:
   """The configured tokenizer: `tokenizer.model_path` if set, else one trained and cached.

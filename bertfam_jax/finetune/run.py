@@ -47,7 +47,6 @@ from bertfam_jax.finetune import features, optim, recipe as recipe_lib, seq2seq,
 from bertfam_jax.finetune import text_tasks
 from bertfam_jax.finetune import losses as finetune_losses
 from bertfam_jax.models import finetune as finetune_models
-from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import metrics as train_metrics
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import train as train_lib
@@ -105,12 +104,12 @@ def transfer_pretrained(fresh, pretrained, *, reuse_pooler: bool):
 # ------------------------------------------------------------------------------------------- run
 
 
-def prepare_workdir(workdir: str, task: str) -> None:
-  """`train.prepare_workdir`, then refuses, before anything in it is read or written, a workdir
+def check_workdir(workdir: str, task: str) -> None:
+  """`workdir.check_writable`, then refuses, before anything in it is read or written, a workdir
   that holds another run than a fine-tuning on `task` (a pre-training run, or a fine-tuning on
   another task): its checkpoints would otherwise be resumed as this run's."""
-  train_lib.prepare_workdir(workdir)
-  path = os.path.join(workdir, "config.json")
+  workdir_lib.check_writable(workdir)
+  path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   if not os.path.exists(path):
     return
   with open(path) as f:
@@ -150,11 +149,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   init_config, tokenizer, pretrained = load_init(ft.init)
   resolved = resolved_config(config, init_config,
                              tokenizer_path=workdir_lib.tokenizer_location(init_config, ft.init))
-  prepare_workdir(workdir, ft.task)
+  check_workdir(workdir, ft.task)
+  workdir_lib.check_resumable(workdir, resolved, tokenizer, None)
   mesh = sharding_lib.make_mesh(config.mesh)
   check_batches(resolved, mesh)
   recipe = make_recipe(resolved, tokenizer, None if ft.from_scratch else pretrained, mesh)
-  checkpoint_lib.check_or_write_config(workdir, resolved)
+  workdir_lib.record(workdir, resolved, tokenizer, None)
   _keep_hf_source(ft.init, init_config, workdir)
   results = recipe_lib.train_and_evaluate(resolved, recipe, mesh, workdir)
   return {k: v for k, v in results.items() if k != "predictions"}

@@ -34,7 +34,6 @@ from absl import logging
 from bertfam_jax import objectives
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.data import tokenizers as sp_tokenizers
 from bertfam_jax.finetune import tasks
 from bertfam_jax.hf import families, io
 from bertfam_jax.data import hf_tokenizer as tokenizer_lib
@@ -59,7 +58,7 @@ def import_to_workdir(hf_path: str, workdir: str, generator_path: str | None = N
   config.tokenizer.model_path = TOKENIZER_DIR if m.tokenizer is not None else ""
   objectives.validate(config)
   os.makedirs(workdir, exist_ok=True)
-  checkpoint_lib.check_or_write_config(workdir, config)
+  workdir_lib.check_or_write_config(workdir, config)
   if m.tokenizer is not None:
     m.tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
   save_initial_checkpoint(config, m.params, os.path.join(workdir, "checkpoints"))
@@ -147,13 +146,11 @@ def hf_source(path: str) -> dict:
 
 
 def _run_tokenizer(config, workdir: str):
-  """The run's tokenizer as an HFTokenizer, or None (with a warning) when it cannot be found."""
-  path = config.tokenizer.model_path
-  if path and not os.path.isabs(path):
-    path = os.path.join(workdir, path)
-  if config.tokenizer.kind == "hf":
-    return tokenizer_lib.from_dir(path) if path else None
-  path = path or sp_tokenizers.cache_path(config)
+  """The run's tokenizer (the workdir's own, `bertfam_jax.workdir.tokenizer_location`) as an
+  HFTokenizer, or None (with a warning) when it cannot be found."""
+  path = workdir_lib.tokenizer_location(config, workdir)
+  if os.path.isdir(path):
+    return tokenizer_lib.from_dir(path)
   if not os.path.exists(path):
     logging.warning("The tokenizer of %s is not at %s; exporting the weights without it.",
                     workdir, path)

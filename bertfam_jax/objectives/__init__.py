@@ -20,6 +20,9 @@ Required:
       Model training FLOPs per token (`bertfam_jax.flops` conventions), for the logged MFU.
 
 Optional (the defaults are defined here):
+  FIELD_RULES: {"objective.<field>": config_lib.Range or a tuple of choices}
+      What each of the objective's own numbers and choices may be, checked with the shared
+      sections' `config_lib.FIELD_RULES` before anything runs (`field_rules`). Default: none.
   validate(config) -> None
       Raises `ConfigError` naming the fix for the objective's own fields (`config_lib.validate`
       checks the sections every run has; `validate` below runs both). Default: nothing to check.
@@ -92,10 +95,17 @@ def get(name: str):
 def validate(config) -> None:
   """Raises ConfigError naming the fix for a pre-training config that cannot run: the sections
   every run has (`config_lib.validate`), then its objective's own `validate`."""
+  objective = get(config.objective.name)
   config_lib.validate(config)
-  own = getattr(get(config.objective.name), "validate", None)
+  config_lib.check_fields(config, field_rules(objective))
+  own = getattr(objective, "validate", None)
   if own:
     own(config)
+
+
+def field_rules(objective) -> dict:
+  """`objective.FIELD_RULES` ({} by default): its own fields' ranges and choices."""
+  return getattr(objective, "FIELD_RULES", {})
 
 
 def init_inputs(objective, config) -> dict:

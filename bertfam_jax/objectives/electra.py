@@ -54,13 +54,22 @@ def generator_config(config):
 VARIANTS = tuple(_HEADS)
 
 
+FIELD_RULES = {
+    **mlm.FIELD_RULES,
+    "objective.variant": VARIANTS,
+    "objective.generator_hidden_fraction": config_lib.Range(0, 1, low_open=True),
+    "objective.generator_layers_fraction": config_lib.Range(0, 1, low_open=True),
+    "objective.generator_weight": config_lib.AT_LEAST_0,
+    "objective.discriminator_weight": config_lib.AT_LEAST_0,
+    "objective.temperature": config_lib.POSITIVE,
+}
+
+
 def validate(config) -> None:
   """The masked LM's checks (`mlm.validate`), ELECTRA's variant and a generator shape that can
   be built."""
   mlm.validate(config)
   o = config.objective
-  if o.variant not in VARIANTS:
-    raise ConfigError(f"objective.variant={o.variant!r}; choose one of {VARIANTS}.")
   if o.sentence_task:
     raise ConfigError("ELECTRA has no sentence-level task: set --config.objective.sentence_task=''.")
   generator = generator_config(config)
@@ -70,8 +79,6 @@ def validate(config) -> None:
         f"generator_layers_fraction={o.generator_layers_fraction} give a generator of hidden "
         f"{generator.hidden}, {generator.layers} layers, {generator.heads} heads; choose fractions "
         "giving >= 1 layer and a hidden size divisible by max(1, hidden // 64).")
-  if o.temperature <= 0:
-    raise ConfigError(f"objective.temperature={o.temperature} must be > 0.")
 
 
 def build_model(config):

@@ -61,20 +61,32 @@ CHOICES = dict(
 )
 
 
-def _check_choices(o) -> None:
-  for key, choices in dict(CHOICES, mask_scheme=tuple(noise.SELECTORS)).items():
-    if o[key] not in choices:
-      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {choices}.")
+FIELD_RULES = {
+    **{f"objective.{key}": choices
+       for key, choices in dict(CHOICES, mask_scheme=tuple(noise.SELECTORS)).items()},
+    "objective.mask_rate": config_lib.Range(0, 1, low_open=True, high_open=True),
+    "objective.max_predictions": config_lib.AT_LEAST_1,
+    "objective.mask_token_prob": config_lib.PROBABILITY,
+    "objective.random_token_prob": config_lib.PROBABILITY,
+    "objective.unit_prob": config_lib.PROBABILITY,
+    "objective.dupe_factor": config_lib.AT_LEAST_1,
+    "objective.max_ngram": config_lib.AT_LEAST_1,
+    "objective.span_p": config_lib.Range(0, 1, low_open=True),
+    "objective.span_max_words": config_lib.AT_LEAST_1,
+    "objective.sbo_max_targets": config_lib.AT_LEAST_1,
+    "objective.sbo_position_size": config_lib.AT_LEAST_1,
+    "objective.word_shuffle_rate": config_lib.Range(0, 0.5, high_open=True),
+}
 
 
 def validate(config) -> None:
-  """The MLM family's objective fields: their choices and combinations."""
+  """The MLM family's combinations of fields (each field's own range: FIELD_RULES)."""
   o = config.objective
-  _check_choices(o)
-  if o.max_predictions <= 0:
-    raise ConfigError("objective.max_predictions must be positive.")
-  if (min(o.mask_token_prob, o.random_token_prob) < 0
-      or o.mask_token_prob + o.random_token_prob > 1.0):
+  for key in ("max_predictions", "max_ngram", "span_max_words"):
+    if o[key] > config.data.seq_len:
+      raise ConfigError(f"objective.{key}={o[key]} exceeds data.seq_len={config.data.seq_len}; "
+                        f"lower --config.objective.{key}.")
+  if o.mask_token_prob + o.random_token_prob > 1.0:
     raise ConfigError(f"objective.mask_token_prob={o.mask_token_prob} and random_token_prob="
                       f"{o.random_token_prob} must be >= 0 with a sum <= 1 (the rest stay "
                       "unchanged).")
@@ -84,10 +96,6 @@ def validate(config) -> None:
   if (o.mask_scheme == "units") != bool(o.span_source):
     raise ConfigError("objective.mask_scheme='units' needs --config.objective.span_source="
                       "entities|noun_phrases, and span_source is only used by mask_scheme='units'.")
-  if not 0.0 < o.span_p <= 1.0 or o.span_max_words < 1 or o.max_ngram < 1:
-    raise ConfigError("objective.span_p must be in (0, 1], span_max_words and max_ngram >= 1.")
-  if not 0.0 <= o.word_shuffle_rate < 0.5:
-    raise ConfigError(f"objective.word_shuffle_rate={o.word_shuffle_rate} must be in [0, 0.5).")
 
 
 def init_inputs(config) -> dict[str, jnp.ndarray]:
@@ -133,8 +141,8 @@ def _scheme_params(o) -> dict:
 
 def make_features(config, tokenizer):
   """Returns the host-side noising `fn(examples, rng) -> batch` (see objectives/__init__.py)."""
+  config_lib.check_fields(config, FIELD_RULES)
   o = config.objective
-  _check_choices(o)
   unit_source = spans.make_span_source(o.span_source, tokenizer) if o.span_source else None
   return functools.partial(
       mlm_features, config=o, vocab_size=config.model.vocab_size,

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import packing
 from bertfam_jax.models import t5 as t5_model
@@ -44,28 +45,32 @@ def build_model(config):
   return t5_model.T5(config.model)
 
 
+FIELD_RULES = {
+    "objective.noise_mask": t5_noise.MASK_CHOICES,
+    "objective.inputs_encoding": tuple(t5_noise.ENCODINGS),
+    "objective.targets_encoding": tuple(t5_noise.ENCODINGS),
+    "objective.noise_density": config_lib.Range(0, 1, low_open=True),
+    "objective.mean_noise_span_length": config_lib.Range(1),
+    "objective.random_prob": config_lib.PROBABILITY,
+    "objective.targets_length": config_lib.Range(2),
+    "objective.permute_sentences": config_lib.PROBABILITY,
+    "objective.poisson_lambda": config_lib.POSITIVE,
+    "objective.mask_random": config_lib.PROBABILITY,
+    "objective.z_loss": config_lib.AT_LEAST_0,
+}
+
+
 def validate(config) -> None:
   """T5's objective: known masks and encodings, and lengths the objective can fill."""
   o = config.objective
   if config.data.packing != "t5_segments":
     raise ConfigError("T5 reads token segments: set --config.data.packing=t5_segments.")
-  if o.noise_mask not in t5_noise.MASK_CHOICES:
-    raise ConfigError(f"objective.noise_mask={o.noise_mask!r}; choose one of "
-                      f"{t5_noise.MASK_CHOICES}.")
-  for key in ("inputs_encoding", "targets_encoding"):
-    if o[key] not in t5_noise.ENCODINGS:
-      raise ConfigError(f"objective.{key}={o[key]!r}; choose one of {tuple(t5_noise.ENCODINGS)}.")
-  if not 0.0 < o.noise_density <= 1.0 or o.mean_noise_span_length < 1.0:
-    raise ConfigError(f"objective.noise_density={o.noise_density} must be in (0, 1] and "
-                      f"mean_noise_span_length={o.mean_noise_span_length} >= 1.")
   if o.noise_mask == "random_prefix" and o.noise_density > 0.5:
     raise ConfigError("objective.noise_mask='random_prefix' needs noise_density <= 0.5 (the "
                       "reference's random_prefix_noise_mask raises above it).")
   if o.permute_sentences and o.targets_encoding != "original":
     raise ConfigError("objective.permute_sentences shuffles the inputs' sentences; the target must "
                       "be the document in order: set --config.objective.targets_encoding=original.")
-  if o.targets_length < 2 or config.data.seq_len < 2:
-    raise ConfigError("objective.targets_length and data.seq_len must be >= 2 (a token and EOS).")
   if config.tokenizer.kind == "sentencepiece" and config.tokenizer.extra_ids < 1 and (
       "sentinel" in o.inputs_encoding + o.targets_encoding):
     raise ConfigError("Sentinel encodings need sentinel ids: set --config.tokenizer.extra_ids=100.")

@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import xlnet as xlnet_model
 from bertfam_jax.objectives import losses
@@ -425,6 +426,15 @@ def xlnet_features(streams: dict, rng: np.random.Generator, *, seq_len: int, reu
   direction = np.where(reverse, -1.0, 1.0).astype(np.float32)
   out["direction"] = np.tile(direction, len(windows) // num_rows if num_rows else 0)
   return out
+
+
+FIELD_RULES = {
+    "objective.perm_size": config_lib.AT_LEAST_1,
+    "objective.num_predict": config_lib.AT_LEAST_1,
+    "objective.max_ngram": config_lib.AT_LEAST_1,
+    "objective.mask_alpha": config_lib.POSITIVE,
+    "objective.mask_beta": config_lib.POSITIVE,
+}
 
 
 def validate(config) -> None:

@@ -1,28 +1,22 @@
-"""Orbax checkpoints under WORKDIR/checkpoints, the run's config.json, and the checks that refuse a
-workdir whose checkpoints belong to a different model."""
+"""Orbax checkpoints under WORKDIR/checkpoints: the train state and every process's data position,
+saved asynchronously, restored onto any mesh, and read back parameters-only (`read_params`). What
+else a workdir holds, and the checks that refuse a workdir of another run, are
+`bertfam_jax/workdir.py`."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from absl import logging
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import step as step_lib
-
-# Sections whose change makes an existing checkpoint meaningless (a different network, vocabulary
-# or objective). Optimizer, schedule, batch and step counts may change between resumptions.
-_IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
-
 
 # Replica-parallel saving (orbax's default off GPU) splits every replicated array between its
 # replicas, one on-device slice each: for biases and LayerNorm scales that is a dispatch (and, the
@@ -55,47 +49,6 @@ def _register_array_handler() -> None:
 
 
 _register_array_handler()
-
-
-def _identity(config_dict: dict) -> dict:
-  return {k: config_dict.get(k) for k in _IDENTITY_SECTIONS}
-
-
-def check_or_write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes WORKDIR/config.json on the first start; afterwards refuses a config whose model,
-  objective or tokenizer differs from the one the workdir was started with."""
-  path = os.path.join(workdir, "config.json")
-  current = json.loads(config.to_json())
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
-    defaults = _identity(json.loads(config_lib.base_config().to_json()))
-    diffs = _diff(_identity(saved), _identity(current), defaults)
-    if diffs:
-      raise ConfigError(
-          f"{workdir} holds a run with a different model/objective/tokenizer ({'; '.join(diffs[:5])})"
-          f". Use a new --workdir, or pass the original settings to resume it.")
-    return
-  if jax.process_index() == 0:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      f.write(config.to_json(indent=2))
-    os.replace(tmp, path)
-
-
-def _diff(saved, current, defaults, prefix="") -> list[str]:
-  """'key: saved → current' for every differing field. A field the saved config lacks was added
-  to the codebase after the run started (e.g. ALBERT's `model.share_layers`); it matches while it
-  holds its default (`defaults`, from `config_lib.base_config()`), the behaviour the run had."""
-  if isinstance(saved, dict) and isinstance(current, dict):
-    defaults = defaults if isinstance(defaults, dict) else {}
-    out = []
-    for key in sorted(set(saved) | set(current)):
-      if key not in saved and key in defaults and current.get(key) == defaults[key]:
-        continue
-      out += _diff(saved.get(key), current.get(key), defaults.get(key), f"{prefix}{key}.")
-    return out
-  return [] if saved == current else [f"{prefix[:-1]}: {saved!r} → {current!r}"]
 
 
 class Checkpointer:

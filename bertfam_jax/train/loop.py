@@ -156,9 +156,14 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
   return state, last
 
 
+# The ETA's step time is smoothed exponentially, per step: a log window of n steps weighs
+# 1 − DECAY^n against the past (0.22 for 50 steps), so one slow or fast window barely moves it.
+_STEP_TIME_DECAY = 0.995
+
+
 class _Logger:
   """Train and eval records: the non-finite check, throughput from the end of the first
-  (compiling) step, MFU, ETA, the progress line and the writer."""
+  (compiling) step, MFU, an ETA from the smoothed step time, the progress line and the writer."""
 
   def __init__(self, sinks: Sinks, start_step: int, total_steps: int, tokens_per_step: int,
                flops_per_token: float | None):
@@ -167,6 +172,8 @@ class _Logger:
     self.mfu_denominator = (peak * jax.device_count() / flops_per_token
                             if peak and flops_per_token else None)
     self.timer, self.timed_steps, self.last_logged = None, 0, start_step
+    self.smoothed_step_time = None   # seconds per training step, exponentially smoothed
+    self.best_eval = None            # (step, eval loss) of the lowest eval loss so far
     self.started = time.perf_counter()
     self.run_steps, self.run_seconds = 0, 0.0   # the timed training steps of the whole run
 
@@ -179,14 +186,21 @@ class _Logger:
 
   def summary(self, step: int, last: dict[str, float]) -> None:
     """The run's last line: where it stopped, its wall time, its training throughput (the timed
-    steps: compilation, evaluations and checkpoints excluded) and its last evaluation."""
+    steps: compilation, evaluations and checkpoints excluded), its best (lowest loss) and last
+    evaluations, and its workdir."""
     rate = self.tokens_per_step * self.run_steps / self.run_seconds if self.run_seconds else 0.0
     evals = ", ".join(f"{k[5:]} {v:.4f}" for k, v in sorted(last.items()) if k.startswith("eval_"))
     ended = "Finished" if step >= self.total_steps else "Stopped"
-    metrics_lib.print_progress(
-        f"{ended} at step {step}/{self.total_steps} in "
-        f"{metrics_lib.format_duration(time.perf_counter() - self.started)}; "
-        f"{rate / 1e3:.1f}k tok/s while training" + (f"; last eval: {evals}" if evals else "") + ".")
+    parts = [f"{ended} at step {step}/{self.total_steps} in "
+             f"{metrics_lib.format_duration(time.perf_counter() - self.started)}",
+             f"{rate / 1e3:.1f}k tok/s while training"]
+    if self.best_eval is not None:
+      parts.append(f"best eval loss {self.best_eval[1]:.4f} at step {self.best_eval[0]}")
+    if evals:
+      parts.append(f"last eval: {evals}")
+    if self.sinks.writer is not None:
+      parts.append(f"workdir {self.sinks.writer.workdir}")
+    metrics_lib.print_progress("; ".join(parts) + ".")
 
   def exclude_pause(self) -> None:
     """Restarts the throughput timer after an evaluation or a checkpoint, so that tokens/s and
@@ -206,23 +220,38 @@ class _Logger:
           f"Non-finite loss, gradients or parameters between steps {first} and {step}; "
           f"{kept}. Lower --config.optimizer.peak_lr or check the data.")
     now = time.perf_counter()
-    seconds_per_step = (now - self.timer) / self.timed_steps if self.timed_steps else math.nan
-    self.run_steps += self.timed_steps
-    self.run_seconds += now - self.timer if self.timed_steps else 0.0
+    # A window of only the compiling step (the first log after a start or a resume) has no
+    # timed step: its throughput is the smoothed one, or unknown (null, and not printed).
+    seconds_per_step = self._smooth(now) if self.timed_steps else self.smoothed_step_time
     self.timer, self.timed_steps, self.last_logged = now, 0, step
     scalars = step_lib.finalize_metrics(host)
-    scalars["tokens_per_sec"] = self.tokens_per_step / seconds_per_step
+    scalars["tokens_per_sec"] = (self.tokens_per_step / seconds_per_step if seconds_per_step
+                                 else math.nan)
     if self.mfu_denominator:
       scalars["mfu"] = scalars["tokens_per_sec"] / self.mfu_denominator
     if self.sinks.writer is not None:
       self.sinks.writer.write(step, scalars)
-    metrics_lib.print_progress(metrics_lib.progress_line(
-        step, self.total_steps, scalars, (self.total_steps - step) * seconds_per_step))
+    eta = (self.total_steps - step) * (self.smoothed_step_time or math.nan)
+    metrics_lib.print_progress(metrics_lib.progress_line(step, self.total_steps, scalars, eta))
     return scalars
+
+  def _smooth(self, now: float) -> float:
+    """This window's seconds per step, folded into the smoothed step time; returns the window's
+    (tokens/s reports the window, the ETA the smoothed time)."""
+    window = (now - self.timer) / self.timed_steps
+    self.run_steps += self.timed_steps
+    self.run_seconds += now - self.timer
+    weight = 1.0 - _STEP_TIME_DECAY ** self.timed_steps
+    previous = window if self.smoothed_step_time is None else self.smoothed_step_time
+    self.smoothed_step_time = (1.0 - weight) * previous + weight * window
+    return window
 
   def evaluation(self, step: int, scalars: dict[str, float]) -> dict[str, float]:
     if not scalars:
       return {}
+    loss = scalars.get("loss")
+    if loss is not None and (self.best_eval is None or loss < self.best_eval[1]):
+      self.best_eval = (step, loss)
     if self.sinks.writer is not None:
       self.sinks.writer.write(step, scalars, prefix="eval_")
     metrics_lib.print_progress(f"eval @ {step}: " + ", ".join(

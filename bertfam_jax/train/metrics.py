@@ -20,11 +20,12 @@ class MetricsWriter:
 
   def __init__(self, workdir: str, *, resume_step: int | None):
     self.enabled = jax.process_index() == 0
+    self.workdir = workdir
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._tb_dir = os.path.join(workdir, "tensorboard")
     self._tb = None
-    if self.enabled and resume_step is not None:
-      _truncate_after(self.path, resume_step)
+    if self.enabled:   # a fresh start (None) drops what a start that never checkpointed logged
+      _truncate_after(self.path, resume_step or 0)
 
   def write(self, step: int, scalars: dict[str, float], prefix: str = "") -> None:
     if not self.enabled:
@@ -48,8 +49,8 @@ class MetricsWriter:
 
 
 def _truncate_after(path: str, step: int) -> None:
-  """On resume, drops lines logged after the restored checkpoint: those steps run again and are
-  logged again, so the file stays one record per step. A last line cut short (the run was
+  """Drops lines logged after the restored checkpoint (all of them on a fresh start): those
+  steps run again and are logged again, so the file stays one record per step. A last line cut short (the run was
   killed while writing it) is dropped with a warning; a damaged line before it is a ConfigError
   naming the file and line."""
   if not os.path.exists(path):
@@ -89,10 +90,13 @@ def progress_line(step: int, total: int, scalars: dict[str, float], eta_seconds:
   parts = [f"step {step}/{total}", f"loss {scalars['loss']:.4f}"]
   parts += [f"{key.replace('_accuracy', '_acc')} {scalars[key]:.3f}"
             for key in sorted(scalars) if key.endswith("_accuracy")]
-  parts += [f"lr {scalars['learning_rate']:.2e}", f"{scalars['tokens_per_sec'] / 1e3:.1f}k tok/s"]
-  if "mfu" in scalars:
-    parts.append(f"MFU {100 * scalars['mfu']:.1f}%")
-  parts.append(f"ETA {format_duration(eta_seconds)}")
+  parts.append(f"lr {scalars['learning_rate']:.2e}")
+  if math.isfinite(scalars["tokens_per_sec"]):   # unknown in a window of only the compile step
+    parts.append(f"{scalars['tokens_per_sec'] / 1e3:.1f}k tok/s")
+    if "mfu" in scalars:
+      parts.append(f"MFU {100 * scalars['mfu']:.1f}%")
+  if math.isfinite(eta_seconds):
+    parts.append(f"ETA {format_duration(eta_seconds)}")
   return " | ".join(parts)
 
 

@@ -13,7 +13,8 @@ import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bertfam_jax import objectives
+from bertfam_jax import config_lib, objectives
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
@@ -23,19 +24,6 @@ from bertfam_jax.train import metrics as metrics_lib
 from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
-
-
-def prepare_workdir(workdir: str) -> None:
-  """Creates WORKDIR if needed and checks it is writable, without touching anything inside."""
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f".write_probe_{os.getpid()}")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as e:
-    raise ConfigError(f"--workdir={workdir} is not writable ({e.strerror}); choose a directory "
-                      f"you can write to.") from e
 
 
 def check_batch(config, mesh) -> int:
@@ -52,9 +40,18 @@ def check_batch(config, mesh) -> int:
   return batch // jax.process_count()
 
 
-def _load_tokenizer(config, train_docs, workdir):
-  """Process 0 trains (or loads) the tokenizer first; the others then find it in a shared cache,
-  or train the identical model themselves where hosts have separate disks."""
+def _tokenizer(config, train_docs, workdir):
+  """A resumed run's tokenizer is the one its workdir holds (never retrained, whatever the cache
+  or the corpus now give) unless the config names one (`workdir.check_resumable` then compares
+  them); otherwise `tokenizers.load_or_train`: process 0 trains (or loads) it first, the others
+  then find it in a shared cache, or train the identical model themselves where hosts have
+  separate disks."""
+  if workdir_lib.latest_step(workdir) is not None and not config.tokenizer.model_path:
+    if os.path.exists(workdir_lib.tokenizer_location(config, workdir)):
+      return workdir_lib.load_tokenizer(config, workdir)
+  if not tokenizers.is_available(config):
+    metrics_lib.print_progress(f"Training a {tokenizers.num_pieces(config)}-piece SentencePiece "
+                               f"tokenizer on the corpus (cached for later runs)...")
   if jax.process_count() == 1:
     return tokenizers.load_or_train(config, train_docs, workdir)
   if jax.process_index() == 0:
@@ -63,6 +60,22 @@ def _load_tokenizer(config, train_docs, workdir):
   if jax.process_index() != 0:
     tokenizer = tokenizers.load_or_train(config, train_docs, workdir)
   return tokenizer
+
+
+def check_memory(config, devices) -> None:
+  """Refuses a config whose memory floor (`config_lib.memory_floor_bytes`) exceeds what the
+  devices have (host memory for CPU devices, which share it), before anything is allocated."""
+  limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
+  if all(limits) and devices[0].platform != "cpu":
+    available, where = sum(limits), f"the {len(devices)} {devices[0].platform} devices"
+  else:
+    available, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host"
+  needed = config_lib.memory_floor_bytes(config)
+  if needed > available:
+    raise ConfigError(
+        f"This model and batch need at least {needed / 2**30:,.1f} GiB (parameters, gradients and "
+        f"one activation per layer and token) but {where} have {available / 2**30:,.1f} GiB: "
+        f"lower model.hidden / layers / mlp / vocab_size or train.batch_size / data.seq_len.")
 
 
 def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs, carry):
@@ -88,17 +101,29 @@ def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs,
 
 
 def run(config, workdir: str) -> dict[str, float]:
-  """Trains `config` in `workdir`; returns the last logged train scalars (and eval ones)."""
+  """Trains `config` in `workdir`; returns the last logged train scalars (and eval ones).
+
+  Everything that can refuse the run (the config's values, the workdir, the corpus, the
+  tokenizer, a resume that does not match, the model's memory, the data pipeline) runs before
+  anything is written; the workdir's files are written once set-up has succeeded
+  (`workdir.record`), and stay provisional until the first checkpoint."""
   objectives.validate(config)
-  prepare_workdir(workdir)
+  workdir_lib.check_writable(workdir)
   mesh = sharding_lib.make_mesh(config.mesh)
+  check_memory(config, mesh.devices.flatten().tolist())
   local_batch = check_batch(config, mesh)
   objective = objectives.get(config.objective.name)
 
+  metrics_lib.print_progress(f"Reading the corpus (data.source={config.data.source})...")
   train_docs = sources.get_documents(config.data, "train")
   eval_docs = sources.get_documents(config.data, "eval")
-  tokenizer = _load_tokenizer(config, train_docs, workdir)
-  checkpoint_lib.check_or_write_config(workdir, config)
+  if not len(train_docs):
+    raise ConfigError(f"The corpus has no training documents (all {len(eval_docs)} are held out "
+                      f"by data.eval_fraction={config.data.eval_fraction}); give it more text or "
+                      f"lower --config.data.eval_fraction.")
+  data_identity = sources.data_identity(config.data)
+  tokenizer = _tokenizer(config, train_docs, workdir)
+  workdir_lib.check_resumable(workdir, config, tokenizer, data_identity)
   metrics_lib.print_progress(f"{objectives.describe(objective, config)}; {len(train_docs)} train "
                              f"/ {len(eval_docs)} eval documents; mesh {dict(mesh.shape)}.")
 
@@ -108,32 +133,48 @@ def run(config, workdir: str) -> dict[str, float]:
   inputs = objectives.init_inputs(objective, config)
   carry = objectives.init_carry(objective, config)
   abstract, shardings = with_ctx(step_lib.abstract_state)(model, tx, mesh, inputs, carry)
-  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                             config.train.keep_checkpoints)
-  state, data_states, resumed_step = with_ctx(_initial_state)(
-      config, model, tx, abstract, shardings, checkpointer, inputs, carry)
 
   features_fn = objective.make_features(config, tokenizer)
   pipe_args = dict(process_index=jax.process_index(), process_count=jax.process_count(),
                    local_batch_size=local_batch, **objectives.pipeline_options(objective, config))
   train_pipe = pipeline_lib.Pipeline(config, tokenizer, train_docs, features_fn, **pipe_args)
-  if data_states is not None:
-    train_pipe.restore(data_states)
-  evaluators = []
-  if len(eval_docs) and config.train.eval_batches:
-    eval_pipe = pipeline_lib.Pipeline(config, tokenizer, eval_docs, features_fn, **pipe_args)
-    eval_batches = [pipeline_lib.make_global_batch(b, mesh, sharding_lib.BATCH_SPEC)
-                    for b in eval_pipe.eval_batches(config.train.eval_batches)]
-    eval_pipe.close()
-    eval_step = step_lib.make_eval_step(model, objective.loss_fn, config, shardings, mesh)
-    evaluators.append(loop_lib.Evaluator(config.train.eval_every, lambda _, params: evaluate(
-        eval_step, params, eval_batches)))
-
-  train_step = step_lib.make_train_step(model, tx, schedule, objective.loss_fn, config, shardings,
-                                        mesh)
-  writer = metrics_lib.MetricsWriter(workdir, resume_step=resumed_step)
-  t = config.train
   try:
+    evaluators = []
+    if len(eval_docs) and config.train.eval_batches:
+      eval_pipe = pipeline_lib.Pipeline(config, tokenizer, eval_docs, features_fn, **pipe_args)
+      eval_batches = [pipeline_lib.make_global_batch(b, mesh, sharding_lib.BATCH_SPEC)
+                      for b in eval_pipe.eval_batches(config.train.eval_batches)]
+      eval_pipe.close()
+      eval_step = step_lib.make_eval_step(model, objective.loss_fn, config, shardings, mesh)
+      evaluators.append(loop_lib.Evaluator(config.train.eval_every, lambda _, params: evaluate(
+          eval_step, params, eval_batches)))
+    train_step = step_lib.make_train_step(model, tx, schedule, objective.loss_fn, config,
+                                          shardings, mesh)
+    train_pipe.peek()   # a corpus too small for one batch is refused here
+    # Set-up is complete: from here on the workdir is written.
+    workdir_lib.record(workdir, config, tokenizer, data_identity)
+    return _train(config, workdir, objective, train_pipe, train_step, evaluators, mesh,
+                  (model, tx, abstract, shardings, inputs, carry))
+  finally:
+    train_pipe.close()
+
+
+def _train(config, workdir, objective, train_pipe, train_step, evaluators, mesh, built):
+  """The checkpointer, the initial or restored state, the metrics writer, and the loop."""
+  model, tx, abstract, shardings, inputs, carry = built
+  with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, workdir_lib.CHECKPOINTS),
+                                             config.train.keep_checkpoints)
+  writer = None
+  try:
+    state, data_states, resumed_step = with_ctx(_initial_state)(
+        config, model, tx, abstract, shardings, checkpointer, inputs, carry)
+    if data_states is not None:
+      train_pipe.restore(data_states)
+    writer = metrics_lib.MetricsWriter(workdir, resume_step=resumed_step)
+    if int(jax.device_get(state.step)) < config.train.total_steps:
+      metrics_lib.print_progress("Compiling the train step (the first step)...")
+    t = config.train
     _, last = loop_lib.train(
         state, train_step, train_pipe, mesh=mesh, total_steps=t.total_steps,
         log_every=t.log_every, checkpoint_every=t.checkpoint_every,
@@ -142,9 +183,9 @@ def run(config, workdir: str) -> dict[str, float]:
         sinks=loop_lib.Sinks(writer, checkpointer))
     return last
   finally:
-    train_pipe.close()
     checkpointer.close()
-    writer.close()
+    if writer is not None:
+      writer.close()
 
 
 def evaluate(eval_step, params, batches) -> dict[str, float]:

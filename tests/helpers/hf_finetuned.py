@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertfam_jax import config_lib
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.finetune import optim
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.train import checkpoint as checkpoint_lib
@@ -57,7 +58,7 @@ def fine_tuned_workdir(config, workdir, seed=0):
   scales 1 + that), so that every bias, LayerNorm and head weight matters (tracing the model's
   shapes instead of running its initialiser keeps the tests fast). Returns them."""
   os.makedirs(workdir)
-  checkpoint_lib.check_or_write_config(workdir, config)
+  workdir_lib.check_or_write_config(workdir, config)
   model, example = finetune_run.build_model(config)
   shapes = jax.eval_shape(lambda: nn.meta.unbox(model.init(
       {"params": jax.random.key(0)}, *(example[k] for k in finetune_run.INPUT_KEYS),

@@ -7,8 +7,8 @@ import flax.linen as nn
 import jax
 
 from bertfam_jax import objectives
+from bertfam_jax import workdir as run_reader
 from bertfam_jax.hf import workdir as workdir_lib
-from bertfam_jax.train import checkpoint as checkpoint_lib
 
 
 def write_run(config, workdir: str) -> dict:
@@ -16,7 +16,7 @@ def write_run(config, workdir: str) -> dict:
   initialised from key 1; returns its parameters (host arrays)."""
   objectives.validate(config)
   os.makedirs(workdir)
-  checkpoint_lib.check_or_write_config(workdir, config)
+  run_reader.check_or_write_config(workdir, config)
   objective = objectives.get(config.objective.name)
   model = objective.build_model(config)
   params = jax.jit(lambda: nn.meta.unbox(model.init(

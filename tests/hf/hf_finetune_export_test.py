@@ -24,7 +24,6 @@ from bertfam_jax.hf import families
 from bertfam_jax.data import hf_tokenizer as tokenizer_lib
 from bertfam_jax.hf import workdir as workdir_lib
 from bertfam_jax.objectives import mlm
-from bertfam_jax.train import checkpoint as checkpoint_lib
 
 from helpers.hf_finetuned import fine_tuned_config  # noqa: E402
 
@@ -34,7 +33,7 @@ SEQ = 32
 
 def write_config(config, workdir):
   os.makedirs(workdir)
-  checkpoint_lib.check_or_write_config(str(workdir), config)
+  run_reader.check_or_write_config(str(workdir), config)
   return str(workdir)
 
 

@@ -54,7 +54,7 @@ def our_run(tmp_path_factory):
   config.tokenizer.model_path = str(root / "spm.model")
   workdir = str(root / "workdir")
   os.makedirs(workdir)
-  checkpoint_lib.check_or_write_config(workdir, config)
+  run_reader.check_or_write_config(workdir, config)
   mesh = sharding_lib.make_mesh(config.mesh)
   state, _ = step_lib.fresh_train_step(config, mesh, objectives.get("mlm"))
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), 3)
@@ -114,7 +114,7 @@ def test_imported_workdir_is_read_as_a_run(our_run, tmp_path):
                                            kind="hf", model_path="tokenizer")
   assert saved.objective.sentence_task == "nsp" and not saved.model.scan_layers
   objectives.validate(saved)
-  checkpoint_lib.check_or_write_config(target, saved)  # same identity: accepted
+  run_reader.check_or_write_config(target, saved)  # same identity: accepted
 
   mesh = sharding_lib.make_mesh(saved.mesh)
   model = objectives.get(saved.objective.name).build_model(saved)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bertfam_jax import config_lib as cl
+from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import checkpoint, loop, train
 from helpers.run_records import copy_until, train_records
@@ -109,20 +110,28 @@ def test_a_workdir_from_before_a_new_field_resumes_while_it_holds_its_default(tm
     del saved["model"][key]
   del saved["objective"]["mask_scheme"]
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  checkpoint.check_or_write_config(str(tmp_path), config)
+  workdir_lib.check_or_write_config(str(tmp_path), config)
   config.model.share_layers = "all"
   with pytest.raises(ConfigError, match=r"model.share_layers: None → 'all'"):
-    checkpoint.check_or_write_config(str(tmp_path), config)
+    workdir_lib.check_or_write_config(str(tmp_path), config)
 
 
-def test_non_finite_loss_stops_without_checkpointing_it(tmp_path):
+def test_non_finite_loss_stops_without_checkpointing_it_nor_blocking_the_fix(tmp_path):
+  """A run that fails before its first checkpoint (here: diverging at step 1) leaves its files
+  provisional: the corrected re-run, even of another model, starts afresh in the same workdir."""
   config = tiny_config(checkpoint_every=2)
-  config.optimizer.peak_lr = float("inf")
+  config.optimizer.peak_lr = 1e39  # finite, as the config's range asks, but inf in float32
   workdir = str(tmp_path / "nan")
   # The first update already uses lr = inf·0 = NaN, so the parameters after step 1 are NaN.
   with pytest.raises(loop.NonFiniteLossError, match="between steps 1 and 1; no checkpoint"):
     train.run(config, workdir)
   assert checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), keep=1).latest_step() is None
+  assert os.path.exists(os.path.join(workdir, "config.json"))
+  fixed = tiny_config(total_steps=2, checkpoint_every=2, eval_every=100)
+  fixed.model.hidden = 64
+  train.run(fixed, workdir)
+  assert sorted(train_records(workdir)) == [1, 2]   # the failed start's step 1 was dropped
+  assert workdir_lib.read_config(workdir).model.hidden == 64
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -149,13 +158,87 @@ def test_corpus_too_small_for_the_batch(tmp_path):
   config.train.batch_size = 512
   with pytest.raises(ConfigError, match="examples"):
     train.run(config, str(tmp_path / "small"))
+  assert not os.path.exists(tmp_path / "small")   # refused during set-up: nothing written
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "holds no text"),
+    (b"\n\n  \n", "holds no text"),
+    (b"GIF89a\x01\x00\xff\xfe binary", r"not UTF-8 text \(byte 8"),
+])
+def test_corpus_files_that_hold_no_text(tmp_path, content, message):
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_bytes(content)
+  config = tiny_config()
+  config.data.update(source="text", text_files=str(corpus))
+  with pytest.raises(ConfigError, match=message) as raised:
+    train.run(config, str(tmp_path / "run"))
+  assert str(corpus) in str(raised.value) or "holds no text" in str(raised.value)
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_unwritable_workdir(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("x")
-  with pytest.raises(ConfigError, match="not writable"):
+  with pytest.raises(ConfigError, match="cannot be written"):
     train.run(tiny_config(), str(blocker / "workdir"))
+  with pytest.raises(ConfigError, match="is a file, not a directory"):
+    train.run(tiny_config(), str(blocker))
+  assert blocker.read_text() == "x"
+
+
+def test_a_workdir_holds_its_tokenizer_and_data(uninterrupted, tmp_path):
+  """Copied to a machine whose cache is empty, a workdir resumes on its own tokenizer (none is
+  trained) to the uninterrupted run's losses, and reads back without the original cache."""
+  data = json.loads(open(os.path.join(uninterrupted, workdir_lib.DATA_FILE)).read())
+  assert data["source"] == "embedded_wiki" and len(data["documents"]) == 64
+  workdir, cache = str(tmp_path / "copied"), tmp_path / "empty_cache"
+  copy_until(uninterrupted, workdir, 4)
+  config = tiny_config()
+  config.data.cache_dir = str(cache)
+  train.run(config, workdir)
+  assert not os.path.exists(cache / "tokenizers")   # the corpus is re-extracted, the vocabulary not
+  resumed, reference = train_records(workdir), train_records(uninterrupted)
+  assert [resumed[s]["loss"] for s in range(5, 9)] == [reference[s]["loss"] for s in range(5, 9)]
+  saved = workdir_lib.read_config(workdir)
+  saved.data.cache_dir = str(tmp_path / "another_empty_cache")
+  _, tokenizer, params = workdir_lib.load(workdir)
+  with open(os.path.join(uninterrupted, "tokenizer.model"), "rb") as f:
+    assert tokenizer.model_proto == f.read()
+  assert "encoder" in params
+
+
+def _embedded_corpus_as_text(path, config):
+  from bertfam_jax.data import sources  # pylint: disable=g-import-not-at-top
+  documents = sources.get_documents(config.data, "train")
+  path.write_text("\n\n".join(documents[:40]))
+
+
+def test_resuming_on_other_data_is_refused_unless_allowed(uninterrupted, tmp_path, caplog):
+  """The finding of the hardening review: re-run with another data.source, a finished workdir
+  trained a new tokenizer and resumed with other ids. Now the change is named and refused, and
+  with data.allow_change it resumes on the workdir's own tokenizer, logged."""
+  workdir = str(tmp_path / "resumed")
+  copy_until(uninterrupted, workdir, 4)
+  corpus = tmp_path / "other.txt"
+  _embedded_corpus_as_text(corpus, tiny_config())
+  config = tiny_config()
+  config.data.update(source="text", text_files=str(corpus))
+  tokenizer_before = open(os.path.join(workdir, "tokenizer.model"), "rb").read()
+  with pytest.raises(ConfigError, match=r"data.source: 'embedded_wiki' → 'text'.*allow_change"):
+    train.run(config, workdir)
+  assert sorted(train_records(workdir)) == list(range(1, 9))   # untouched
+  config.data.allow_change = True
+  train.run(config, workdir)
+  assert "data.allow_change=True: resuming" in caplog.text
+  assert open(os.path.join(workdir, "tokenizer.model"), "rb").read() == tokenizer_before
+  recorded = json.loads(open(os.path.join(workdir, workdir_lib.DATA_FILE)).read())
+  assert recorded["source"] == "text" and recorded["paths"] == [str(corpus)]
+  corpus.write_text(corpus.read_text() + "\n\nOne more document, which changes the hash.")
+  config.data.allow_change = False
+  config.train.total_steps = 9
+  with pytest.raises(ConfigError, match=r"data files \[other.txt sha256 \w{12}\] → "):
+    train.run(config, workdir)
 
 
 def test_init_from_starts_a_new_run_from_trained_parameters(uninterrupted, tmp_path):
