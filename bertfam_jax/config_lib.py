@@ -677,16 +677,21 @@ def check_fields(c: ml_collections.ConfigDict, rules: dict) -> None:
 def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
   """A lower bound on the memory one training step needs, from the config alone: 4-byte
   parameters and their gradients for the embedding tables and the feed-forward matrices (every
-  family has both; attention and the rest come on top), and one 4-byte hidden state per token
-  per layer kept for the backward pass. Python integers, so that absurd sizes do not overflow.
+  family has both; attention and the rest come on top), and one hidden state per token of a
+  micro-batch per layer, in the compute dtype, kept for the backward pass. Python integers, so
+  that absurd sizes do not overflow.
   `train.run` refuses a config whose floor exceeds the devices' memory (a hidden size of 10^9
   would otherwise fail deep inside XLA)."""
   m = c.model
   layers = m.layers + m.get("decoder_layers", 0)
-  tables = (m.vocab_size + m.get("max_positions", 0)) * m.hidden
-  params = tables + layers * 2 * m.hidden * m.mlp
-  tokens = c.train.batch_size * (c.data.seq_len + c.objective.get("targets_length", 0))
-  return 8 * params + 4 * tokens * m.hidden * layers
+  # ALBERT: tables embedding_size wide, one feed-forward block per group of shared layers.
+  tables = (m.vocab_size + m.get("max_positions", 0)) * (m.get("embedding_size", 0) or m.hidden)
+  own_ffns = (m.hidden_groups if m.get("share_layers", "none") in ("all", "ffn") else layers)
+  params = tables + own_ffns * 2 * m.hidden * m.mlp
+  micro_batch = c.train.batch_size // c.train.grad_accum_steps
+  tokens = micro_batch * (c.data.seq_len + c.objective.get("targets_length", 0))
+  activation_bytes = 4 if m.get("dtype", "float32") == "float32" else 2
+  return 8 * params + activation_bytes * tokens * m.hidden * layers
 
 
 def _validate_counts(c: ml_collections.ConfigDict) -> None:

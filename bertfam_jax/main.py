@@ -14,6 +14,7 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bertfam_jax import errors
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import distributed
 
@@ -114,7 +115,9 @@ def main(argv):
     (finetune.run if finetuning else train.run)(config, _WORKDIR.value)
   except (ConfigError, loop.NonFiniteLossError) as e:
     _fail(e)
-  except Exception:  # pylint: disable=broad-except
+  except Exception as e:  # pylint: disable=broad-except
+    if errors.no_space(e) is not None:   # a full disk, wherever the write was
+      _fail(errors.no_space_error(e, _WORKDIR.value, f"a file of --workdir={_WORKDIR.value}"))
     if not _in_distributed_job():
       raise
     traceback.print_exc()
@@ -122,8 +125,11 @@ def main(argv):
 
 
 def _fail(error: Exception):
+  """The one line, and exit 2. After a full disk at once: the checkpoint writes still in flight
+  would otherwise fail one by one on a closed event loop, each with a traceback, while Python
+  shuts down (what is complete on disk stays so; orbax ignores a half-written checkpoint)."""
   print(f"error: {error}", file=sys.stderr, flush=True)
-  if _in_distributed_job():
+  if _in_distributed_job() or errors.no_space(error) is not None:
     _exit_now(2)
   sys.exit(2)
 

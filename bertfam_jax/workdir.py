@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import jax
@@ -56,12 +57,14 @@ def check_writable(workdir: str) -> None:
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ConfigError(f"--workdir={workdir} is a file, not a directory; pass a directory (it is "
                       f"created if it does not exist).")
-  existing = workdir
+  existing = os.path.abspath(workdir)
   while not os.path.exists(existing):
-    existing = os.path.dirname(os.path.abspath(existing))
-  if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-    raise ConfigError(f"--workdir={workdir} cannot be written ({existing} is not a writable "
-                      f"directory); choose a directory you can write to.")
+    existing = os.path.dirname(existing)
+  try:   # a directory made and removed at once: os.access says yes to root, even in /proc
+    os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".bertfam_write_probe_"))
+  except OSError as e:
+    raise ConfigError(f"--workdir={workdir} cannot be written ({existing}: {e.strerror}); "
+                      f"choose a directory you can write to.") from None
 
 
 def tokenizer_files(tokenizer) -> dict[str, bytes]:
@@ -112,7 +115,7 @@ def check_resumable(workdir: str, config, tokenizer, data: dict | None) -> None:
     changes += sources.identity_changes(saved_data, data)
   if not changes:
     return
-  if not config.get("data", {}).get("allow_change", False):
+  if not ("data" in config and config.data.get("allow_change", False)):
     raise ConfigError(f"{workdir} was trained on other data or with another tokenizer than this "
                       f"config gives ({'; '.join(changes)}); resuming would silently continue on "
                       f"them. Pass the original data, or --config.data.allow_change=True to "
@@ -138,10 +141,10 @@ def record(workdir: str, config, tokenizer, data: dict | None) -> None:
   replaces what a failed start left; a resume keeps the run's config.json and replaces the
   tokenizer or data record only where `check_resumable` let a change through or an older workdir
   lacks them."""
+  fresh = latest_step(workdir) is None   # every process: orbax's reader syncs them
   if jax.process_index() != 0:
     return
   os.makedirs(workdir, exist_ok=True)
-  fresh = latest_step(workdir) is None
   if fresh or not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
     write_config(workdir, config)
   files = tokenizer_files(tokenizer)
@@ -261,6 +264,9 @@ def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
   (`data.tokenizers.Tokenizer`), or a directory of transformers tokenizer files
   (`data.hf_tokenizer.HFTokenizer`, the same interface)."""
   path = tokenizer_location(config, workdir, tokenizer_path)
+  if tokenizer_path and not os.path.exists(path):
+    raise ConfigError(f"The tokenizer of {workdir} is not at {path} (the tokenizer_path given); "
+                      f"fix tokenizer_path, or leave it empty to use the workdir's own.")
   if not os.path.exists(path):
     raise ConfigError(
         f"The tokenizer of {workdir} is not at {path}: the workdir predates workdirs holding "

@@ -23,7 +23,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from bertfam_jax import config_lib
+from bertfam_jax import config_lib, errors
 
 # ---------------------------------------------------------------------------------------------
 # Embedded Wikipedia sample (ships inside the gensim wheel, so `pip install` is all it needs).
@@ -116,8 +116,10 @@ def write_atomically(path: str, data: bytes) -> None:
       f.write(data)
     os.chmod(tmp, 0o644)   # mkstemp creates 0600; caches may be shared between users
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     os.unlink(tmp)
+    if errors.no_space(e) is not None:
+      raise errors.no_space_error(e, os.path.dirname(path), f"{path} ({len(data):,} bytes)") from e
     raise
 
 
@@ -161,6 +163,11 @@ def _expand_globs(patterns: str) -> list[str]:
     if not matches:
       raise config_lib.ConfigError(
           f"data.text_files pattern {pattern!r} matches no file; fix --config.data.text_files.")
+    directories = [m for m in matches if os.path.isdir(m)]
+    if directories:
+      raise config_lib.ConfigError(
+          f"data.text_files pattern {pattern!r} matches the directory {directories[0]}; name its "
+          f"files, e.g. --config.data.text_files='{os.path.join(directories[0], '*.txt')}'.")
     paths.extend(matches)
   return paths
 

@@ -82,8 +82,22 @@ class Tokenizer:
 
   @classmethod
   def from_file(cls, path: str, extra_ids: int = 0) -> "Tokenizer":
+    """The SentencePiece model file at `path`; a ConfigError naming it when it is not one."""
+    if os.path.isdir(path):
+      raise config_lib.ConfigError(f"{path} is a directory, not a SentencePiece model file; a "
+                                   f"transformers tokenizer directory needs tokenizer.kind='hf'.")
     with open(path, "rb") as f:
-      return cls(f.read(), extra_ids)
+      proto = f.read()
+    try:   # parsed here first: SentencePiece logs to stderr, and accepts an empty model
+      pieces = len(sp_model_pb2.ModelProto.FromString(proto).pieces)
+    except Exception:  # pylint: disable=broad-except  (protobuf's DecodeError, by version)
+      pieces = 0
+    if not pieces:
+      raise config_lib.ConfigError(
+          f"{path} is not a SentencePiece model ({len(proto):,} bytes that hold no pieces); pass "
+          f"a .model file that spm_train wrote, or leave tokenizer.model_path empty to train one "
+          f"on the corpus.")
+    return cls(proto, extra_ids)
 
   def piece_id(self, piece: str) -> int | None:
     """The id of `piece`, or None when the vocabulary does not have it."""

@@ -6,6 +6,8 @@ else a workdir holds, and the checks that refuse a workdir of another run, are
 from __future__ import annotations
 
 import contextlib
+import sys
+import logging as std_logging
 import os
 
 import jax
@@ -15,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from bertfam_jax import errors
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import step as step_lib
 
@@ -51,12 +54,36 @@ def _register_array_handler() -> None:
 _register_array_handler()
 
 
+class _NoSpaceFilter(std_logging.Filter):
+  """Drops the traceback orbax's writer thread logs for a full disk: `Checkpointer` reports it
+  as one line (`errors.no_space_error`)."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return not (record.exc_info and errors.no_space(record.exc_info[1]) is not None)
+
+
+logging.get_absl_handler().addFilter(_NoSpaceFilter())
+
+
+def _without_closed_loop_errors(unraisablehook):
+  """`unraisablehook` except for "Event loop is closed": when one write of a checkpoint fails (a
+  full disk), orbax closes its event loop while TensorStore still completes the others, and each
+  completion's callback reports that error as unraisable, with a traceback. The failure itself is
+  raised (and reported once) by the save."""
+  def hook(unraisable):
+    if not (unraisable.exc_type is RuntimeError
+            and str(unraisable.exc_value) == "Event loop is closed"):
+      unraisablehook(unraisable)
+  return hook
+
+
 class Checkpointer:
   """Async orbax CheckpointManager holding the train state and every process's data position."""
 
   def __init__(self, directory: str, keep: int, *, read_only: bool = False):
     """`read_only` opens another run's checkpoints (init_from) without creating or deleting."""
     self.directory = os.path.abspath(directory)
+    self._pending = None   # (step, bytes) of the last checkpoint handed to orbax
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
         enable_async_checkpointing=True, create=not read_only, read_only=read_only)
@@ -74,13 +101,33 @@ class Checkpointer:
     per_process = np.asarray(multihost_utils.process_allgather(local)).reshape(
         jax.process_count(), len(keys))
     data = {"keys": keys, "processes": per_process.tolist()}
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_on_disk(state)),
-                                                    data=ocp.args.JsonSave(data)), force=True)
-    if jax.default_backend() == "cpu":
-      # On CPU the host copy orbax takes before returning can alias the device buffers, which the
-      # next (donating) train step overwrites: finish writing first. On GPU/TPU the copy is real
-      # and the save stays asynchronous.
-      self.manager.wait_until_finished()
+    self._pending = (step, sum(x.nbytes for x in jax.tree.leaves(_on_disk(state))))
+    with self._no_space_named():
+      self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(_on_disk(state)), data=ocp.args.JsonSave(data)), force=True)
+      if jax.default_backend() == "cpu":
+        # On CPU the host copy orbax takes before returning can alias the device buffers, which
+        # the next (donating) train step overwrites: finish writing first. On GPU/TPU the copy is
+        # real and the save stays asynchronous.
+        self.manager.wait_until_finished()
+
+  @contextlib.contextmanager
+  def _no_space_named(self):
+    """A full disk while a checkpoint is written (or finished, asynchronously) becomes one line
+    naming the checkpoint and its size (`errors.no_space_error`); the complete checkpoints
+    before it are untouched (orbax renames a checkpoint into place only once it is whole)."""
+    unraisablehook = sys.unraisablehook
+    sys.unraisablehook = _without_closed_loop_errors(unraisablehook)
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore wrap the OSError)
+      if errors.no_space(e) is None or self._pending is None:
+        raise
+      step, size = self._pending
+      raise errors.no_space_error(e, self.directory, f"checkpoint {step} ({size / 2**20:,.1f} "
+                                  f"MiB) in {self.directory}") from e
+    finally:
+      sys.unraisablehook = unraisablehook
 
   def restore(self, step: int, abstract_state):
     """Restores onto the shardings in `abstract_state` (any mesh). Returns (state, data_state or
@@ -129,7 +176,8 @@ class Checkpointer:
         f"resume from an earlier step, or use a new --workdir.")
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
+    with self._no_space_named():
+      self.manager.wait_until_finished()
     self.manager.close()
 
 

@@ -11,6 +11,7 @@ import sys
 import jax
 from absl import logging
 
+from bertfam_jax import errors
 from bertfam_jax.errors import ConfigError
 
 
@@ -33,8 +34,13 @@ class MetricsWriter:
     # Non-finite values (e.g. throughput of a window holding only the compile step) become null.
     record = {"step": step, **{prefix + k: (v if math.isfinite(v) else None)
                                for k, v in scalars.items()}}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    try:
+      with open(self.path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    except OSError as e:
+      if errors.no_space(e) is None:
+        raise
+      raise errors.no_space_error(e, os.path.dirname(self.path), self.path) from e
     if self._tb is None:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(self._tb_dir)

@@ -62,20 +62,24 @@ def _tokenizer(config, train_docs, workdir):
   return tokenizer
 
 
-def check_memory(config, devices) -> None:
+def check_memory(config) -> None:
   """Refuses a config whose memory floor (`config_lib.memory_floor_bytes`) exceeds what the
-  devices have (host memory for CPU devices, which share it), before anything is allocated."""
+  devices have (host memory for CPU devices, which share it), before anything is allocated.
+  Each process sees its own devices; the whole job is taken as that many times as large."""
+  devices = jax.local_devices()
   limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
   if all(limits) and devices[0].platform != "cpu":
-    available, where = sum(limits), f"the {len(devices)} {devices[0].platform} devices"
+    available, where = sum(limits) * jax.process_count(), f"the {jax.device_count()} devices"
   else:
-    available, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host"
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * jax.process_count()
+    where = f"the {jax.process_count()} host(s)"
   needed = config_lib.memory_floor_bytes(config)
   if needed > available:
     raise ConfigError(
         f"This model and batch need at least {needed / 2**30:,.1f} GiB (parameters, gradients and "
         f"one activation per layer and token) but {where} have {available / 2**30:,.1f} GiB: "
-        f"lower model.hidden / layers / mlp / vocab_size or train.batch_size / data.seq_len.")
+        f"lower model.hidden / layers / mlp / vocab_size or train.batch_size / data.seq_len (or "
+        f"raise train.grad_accum_steps).")
 
 
 def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs, carry):
@@ -90,9 +94,6 @@ def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs,
   if config.train.init_from:
     source = checkpoint_lib.Checkpointer(config.train.init_from, keep=1, read_only=True)
     step = source.latest_step()
-    if step is None:
-      raise ConfigError(f"train.init_from={config.train.init_from} holds no checkpoint; point it at "
-                        f"a run's checkpoints directory.")
     restored, _ = source.restore(step, abstract)
     source.close()
     state = state.replace(params=restored.params)
@@ -110,7 +111,6 @@ def run(config, workdir: str) -> dict[str, float]:
   objectives.validate(config)
   workdir_lib.check_writable(workdir)
   mesh = sharding_lib.make_mesh(config.mesh)
-  check_memory(config, mesh.devices.flatten().tolist())
   local_batch = check_batch(config, mesh)
   objective = objectives.get(config.objective.name)
 
@@ -121,9 +121,15 @@ def run(config, workdir: str) -> dict[str, float]:
     raise ConfigError(f"The corpus has no training documents (all {len(eval_docs)} are held out "
                       f"by data.eval_fraction={config.data.eval_fraction}); give it more text or "
                       f"lower --config.data.eval_fraction.")
+  check_memory(config)
   data_identity = sources.data_identity(config.data)
   tokenizer = _tokenizer(config, train_docs, workdir)
   workdir_lib.check_resumable(workdir, config, tokenizer, data_identity)
+  init_from = config.train.init_from
+  if (init_from and workdir_lib.latest_step(workdir) is None
+      and checkpoint_lib.read_latest_step(init_from) is None):
+    raise ConfigError(f"train.init_from={init_from} holds no checkpoint; point it at a run's "
+                      f"checkpoints directory.")
   metrics_lib.print_progress(f"{objectives.describe(objective, config)}; {len(train_docs)} train "
                              f"/ {len(eval_docs)} eval documents; mesh {dict(mesh.shape)}.")
 

@@ -6,6 +6,7 @@ Subprocesses inherit conftest's 8 CPU devices and private BERTFAM_CACHE.
 
 import hashlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -43,9 +44,9 @@ def _env():
   return env
 
 
-def _run(command, timeout=_RUN_TIMEOUT_S):
+def _run(command, timeout=_RUN_TIMEOUT_S, preexec_fn=None):
   return subprocess.run(command, cwd=_REPO, env=_env(), capture_output=True, text=True,
-                        timeout=timeout, check=False)
+                        timeout=timeout, check=False, preexec_fn=preexec_fn)
 
 
 def _start(command, log_dir):
@@ -257,3 +258,27 @@ def test_bad_command_lines_are_one_line_and_touch_nothing(tmp_path, args, fragme
   _assert_config_error(result, *fragments)
   assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
   assert not workdir.exists()
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes(tmp_path):
+  """A write that finds no room while a checkpoint is written (a file-size limit, `ulimit -f`,
+  which writes meet as EFBIG where a full disk gives ENOSPC): exit 2 and one line naming the
+  checkpoint and its size, the checkpoint before it intact, and the re-run without the limit
+  resumes from that one."""
+  workdir = str(tmp_path / "workdir")
+  wide = ("--config.model.hidden=256", "--config.model.heads=4", "--config.train.log_every=1",
+          "--config.optimizer.warmup_steps=1",
+          "--config.train.checkpoint_every=2")
+  _assert_ok(_run(_command(workdir, *wide, "--config.train.total_steps=2")))
+  limit = 1 << 20   # above metrics, events and the tokenizer; below a 256-wide model's arrays
+
+  def file_size_limit():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+  result = _run(_command(workdir, *wide, "--config.train.total_steps=4"),
+                preexec_fn=file_size_limit)
+  _assert_config_error(result, "No room to write checkpoint 4 (", "MiB) in ", "File too large")
+  assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+  assert sorted(n for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()) == ["2"]
+  _assert_ok(_run(_command(workdir, *wide, "--config.train.total_steps=4")))
+  assert [step for step, _ in _train_records(workdir)] == [1, 2, 3, 4]

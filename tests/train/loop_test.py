@@ -110,3 +110,35 @@ def test_a_finished_run_runs_nothing(capsys):
                            log_every=1, checkpoint_every=1, tokens_per_step=2)
   assert int(state.step) == 5 and last == {}
   assert "Already finished at step 5" in capsys.readouterr().out
+
+
+def test_throughput_and_eta_count_training_steps_only(monkeypatch, capsys):
+  """On a fake clock: every step takes 1 s, steps 11-15 take 10 s, and the evaluation at step 4
+  takes 1,000 s. The first log (a window of only the compiling step) shows no throughput rather
+  than `nan tok/s`; the window after the evaluation reports the steps' own speed; the ETA follows
+  the smoothed step time, so five slow steps move it by a fraction, not tenfold."""
+  clock = [0.0]
+  monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+  counting = counting_step()
+
+  def timed_step(state, batch):
+    clock[0] += 10.0 if 11 <= int(state.step) + 1 <= 15 else 1.0
+    return counting(state, batch)
+
+  slow_evaluation = loop.Evaluator(4, lambda step, params: clock.__setitem__(0, clock[0] + 1e3)
+                                   or {})
+  loop.train(state_at(0), timed_step, loop.EpochSource(dict(row=np.arange(64)), 2, seed=0),
+             mesh=mesh(), total_steps=30, log_every=1, checkpoint_every=100,
+             tokens_per_step=2000, evaluators=[slow_evaluation])
+  lines = {int(line.split("/")[0].split()[1]): line
+           for line in capsys.readouterr().out.splitlines() if line.startswith("step ")}
+
+  def field(step, unit):
+    return next(p for p in lines[step].split(" | ") if p.endswith(unit) or p.startswith(unit))
+
+  assert "tok/s" not in lines[1] and "nan" not in lines[1] and "ETA" not in lines[1]
+  assert field(2, "tok/s") == "2.0k tok/s" and field(2, "ETA") == "ETA 0m28s"
+  assert field(5, "tok/s") == "2.0k tok/s"      # the 1,000 s evaluation is not counted
+  assert field(11, "tok/s") == "0.2k tok/s"     # a slow window is reported as it is
+  eta = int(field(15, "ETA")[len("ETA 0m"):-1])
+  assert 15 < eta < 22                          # 15 steps left: 150 s at the slow window's pace

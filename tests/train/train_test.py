@@ -310,3 +310,21 @@ def test_rerunning_a_finished_run_says_so_and_writes_nothing(uninterrupted, tmp_
   assert train.run(tiny_config(), workdir) == {}
   assert "Already finished at step 8 (train.total_steps=8)." in capsys.readouterr().out
   assert files() == before and train_records(workdir) == metrics_before   # no new events file
+
+
+def test_start_up_phases_and_the_summary_are_printed(tmp_path, capsys):
+  """Before the first step a person sees what the start-up is doing (the corpus, the tokenizer
+  being trained, the compilation), and the run ends with one summary line."""
+  config = tiny_config(total_steps=2, checkpoint_every=2, eval_every=2)
+  config.data.cache_dir = str(tmp_path / "empty_cache")   # the tokenizer must be trained
+  workdir = str(tmp_path / "run")
+  train.run(config, workdir)
+  out = capsys.readouterr().out.splitlines()
+  phases = ["Reading the corpus (data.source=embedded_wiki)...",
+            "Training a 512-piece SentencePiece tokenizer on the corpus (cached for later runs)...",
+            "Compiling the train step (the first step)...", "step 1/2 "]
+  positions = [next(i for i, line in enumerate(out) if line.startswith(p)) for p in phases]
+  assert positions == sorted(positions)
+  summary = out[-1]
+  assert summary.startswith("Finished at step 2/2 in ") and "k tok/s while training" in summary
+  assert "best eval loss" in summary and summary.endswith(f"; workdir {workdir}.")
