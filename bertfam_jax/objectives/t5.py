@@ -130,18 +130,31 @@ def make_features(config, tokenizer):
   return functools.partial(
       t5_features, config=config.objective, inputs_length=config.data.seq_len,
       sentinel_start=tokenizer.sentinel_start, vocab_size=tokenizer.vocab_size,
-      eos_id=tokenizer.eos_id, mask_id=tokenizer.mask_id, word_start_table=tokenizer.word_start)
+      eos_id=tokenizer.eos_id, mask_id=tokenizer.mask_id, word_start_table=tokenizer.word_start,
+      num_reserved_tokens=reserved_ids(tokenizer))
+
+
+def reserved_ids(tokenizer) -> int:
+  """The number of leading ids that are special (pad, unk, EOS, [CLS], [MASK], user symbols):
+  what random-token noise never draws, as the reference's `num_reserved_tokens=3` keeps T5's
+  pad, EOS and unk out (3 for T5's own vocabulary, 5 for ours, 6 with XLNet's <eod>)."""
+  special = set(np.asarray(tokenizer.special_ids).tolist()) | {tokenizer.unk_id}
+  reserved = 0
+  while reserved in special:
+    reserved += 1
+  return reserved
 
 
 def noise_segments(tokens, lengths, sentence_start, rng: np.random.Generator, *, config,
                    sentinel_start: int, vocab_size: int, mask_id: int,
-                   word_start_table: np.ndarray):
+                   word_start_table: np.ndarray, num_reserved_tokens: int = 3):
   """One objective's (inputs, targets) of raw segments, before EOS.
 
   Args:
     tokens: [n, T] int32 raw segments (0-padded), lengths [n], sentence_start [n, T] bool.
     rng: the only randomness.
     config: the `objective` section.
+    num_reserved_tokens: leading special ids random-token noise never draws (`reserved_ids`).
 
   Returns:
     ((inputs [n, Li'], input_lengths [n]), (targets [n, Lt'], target_lengths [n])).
@@ -162,6 +175,8 @@ def noise_segments(tokens, lengths, sentence_start, rng: np.random.Generator, *,
                  if o.noise_mask == "random_spans" else {})
   random_params = (dict(random_prob=o.random_prob)
                    if o.inputs_encoding == "noise_token_to_random_token_or_sentinel" else {})
+  if o.inputs_encoding.startswith("noise_token_to_random_token"):
+    random_params["num_reserved_tokens"] = num_reserved_tokens
   noised = t5_noise.denoise(
       tokens, lengths, rng, noise_density=o.noise_density,
       noise_mask_fn=functools.partial(t5_noise.NOISE_MASKS[o.noise_mask], **mask_params),
@@ -175,7 +190,7 @@ def noise_segments(tokens, lengths, sentence_start, rng: np.random.Generator, *,
 
 def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: int,
                 sentinel_start: int, vocab_size: int, eos_id: int, mask_id: int,
-                word_start_table: np.ndarray) -> dict:
+                word_start_table: np.ndarray, num_reserved_tokens: int = 3) -> dict:
   """Noises `packing.token_segments` output and packs the examples into rows.
 
   Args:
@@ -190,7 +205,7 @@ def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: in
   (inputs, input_lengths), (targets, target_lengths) = noise_segments(
       segments["tokens"], segments["lengths"], segments["sentence_start"], rng, config=config,
       sentinel_start=sentinel_start, vocab_size=vocab_size, mask_id=mask_id,
-      word_start_table=word_start_table)
+      word_start_table=word_start_table, num_reserved_tokens=num_reserved_tokens)
   inputs, input_lengths = t5_noise.append_eos_after_trim(inputs, input_lengths, inputs_length,
                                                          eos_id)
   targets, target_lengths = t5_noise.append_eos_after_trim(targets, target_lengths,

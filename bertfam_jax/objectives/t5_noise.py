@@ -356,8 +356,10 @@ def noise_token_to_random_token(tokens, lengths, noise_mask, rng, *, sentinel_st
                                 num_reserved_tokens=3):
   """Each noise token -> an id uniform on [num_reserved_tokens, vocab_size) (encoding "r").
 
-  As the reference, vocab_size includes the sentinels, so a random token may be a sentinel.
-  Draws n · L integers.
+  The reference reserves T5's pad, EOS and unk (ids 0-2); the objective passes the number of
+  leading special ids of its own vocabulary (`objectives.t5.reserved_ids`: 5 in ours, where EOS
+  is [SEP] = 3 and [MASK] = 4), so that no special token is ever drawn. As the reference,
+  vocab_size includes the sentinels, so a random token may be a sentinel. Draws n · L integers.
   """
   del sentinel_start
   random_tokens = rng.integers(num_reserved_tokens, vocab_size, size=tokens.shape)
@@ -365,7 +367,7 @@ def noise_token_to_random_token(tokens, lengths, noise_mask, rng, *, sentinel_st
 
 
 def noise_token_to_random_token_or_sentinel(tokens, lengths, noise_mask, rng, *, sentinel_start,
-                                            vocab_size, random_prob=0.1):
+                                            vocab_size, random_prob=0.1, num_reserved_tokens=3):
   """BERT-style (iid_15_r10s90_f): each noise token -> a random token with probability
   random_prob, else the shared sentinel; never left unchanged (spec §3.3).
 
@@ -375,7 +377,8 @@ def noise_token_to_random_token_or_sentinel(tokens, lengths, noise_mask, rng, *,
   use_random = rng.random(tokens.shape) < random_prob
   random_tokens, _ = noise_token_to_random_token(tokens, lengths, noise_mask, rng,
                                                  sentinel_start=sentinel_start,
-                                                 vocab_size=vocab_size)
+                                                 vocab_size=vocab_size,
+                                                 num_reserved_tokens=num_reserved_tokens)
   sentinels, sentinel_lengths = noise_token_to_sentinel(
       tokens, lengths, noise_mask, rng, sentinel_start=sentinel_start, vocab_size=vocab_size)
   return np.where(use_random, random_tokens, sentinels).astype(np.int32), sentinel_lengths

@@ -42,13 +42,13 @@ def check_batch(config, mesh) -> int:
 
 def _tokenizer(config, train_docs, workdir):
   """A resumed run's tokenizer is the one its workdir holds (never retrained, whatever the cache
-  or the corpus now give) unless the config names one (`workdir.check_resumable` then compares
+  or the corpus now give; a workdir from before workdirs held it: the one cached for its corpus,
+  else refused) unless the config names one (`workdir.check_resumable` then compares
   them); otherwise `tokenizers.load_or_train`: process 0 trains (or loads) it first, the others
   then find it in a shared cache, or train the identical model themselves where hosts have
   separate disks."""
   if workdir_lib.latest_step(workdir) is not None and not config.tokenizer.model_path:
-    if os.path.exists(workdir_lib.tokenizer_location(config, workdir)):
-      return workdir_lib.load_tokenizer(config, workdir)
+    return workdir_lib.load_tokenizer(config, workdir)   # refuses one it cannot find
   if not tokenizers.is_available(config):
     metrics_lib.print_progress(f"Training a {tokenizers.num_pieces(config)}-piece SentencePiece "
                                f"tokenizer on the corpus (cached for later runs)...")

@@ -72,6 +72,9 @@ def test_every_task_kind_trains_and_writes_scores(pretrained, tmp_path, task):
   steps = train_steps[-1]   # 2 epochs of 160 examples' rows (QA: several windows per example)
   assert steps >= 20 and steps % 2 == 0
   assert saved["task"] == task and saved["step"] == steps and saved["examples"] == 48
+  with open(os.path.join(pretrained, "tokenizer.model"), "rb") as a, \
+       open(os.path.join(workdir, "tokenizer.model"), "rb") as b:
+    assert a.read() == b.read()   # the fine-tuning workdir holds its tokenizer too
   assert results["scores"] == saved["scores"] and saved["main_metric"] in saved["scores"]
   assert all(np.isfinite(v) for v in saved["scores"].values())
   assert len(read_lines(os.path.join(workdir, "predictions.jsonl"))) == 48

@@ -346,6 +346,29 @@ def test_random_token_encodings():
   assert within(not_sentinel, noise.sum() * 0.1 * (1 - 1 / (VOCAB - 3)), noise.sum())
 
 
+@pytest.mark.parametrize("user_symbols, reserved", [((), 5), (("<eod>",), 6)])
+def test_random_tokens_never_draw_a_special_id(user_symbols, reserved):
+  """The reference reserves T5's pad, EOS and unk (ids 0-2). Our vocabulary puts <pad> <unk>
+  [CLS] [SEP]=EOS [MASK] (and XLNet's <eod>) first: the objective reserves all of them, so a
+  BERT-style random token is never EOS or [MASK]."""
+  from bertfam_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.objectives import t5  # pylint: disable=g-import-not-at-top
+  sentences = [" ".join(f"w{(i * 7 + j) % 97}x" for j in range(12)) for i in range(300)]
+  tokenizer = tokenizers.Tokenizer(
+      tokenizers.train_sentencepiece(sentences, 160, "bpe", user_symbols), extra_ids=10)
+  assert t5.reserved_ids(tokenizer) == reserved
+  special = set(tokenizer.special_ids[:reserved - 1].tolist()) | {tokenizer.unk_id}
+  assert {tokenizer.eos_id, tokenizer.mask_id, tokenizer.pad_id} <= special
+  rng = np.random.default_rng(0)
+  tokens = np.full((200, 50), 7)
+  lengths = np.full(200, 50)
+  noise = np.ones_like(tokens, bool)
+  out, _ = t5_noise.noise_token_to_random_token_or_sentinel(
+      tokens, lengths, noise, rng, sentinel_start=tokenizer.sentinel_start,
+      vocab_size=tokenizer.vocab_size, random_prob=1.0, num_reserved_tokens=reserved)
+  assert out.min() == reserved and not special & set(out.ravel().tolist())
+
+
 # ---------------------------------------------------------------------------------------------
 # BART (spec objectives.md §8).
 # ---------------------------------------------------------------------------------------------
@@ -483,3 +506,15 @@ def test_gathered_token_comes_from_the_same_row():
   rows = np.nonzero(noise)[0]
   assert ((out[noise] - 1) // 100 == rows).all()                     # same row, a real token
   assert ((out[noise] - 1) % 100 < lengths[rows]).all()
+
+
+def test_a_mask_that_starts_with_noise_shifts_the_target_numbering_as_the_reference():
+  """docs/t5.md: with the first token noise, target sentinel k precedes the tokens that input
+  sentinel k + 1 replaced (the reference's sentinel numbering, kept as it is)."""
+  tokens, lengths = np.arange(10, 16)[None], np.array([6])
+  noise = np.array([[True, False, False, True, True, False]])
+  encode = dict(sentinel_start=999, vocab_size=1000)
+  inputs, _ = t5_noise.noise_span_to_unique_sentinel(tokens, lengths, noise, None, **encode)
+  targets, _ = t5_noise.nonnoise_span_to_unique_sentinel(tokens, lengths, noise, None, **encode)
+  assert inputs[0, :5].tolist() == [999, 11, 12, 998, 15]
+  assert targets[0, :5].tolist() == [10, 999, 13, 14, 998]

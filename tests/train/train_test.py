@@ -200,12 +200,16 @@ def test_a_workdir_holds_its_tokenizer_and_data(uninterrupted, tmp_path):
   assert not os.path.exists(cache / "tokenizers")   # the corpus is re-extracted, the vocabulary not
   resumed, reference = train_records(workdir), train_records(uninterrupted)
   assert [resumed[s]["loss"] for s in range(5, 9)] == [reference[s]["loss"] for s in range(5, 9)]
-  saved = workdir_lib.read_config(workdir)
-  saved.data.cache_dir = str(tmp_path / "another_empty_cache")
   _, tokenizer, params = workdir_lib.load(workdir)
   with open(os.path.join(uninterrupted, "tokenizer.model"), "rb") as f:
     assert tokenizer.model_proto == f.read()
   assert "encoder" in params
+  from bertfam_jax import hf  # pylint: disable=g-import-not-at-top  (the [hf] extra)
+  exported = tmp_path / "exported"
+  hf.export_workdir(workdir, str(exported))
+  assert {"model.safetensors", "config.json"} <= set(os.listdir(exported))
+  from bertfam_jax.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
+  assert hf_tokenizer.has_tokenizer(str(exported))   # the workdir's own; the cache is empty
 
 
 def _embedded_corpus_as_text(path, config):
