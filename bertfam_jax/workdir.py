@@ -244,8 +244,8 @@ def tokenizer_location(config, workdir: str, tokenizer_path: str = "") -> str:
   """Where the tokenizer of the run in `workdir` is: `tokenizer_path`, else the copy the workdir
   holds (tokenizer.model, or tokenizer/ for a transformers tokenizer), else, for workdirs written
   before they held one, the run's `tokenizer.model_path` (relative paths are relative to the
-  workdir) or the model the run trained and cached on this machine. For a transformers
-  checkpoint directory, that directory."""
+  workdir) or the model the run trained and cached on this machine; '' when there is none. For a
+  transformers checkpoint directory, that directory."""
   if tokenizer_path:
     return tokenizer_path
   if is_transformers_checkpoint(workdir):
@@ -256,7 +256,12 @@ def tokenizer_location(config, workdir: str, tokenizer_path: str = "") -> str:
   path = config.tokenizer.model_path
   if path and not os.path.isabs(path):
     path = os.path.join(workdir, path)
-  return os.path.abspath(path or tokenizers.cache_path(config))
+  if path:
+    return os.path.abspath(path)
+  # Only a pre-training run of ours trains (and caches) its tokenizer; for anything else there
+  # is nowhere else to look.
+  trained = config.tokenizer.kind == "sentencepiece" and "data" in config
+  return os.path.abspath(tokenizers.cache_path(config)) if trained else ""
 
 
 def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
@@ -269,9 +274,9 @@ def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
                       f"fix tokenizer_path, or leave it empty to use the workdir's own.")
   if not os.path.exists(path):
     raise ConfigError(
-        f"The tokenizer of {workdir} is not at {path}: the workdir predates workdirs holding "
-        f"their tokenizer, which was cached under data.cache_dir or $BERTFAM_CACHE of the machine "
-        f"that pre-trained it. On that machine `python -m bertfam_jax.train_tokenizer --config="
+        f"The tokenizer of {workdir} is not at {path or 'any place its config names'}: the "
+        f"workdir predates workdirs holding their tokenizer, which was cached under "
+        f"data.cache_dir or $BERTFAM_CACHE of the machine that pre-trained it. On that machine `python -m bertfam_jax.train_tokenizer --config="
         f"<the run's config> --output={os.path.join(workdir, TOKENIZER_MODEL)}` copies it in.")
   if os.path.isdir(path):
     # Imported here: it needs the `tokenizers` package (the [hf] extra).
