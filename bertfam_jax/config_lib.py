@@ -683,15 +683,23 @@ def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
   `train.run` refuses a config whose floor exceeds the devices' memory (a hidden size of 10^9
   would otherwise fail deep inside XLA)."""
   m = c.model
-  layers = m.layers + m.get("decoder_layers", 0)
+  inputs, targets = c.data.seq_len, c.objective.get("targets_length", 0)
+  # (layers, tokens per row each of them sees) of every stack the model has.
+  if m.get("kind") != "t5":
+    stacks = [(m.layers, inputs)]
+  elif m.architecture == "encoder_decoder":
+    stacks = [(m.layers, inputs), (m.decoder_layers, targets)]
+  else:   # one decoder stack over the prefix and the targets, at least the longer of them
+    stacks = [(m.decoder_layers, max(inputs, targets))]
   # ALBERT: tables embedding_size wide, one feed-forward block per group of shared layers.
   tables = (m.vocab_size + m.get("max_positions", 0)) * (m.get("embedding_size", 0) or m.hidden)
-  own_ffns = (m.hidden_groups if m.get("share_layers", "none") in ("all", "ffn") else layers)
+  own_ffns = (m.hidden_groups if m.get("share_layers", "none") in ("all", "ffn")
+              else sum(layers for layers, _ in stacks))
   params = tables + own_ffns * 2 * m.hidden * m.mlp
   micro_batch = c.train.batch_size // c.train.grad_accum_steps
-  tokens = micro_batch * (c.data.seq_len + c.objective.get("targets_length", 0))
   activation_bytes = 4 if m.get("dtype", "float32") == "float32" else 2
-  return 8 * params + activation_bytes * tokens * m.hidden * layers
+  activations = sum(layers * length for layers, length in stacks) * micro_batch * m.hidden
+  return 8 * params + activation_bytes * activations
 
 
 def _validate_counts(c: ml_collections.ConfigDict) -> None:

@@ -30,7 +30,9 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
@@ -98,24 +100,27 @@ def check_resumable(workdir: str, config, tokenizer, data: dict | None) -> None:
   resumed. Reads only."""
   if latest_step(workdir) is None:
     return
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  saved = read_json(os.path.join(workdir, CONFIG_FILE))
+  if saved is None:
     raise ConfigError(f"{workdir} holds checkpoints but no config.json; use a new --workdir (or "
                       f"restore that file).")
-  with open(path) as f:
-    saved = json.load(f)
-  check_config(workdir, saved, config)
-  changes = []
   recorded = saved_tokenizer_files(workdir)
+  # A workdir from before workdirs held their tokenizer: its tokenizer is its config's path.
+  check_config(workdir, saved, config, compare_tokenizer_path=not recorded)
+  changes = []
   if recorded and recorded != tokenizer_files(tokenizer):
     changes.append(f"the tokenizer ({sorted(recorded)} in the workdir; "
                    f"tokenizer.model_path={config.tokenizer.model_path!r} given)")
-  saved_data = _read_json(os.path.join(workdir, DATA_FILE))
+  saved_data = read_json(os.path.join(workdir, DATA_FILE))
   if data is not None and saved_data is not None:
     changes += sources.identity_changes(saved_data, data)
   if not changes:
     return
-  if not ("data" in config and config.data.get("allow_change", False)):
+  if "data" not in config:   # fine-tuning: its data are the task's; its tokenizer the init's
+    raise ConfigError(f"{workdir} was fine-tuned with another tokenizer ({'; '.join(changes)}); "
+                      f"fine-tune from the same finetune.init to resume it, or use a new "
+                      f"--workdir.")
+  if not config.data.get("allow_change", False):
     raise ConfigError(f"{workdir} was trained on other data or with another tokenizer than this "
                       f"config gives ({'; '.join(changes)}); resuming would silently continue on "
                       f"them. Pass the original data, or --config.data.allow_change=True to "
@@ -123,12 +128,14 @@ def check_resumable(workdir: str, config, tokenizer, data: dict | None) -> None:
   logging.warning("data.allow_change=True: resuming %s with %s.", workdir, "; ".join(changes))
 
 
-def check_config(workdir: str, saved: dict, config) -> None:
+def check_config(workdir: str, saved: dict, config, compare_tokenizer_path: bool = False) -> None:
   """Refuses `config` when its model, objective or tokenizer settings differ from `saved` (the
-  workdir's config.json)."""
+  workdir's config.json); the tokenizer's path only with `compare_tokenizer_path` (its content
+  is compared where the workdir holds it)."""
   current = json.loads(config.to_json())
-  defaults = _identity(json.loads(config_lib.base_config().to_json()))
-  diffs = _diff(_identity(saved), _identity(current), defaults)
+  identity = lambda c: _identity(c, compare_tokenizer_path)  # noqa: E731
+  defaults = identity(json.loads(config_lib.base_config().to_json()))
+  diffs = _diff(identity(saved), identity(current), defaults)
   if diffs:
     raise ConfigError(
         f"{workdir} holds a run with a different model/objective/tokenizer ({'; '.join(diffs[:5])})"
@@ -138,13 +145,29 @@ def check_config(workdir: str, saved: dict, config) -> None:
 def record(workdir: str, config, tokenizer, data: dict | None) -> None:
   """Writes what a resume or a reader needs (process 0): config.json, the tokenizer and data.json.
   Called once setup has succeeded, just before the first step: a fresh start (no checkpoint yet)
-  replaces what a failed start left; a resume keeps the run's config.json and replaces the
-  tokenizer or data record only where `check_resumable` let a change through or an older workdir
-  lacks them."""
+  replaces what a failed start left (its TensorBoard events too); a resume keeps the run's
+  config.json and replaces the tokenizer or data record only where `check_resumable` let a
+  change through or an older workdir lacks them. Every process returns or raises together: the
+  others would otherwise wait for process 0 in the checkpoint manager's first collective."""
   fresh = latest_step(workdir) is None   # every process: orbax's reader syncs them
-  if jax.process_index() != 0:
-    return
+  error = None
+  if jax.process_index() == 0:
+    try:
+      _write_record(workdir, config, tokenizer, data, fresh)
+    except ConfigError as e:
+      error = e
+  if jax.process_count() > 1:
+    failed = multihost_utils.process_allgather(np.int32(error is not None))
+    if error is None and np.any(failed):
+      error = ConfigError(f"Process 0 could not write {workdir}'s record (its error says why).")
+  if error is not None:
+    raise error
+
+
+def _write_record(workdir: str, config, tokenizer, data: dict | None, fresh: bool) -> None:
   os.makedirs(workdir, exist_ok=True)
+  if fresh:
+    shutil.rmtree(os.path.join(workdir, "tensorboard"), ignore_errors=True)
   if fresh or not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
     write_config(workdir, config)
   files = tokenizer_files(tokenizer)
@@ -157,7 +180,7 @@ def record(workdir: str, config, tokenizer, data: dict | None) -> None:
         os.remove(stale)
     for name, content in files.items():
       sources.write_atomically(os.path.join(workdir, name), content)
-  if data is not None and (fresh or _read_json(os.path.join(workdir, DATA_FILE)) != data):
+  if data is not None and (fresh or read_json(os.path.join(workdir, DATA_FILE)) != data):
     sources.write_atomically(os.path.join(workdir, DATA_FILE),
                              (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
@@ -173,23 +196,29 @@ def check_or_write_config(workdir: str, config) -> None:
   """`check_config` against an existing config.json, else `write_config`: for writers of a
   workdir that train nothing (`python -m bertfam_jax.hf import`, tests)."""
   path = os.path.join(workdir, CONFIG_FILE)
-  saved = _read_json(path)
+  saved = read_json(path)
   if saved is None:
     write_config(workdir, config)
   else:
     check_config(workdir, saved, config)
 
 
-def _read_json(path: str):
+def read_json(path: str):
+  """The JSON at `path`, None when there is no file; a damaged one is a ConfigError naming it."""
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  with open(path, "rb") as f:
+    content = f.read()
+  try:
+    return json.loads(content)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ConfigError(f"{path} is damaged ({e}); restore it from a copy of the workdir, or use a "
+                      f"new --workdir.") from None
 
 
-def _identity(config_dict: dict) -> dict:
+def _identity(config_dict: dict, with_tokenizer_path: bool = False) -> dict:
   identity = {k: config_dict.get(k) for k in _IDENTITY_SECTIONS}
-  if isinstance(identity["tokenizer"], dict):
+  if isinstance(identity["tokenizer"], dict) and not with_tokenizer_path:
     identity["tokenizer"] = {k: v for k, v in identity["tokenizer"].items() if k != "model_path"}
   return identity
 

@@ -106,14 +106,14 @@ def transfer_pretrained(fresh, pretrained, *, reuse_pooler: bool):
 
 def check_workdir(workdir: str, task: str) -> None:
   """`workdir.check_writable`, then refuses, before anything in it is read or written, a workdir
-  that holds another run than a fine-tuning on `task` (a pre-training run, or a fine-tuning on
-  another task): its checkpoints would otherwise be resumed as this run's."""
+  whose checkpoints belong to another run than a fine-tuning on `task` (a pre-training run, or a
+  fine-tuning on another task): they would otherwise be resumed as this run's."""
   workdir_lib.check_writable(workdir)
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
-  if not os.path.exists(path):
+  # Without a checkpoint its files are a failed start's, which this run replaces.
+  if workdir_lib.latest_step(workdir) is None or not os.path.exists(path):
     return
-  with open(path) as f:
-    saved = json.load(f).get("finetune", {}).get("task")
+  saved = workdir_lib.read_json(path).get("finetune", {}).get("task")
   if saved != task:
     held = f"a fine-tuning on {saved!r}" if saved else "a pre-training run"
     raise ConfigError(f"--workdir={workdir} holds {held}, not a fine-tuning on {task!r}, and "

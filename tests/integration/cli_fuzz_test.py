@@ -47,11 +47,11 @@ _HUGE_FIELDS = ("model.hidden", "model.layers", "model.mlp", "model.vocab_size",
                 "model.max_positions", "train.batch_size", "data.seq_len")
 
 
-def _paper_config(name="roberta"):
+def _paper_config(name="roberta", arg="runlocal"):
   spec = importlib.util.spec_from_file_location(name, os.path.join(_REPO, "configs", f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config("runlocal")
+  return module.get_config(arg) if arg else module.get_config()
 
 
 def _leaves(config, prefix=""):
@@ -186,13 +186,20 @@ def _assert_one_line_exit_2(result, case):
   assert len(lines) == 1 and lines[0].startswith("error: "), f"{case}:\n{result.stderr[-3000:]}"
 
 
-def test_the_generator_draws_every_kind():
-  """CASES cases in all (3 of them workdirs), every kind of bad input among them, the same on
-  every machine."""
+# The cases' ids (file paths relative to the files' root) and workdirs, hashed: the same cases on
+# every machine and every Python. A change of the rules or the paper config changes them: check
+# the new cases, then update the pin.
+_PINNED = "a0634061d9e2aed0"
+
+
+def test_the_generator_draws_every_kind_and_the_same_cases_everywhere():
+  """CASES cases in all (3 of them workdirs), every kind of bad input among them."""
   kinds = {case.split(":")[0] for case, _, _ in _GENERATED}
   assert len(_GENERATED) + 3 == CASES and len({case for case, _, _ in _GENERATED}) == len(_GENERATED)
   assert kinds == {"wrong type", "out of range", "unknown choice", "huge", "files"}
-  assert _GENERATED == _cases(_FILES)
+  ids = "\n".join(f"{case.replace(_FILES_ROOT, '<files>')} {on_finished}"
+                   for case, _, on_finished in _GENERATED)
+  assert hashlib.sha256(ids.encode()).hexdigest()[:16] == _PINNED
 
 
 @pytest.mark.parametrize("case, args, on_finished", _GENERATED, ids=[c[0] for c in _GENERATED])
@@ -218,12 +225,15 @@ def test_fuzzed_workdir(make, tmp_path):
   assert blocker.read_text() == "x"
 
 
+@pytest.mark.parametrize("arg", ["", "runlocal"])
 @pytest.mark.parametrize("paper", ["bert", "roberta", "albert", "spanbert", "structbert",
                                    "electra", "t5", "xlnet"])
-def test_every_field_has_a_rule(paper):
-  """Every number and choice of every paper's config has a range or a list of choices (or is a
-  named free-form string), so that the validation pass covers it and the fuzz draws from it."""
-  config = _paper_config(paper)
+def test_every_field_has_a_rule(paper, arg):
+  """Every number and choice of every paper's config (its recipe and :runlocal) has a range or a
+  list of choices (or is a named free-form string), so that the validation pass covers it and
+  the fuzz draws from it; and the recipe itself passes them."""
+  config = _paper_config(paper, arg)
+  objectives.validate(config)
   rules = _rules(config)
   missing = [path for path, value in _leaves(config)
              if not isinstance(value, bool) and path not in rules and path not in _FREE_FORM]

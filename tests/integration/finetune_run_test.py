@@ -221,3 +221,14 @@ def test_cli_runs_and_refuses_with_one_line(pretrained, tmp_path):
                                f"--workdir={tmp_path / 'bad'}"],
                        cwd=_REPO, env=env, capture_output=True, text=True, timeout=120)
   assert bad.returncode != 0 and "no_such_task" in bad.stderr
+
+
+def test_only_a_workdir_with_checkpoints_of_another_run_is_refused(pretrained, tmp_path):
+  """A workdir of another run is refused once it holds a checkpoint; before that its files are
+  a failed start's (pre-training or another task), which the fine-tuning replaces."""
+  started = tmp_path / "failed_start"
+  started.mkdir()
+  shutil.copy(os.path.join(pretrained, "config.json"), started)
+  finetune_run.check_workdir(str(started), "wordnet_supersense")
+  with pytest.raises(ConfigError, match="holds a pre-training run"):
+    finetune_run.check_workdir(pretrained, "wordnet_supersense")

@@ -332,3 +332,32 @@ def test_start_up_phases_and_the_summary_are_printed(tmp_path, capsys):
   summary = out[-1]
   assert summary.startswith("Finished at step 2/2 in ") and "k tok/s while training" in summary
   assert "best eval loss" in summary and summary.endswith(f"; workdir {workdir}.")
+
+
+def test_a_workdir_from_before_it_held_its_tokenizer_keeps_its_tokenizer_path(uninterrupted,
+                                                                             tmp_path):
+  """An older workdir (no tokenizer.model, no data.json) has only its config's tokenizer path to
+  go by: another tokenizer.model_path is refused, as before workdirs held their tokenizer,
+  rather than resumed and adopted."""
+  from bertfam_jax.data import sources, tokenizers  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / "older")
+  copy_until(uninterrupted, workdir, 4)
+  for name in ("tokenizer.model", workdir_lib.DATA_FILE):
+    os.remove(os.path.join(workdir, name))
+  config = tiny_config()
+  sentences = tokenizers.training_sentences(sources.get_documents(config.data, "train"), 5000)
+  other = tmp_path / "other.model"
+  other.write_bytes(tokenizers.train_sentencepiece(sentences, 512, "bpe"))
+  config.tokenizer.model_path = str(other)
+  with pytest.raises(ConfigError, match=r"tokenizer.model_path: '' → "):
+    train.run(config, workdir)
+  assert not os.path.exists(os.path.join(workdir, "tokenizer.model"))
+
+
+def test_a_damaged_record_is_one_line(uninterrupted, tmp_path):
+  workdir = str(tmp_path / "damaged")
+  copy_until(uninterrupted, workdir, 4)
+  with open(os.path.join(workdir, workdir_lib.DATA_FILE), "w") as f:
+    f.write('{"source": "embedded')
+  with pytest.raises(ConfigError, match=r"data.json is damaged"):
+    train.run(tiny_config(), workdir)
