@@ -22,7 +22,6 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from bertfam_jax import objectives
-from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
 
@@ -72,8 +71,8 @@ def strategy_row(config, strategy: str, devices) -> Row:
   mesh = sharding_lib.make_mesh(config.mesh, devices)
   objective = objectives.get(config.objective.name)
   model = objective.build_model(config)
-  tx, _ = optimizer_lib.make_optimizer(config)
   inputs = objectives.init_inputs(objective, config)
+  tx, _ = step_lib.make_optimizer(config, model, inputs)
   state, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, mesh, inputs)
   return Row(strategy, dict(mesh.shape), per_device_bytes(state.params),
              per_device_bytes(state.opt_state), total_bytes((state.params, state.opt_state)))

@@ -222,12 +222,12 @@ def state_bytes(config, mesh) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from bertfam_jax import objectives  # pylint: disable=g-import-not-at-top
-  from bertfam_jax.train import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
   from bertfam_jax.train import step as step_lib  # pylint: disable=g-import-not-at-top
   objective = objectives.get(config.objective.name)
-  tx, _ = optimizer_lib.make_optimizer(config)
+  model, inputs = objective.build_model(config), objectives.init_inputs(objective, config)
+  tx, _ = step_lib.make_optimizer(config, model, inputs)
   abstract, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
-      objective.build_model(config), tx, mesh, objectives.init_inputs(objective, config))
+      model, tx, mesh, inputs)
   leaves = zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings))
   return int(sum(np.prod(s.shard_shape(a.shape)) * a.dtype.itemsize for a, s in leaves))
 

@@ -44,7 +44,7 @@ from bertfam_jax.finetune import text_tasks
 from bertfam_jax.models import t5 as t5_lib
 from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import metrics as train_metrics
-from bertfam_jax.train import optimizer as optimizer_lib
+from bertfam_jax.train import step as step_lib
 
 BATCH_KEYS = ("input_ids", "input_segment_ids", "decoder_input_ids", "decoder_target_ids",
               "decoder_segment_ids", "decoder_loss_weights")
@@ -148,10 +148,12 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
       f"examples; {total_steps} steps of {batch_size}; mesh {dict(mesh.shape)}; data ready in "
       f"{time.time() - start:.1f} s.")
   model = build_model(config.model)
-  tx, schedule = optimizer_lib.make_optimizer(optim.base_optimizer(config.optimizer, total_steps))
   ids = np.zeros((1, 8), np.int32)   # parameter shapes depend on neither length
+  example = dict(input_ids=ids, decoder_input_ids=ids)
+  tx, schedule = step_lib.make_optimizer(optim.base_optimizer(config.optimizer, total_steps),
+                                         model, example)
   return recipe_lib.Recipe(
-      model=model, example=dict(input_ids=ids, decoder_input_ids=ids), tx=tx, schedule=schedule,
+      model=model, example=example, tx=tx, schedule=schedule,
       loss_fn=t5_objective.loss_fn,
       transfer=None if params is None else functools.partial(fit_pretrained, pretrained=params),
       train_data=train_data, total_steps=total_steps, steps_per_epoch=num_train // batch_size,

@@ -38,7 +38,6 @@ from bertfam_jax.finetune import tasks
 from bertfam_jax.hf import families, io
 from bertfam_jax.data import hf_tokenizer as tokenizer_lib
 from bertfam_jax.train import checkpoint as checkpoint_lib
-from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import step as step_lib
 
 TOKENIZER_DIR = "tokenizer"
@@ -73,7 +72,9 @@ def import_to_workdir(hf_path: str, workdir: str, generator_path: str | None = N
 def save_initial_checkpoint(config, params, directory: str) -> None:
   """TrainState(step 0, params, tx.init(params)) as train.run's Checkpointer saves it; no carry
   (XLNet's memory restores from it at zeros, a fresh stream's, at any train.batch_size)."""
-  tx, _ = optimizer_lib.make_optimizer(config)
+  objective = objectives.get(config.objective.name)
+  tx, _ = step_lib.make_optimizer(config, objective.build_model(config),
+                                  objectives.init_inputs(objective, config))
   variables = jax.tree.map(jnp.asarray, {"params": params})
   state = step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=variables,
                               opt_state=jax.jit(tx.init)(variables))

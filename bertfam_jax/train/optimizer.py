@@ -12,6 +12,7 @@ get neither decay nor trust ratio (exclude_from_layer_adaptation defaults to the
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -142,21 +143,171 @@ def scale_by_trust_ratio(adapt_mask) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update_fn)
 
 
-def adafactor_transform(o, schedule) -> optax.GradientTransformation:
-  """T5's Adafactor (t5x adafactor.py / mesh-tf defaults, Shazeer & Stern 2018): factored second
-  moments for matrices with both dimensions >= 128, decay rate 0.8 (β2_t = 1 − t^−0.8), update
-  clipping at RMS `clipping_threshold` (1.0), no momentum, updates scaled by the parameter's RMS
-  (floored at 1e-3) when `multiply_by_parameter_scale`; optional global-norm clipping first."""
+# t5x's standard_logical_factor_rules (t5x/adafactor.py): how each logical axis of a parameter
+# takes part in Adafactor's factored second moment. ROW and COLUMN axes are averaged into the two
+# factors; a BATCH axis (the layers of a scanned stack) is neither averaged nor factored, so that
+# each layer gets its own moments, update clipping and parameter scale, as unrolled layers do.
+ROW, COLUMN, BATCH = "row", "column", "batch"
+FACTOR_RULES = {
+    "vocab": COLUMN, "embed": ROW, "mlp": COLUMN, "heads": COLUMN, "kv": COLUMN,
+    "joined_kv": COLUMN, "relpos_buckets": None, "layers": BATCH, "stack": BATCH,
+    "layer_norm_scale": None, "mlp_activations": COLUMN,
+}
+
+
+class AdafactorState(NamedTuple):
+  """t5x's per-parameter state (no momentum): the factored row and column moments where a
+  parameter is factored, else its full second moment; [1]-shaped placeholders for the others."""
+  count: jax.Array
+  v_row: optax.Updates
+  v_col: optax.Updates
+  v: optax.Updates
+
+
+def _factoring(shape, names, min_dim_size_to_factor: int):
+  """(averaging axes, (row axes, column axes) or None) of one parameter, as t5x's `_parse_rule`
+  with the standard rules does for the parameter as t5x stores it. t5x keeps attention kernels
+  2-D ([embed, heads·kv], DenseGeneral's flattened kernel), and factors a parameter of rank <= 2
+  without a layer axis by its heuristic: its two largest axes, when the smaller is >=
+  min_dim_size_to_factor. Ours are [embed, heads, kv]: the same heuristic on the [embed,
+  heads·kv] view (row axes against column axes). A scanned stack's layer axis is a batch axis,
+  and t5x then factors by the names alone, whatever the sizes; averaging (update clipping,
+  parameter scale) is over every axis but the layers."""
+  ndim = len(shape)
+  if names is None:
+    if ndim > 2:
+      raise ValueError(f"A parameter of shape {shape} needs its logical axis names to be factored "
+                       f"as t5x does (make_optimizer(config, param_axes)).")
+    names = (None,) * ndim
+  rule = [FACTOR_RULES.get(name) for name in names]
+  batch = tuple(i for i, r in enumerate(rule) if r == BATCH)
+  averaging = tuple(i for i in range(ndim) if i not in batch)
+  if ndim <= 2 and not batch:    # t5x's fallback to its heuristic
+    if ndim < 2:
+      return averaging, None
+    by_size = sorted(range(ndim), key=lambda i: (shape[i], i))   # np.argsort's stable order
+    if shape[by_size[-2]] < min_dim_size_to_factor:
+      return averaging, None
+    return averaging, ((by_size[-2],), (by_size[-1],))
+  rows = tuple(i for i, r in enumerate(rule) if r == ROW)
+  columns = tuple(i for i, r in enumerate(rule) if r == COLUMN)
+  if not batch:   # a 3-D attention kernel: t5x's heuristic on its 2-D view
+    view = [math.prod(shape[i] for i in axes) for axes in (rows, columns)]
+    if not rows or not columns or min(view) < min_dim_size_to_factor:
+      return averaging, None
+  return averaging, (None if (rows, columns) == ((), ()) else (rows, columns))
+
+
+def scale_by_t5x_adafactor(learning_rate: optax.ScalarOrSchedule, param_axes=None, *,
+                           decay_rate: float = 0.8, clipping_threshold: float | None = 1.0,
+                           multiply_by_parameter_scale: bool = True,
+                           weight_decay_rate: float | None = None,
+                           min_dim_size_to_factor: int = 128, epsilon1: float = 1e-30,
+                           epsilon2: float = 1e-3) -> optax.GradientTransformation:
+  """t5x's Adafactor (t5x/adafactor.py `apply_param_gradient`, beta1=None, the defaults of
+  T5's gin files) as an optax transformation whose updates are `new_param − param`.
+
+  `param_axes`: the parameters' logical axis names (`step.param_axes`), a tree of tuples (None
+  where a parameter has none), from which each parameter's factoring follows (`_factoring`).
+  Per parameter, with t = step + 1 and β = 1 − t^−decay_rate:
+    V ← β·V + (1 − β)·(g² + ε1), factored as row and column means where the rules say so;
+    y = g / sqrt(V̂), V̂ = V_row·V_col / mean(V_row) when factored;
+    y ← y / max(1, rms(y) / clipping_threshold), rms over the averaging axes (not the layers);
+    update = −lr·max(rms(θ), ε2)·y (the parameter scale per layer too), − wd·θ when set.
+  """
+  lr_schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
+
+  def factorings(params) -> list:
+    """Each parameter's `_factoring`, in the order of the tree's leaves."""
+    treedef = jax.tree.structure(params)
+    axes = ([None] * treedef.num_leaves if param_axes is None
+            else treedef.flatten_up_to(param_axes))   # a tuple of names, or None, per leaf
+    return [_factoring(p.shape, names, min_dim_size_to_factor)
+            for p, names in zip(treedef.flatten_up_to(params), axes)]
+
+  def init_fn(params):
+    placeholder = jnp.zeros((1,), jnp.float32)
+
+    def moments(p, rule):
+      _, factored = rule
+      if factored is None:
+        return placeholder, placeholder, jnp.zeros(p.shape, jnp.float32)
+      rows, columns = factored
+      row_shape = [d for i, d in enumerate(p.shape) if i not in columns]
+      column_shape = [d for i, d in enumerate(p.shape) if i not in rows]
+      return jnp.zeros(row_shape, jnp.float32), jnp.zeros(column_shape, jnp.float32), placeholder
+
+    treedef = jax.tree.structure(params)
+    out = [moments(p, rule) for p, rule in zip(treedef.flatten_up_to(params), factorings(params))]
+    return AdafactorState(jnp.zeros([], jnp.int32),
+                          *(treedef.unflatten(list(x)) for x in zip(*out)))
+
+  def update_fn(grads, state, params):
+    count = state.count
+    t = count.astype(jnp.float32) + 1.0
+    decay = 1.0 - t ** (-decay_rate)
+    lr = lr_schedule(count)
+    treedef = jax.tree.structure(params)
+    rules = factorings(params)
+    leaves = [treedef.flatten_up_to(tree) for tree in (grads, params, state.v_row, state.v_col,
+                                                       state.v)]
+    out = [_adafactor_leaf(g, p, v_row, v_col, v, rule, decay, lr, clipping_threshold,
+                           multiply_by_parameter_scale, weight_decay_rate, epsilon1, epsilon2)
+           for (g, p, v_row, v_col, v), rule in zip(zip(*leaves), rules)]
+    updates, v_rows, v_cols, vs = (treedef.unflatten(list(x)) for x in zip(*out))
+    return updates, AdafactorState(count + 1, v_rows, v_cols, vs)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _adafactor_leaf(grad, param, v_row, v_col, v, rule, decay, lr, clipping_threshold,
+                    multiply_by_parameter_scale, weight_decay_rate, epsilon1, epsilon2):
+  """One parameter's update and moments (`scale_by_t5x_adafactor`)."""
+  averaging, factored = rule
+  grad = grad.astype(jnp.float32)
+  grad_sqr = grad * grad + epsilon1
+  if factored is not None:
+    rows, columns = factored
+    v_row = decay * v_row + (1.0 - decay) * jnp.mean(grad_sqr, axis=columns)
+    v_col = decay * v_col + (1.0 - decay) * jnp.mean(grad_sqr, axis=rows)
+    reduced_rows = tuple(d - sum(c < d for c in columns) for d in rows)
+    row_factor = (v_row / jnp.mean(v_row, axis=reduced_rows, keepdims=True)) ** -0.5
+    y = grad * jnp.expand_dims(row_factor, columns) * jnp.expand_dims(v_col ** -0.5, rows)
+  else:
+    v = decay * v + (1.0 - decay) * grad_sqr
+    y = grad * v ** -0.5
+  if clipping_threshold is not None:
+    rms = jnp.sqrt(jnp.mean(y * y, axis=averaging, keepdims=True))
+    y = y / jnp.maximum(1.0, rms / clipping_threshold)
+  scale = lr
+  if multiply_by_parameter_scale:
+    scale = scale * jnp.maximum(
+        jnp.sqrt(jnp.mean(param * param, axis=averaging, keepdims=True)), epsilon2)
+  update = -scale * y
+  if weight_decay_rate:
+    update = update - weight_decay_rate * param
+  return update.astype(param.dtype), v_row, v_col, v
+
+
+def adafactor_transform(o, schedule, param_axes=None) -> optax.GradientTransformation:
+  """T5's Adafactor (`scale_by_t5x_adafactor`: t5x's, factored by the parameters' logical axes;
+  decay rate 0.8, update clipping at RMS `clipping_threshold` (1.0), no momentum, updates scaled
+  by the parameter's RMS (floored at 1e-3) when `multiply_by_parameter_scale`); optional
+  global-norm clipping first. `o.weight_decay`, as t5x's weight_decay_rate, is not scaled by the
+  learning rate."""
   parts = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
-  parts.append(optax.adafactor(
-      learning_rate=schedule, decay_rate=o.decay_rate, clipping_threshold=o.clipping_threshold,
-      multiply_by_parameter_scale=o.multiply_by_parameter_scale, min_dim_size_to_factor=128,
+  parts.append(scale_by_t5x_adafactor(
+      schedule, param_axes, decay_rate=o.decay_rate, clipping_threshold=o.clipping_threshold,
+      multiply_by_parameter_scale=o.multiply_by_parameter_scale,
       weight_decay_rate=o.weight_decay or None))
   return optax.chain(*parts)
 
 
-def make_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(config, param_axes=None) -> tuple[optax.GradientTransformation,
+                                                      optax.Schedule]:
   """Returns (transformation, schedule) for `config.optimizer` over `config.train.total_steps`.
+  `param_axes`: the parameters' logical axis names (`step.param_axes`), which Adafactor factors
+  by (t5x's rules); the other optimizers ignore them.
 
   name 'adamw': BERT's or fairseq's Adam (bias_correction / decay_norm_and_bias select which);
   'lamb': the same moments and decay followed by LAMB's trust ratio, which skips the same
@@ -169,7 +320,7 @@ def make_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule
                       "variant), 'lamb' (ALBERT) or 'adafactor' (T5).")
   schedule = learning_rate_schedule(o, config.train.total_steps)
   if o.name == "adafactor":
-    return adafactor_transform(o, schedule), schedule
+    return adafactor_transform(o, schedule, param_axes), schedule
   decays = None if o.decay_norm_and_bias else decay_mask  # leaves with decay (and trust ratio)
   parts = []
   if o.clip_norm > 0:

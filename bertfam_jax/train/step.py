@@ -26,6 +26,24 @@ class TrainState:
   carry: Any = None
 
 
+def param_axes(model, inputs):
+  """The logical axis names of `model`'s parameters, a tree like its variables with a tuple of
+  names per parameter (None where it has none; a scanned stack's first name is 'layers'), from
+  an abstract init: what Adafactor factors by (`optimizer.make_optimizer`)."""
+  rng = jax.random.key(0)
+  boxed = jax.eval_shape(lambda: model.init(
+      {"params": rng, "dropout": rng}, **inputs, deterministic=True))
+  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
+  return jax.tree.map(lambda x: tuple(x.names) if is_box(x) else None, boxed, is_leaf=is_box)
+
+
+def make_optimizer(config, model, inputs):
+  """`optimizer.make_optimizer` for `model`, with its parameters' axis names where the optimizer
+  factors by them (Adafactor)."""
+  axes = param_axes(model, inputs) if config.optimizer.name == "adafactor" else None
+  return optimizer_lib.make_optimizer(config, axes)
+
+
 def abstract_state(model, tx, mesh, inputs, carry=None):
   """Shapes and NamedShardings of the train state, computed without allocating anything.
   `inputs`: the keyword inputs that trace `model.init` (`objectives.init_inputs`);
@@ -67,8 +85,8 @@ def fresh_train_step(config, mesh, objective):
   (an objectives/ module) on `mesh`: what benchmarks and tests run without data or checkpoints.
   Returns (state, train_step)."""
   model = objective.build_model(config)
-  tx, schedule = optimizer_lib.make_optimizer(config)
   inputs = objectives.init_inputs(objective, config)
+  tx, schedule = make_optimizer(config, model, inputs)
   carry = objectives.init_carry(objective, config)
   _, shardings = with_mesh_context(abstract_state, mesh)(model, tx, mesh, inputs, carry)
   state = with_mesh_context(init_state, mesh)(model, tx, shardings, config.seed, inputs, carry)

@@ -21,7 +21,6 @@ from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import loop as loop_lib
 from bertfam_jax.train import metrics as metrics_lib
-from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
 
@@ -134,9 +133,9 @@ def run(config, workdir: str) -> dict[str, float]:
                              f"/ {len(eval_docs)} eval documents; mesh {dict(mesh.shape)}.")
 
   model = objective.build_model(config)
-  tx, schedule = optimizer_lib.make_optimizer(config)
   with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
   inputs = objectives.init_inputs(objective, config)
+  tx, schedule = step_lib.make_optimizer(config, model, inputs)
   carry = objectives.init_carry(objective, config)
   abstract, shardings = with_ctx(step_lib.abstract_state)(model, tx, mesh, inputs, carry)
 

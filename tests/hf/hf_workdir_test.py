@@ -21,7 +21,6 @@ from bertfam_jax.hf import __main__ as cli
 from bertfam_jax.hf import families, workdir as workdir_lib
 from bertfam_jax.data import hf_tokenizer as tokenizer_lib
 from bertfam_jax.train import checkpoint as checkpoint_lib
-from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
 from bertfam_jax.train import train
@@ -118,9 +117,9 @@ def test_imported_workdir_is_read_as_a_run(our_run, tmp_path):
 
   mesh = sharding_lib.make_mesh(saved.mesh)
   model = objectives.get(saved.objective.name).build_model(saved)
-  tx, _ = optimizer_lib.make_optimizer(saved)
-  abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
-      model, tx, mesh, objectives.init_inputs(objectives.get(saved.objective.name), saved))
+  inputs = objectives.init_inputs(objectives.get(saved.objective.name), saved)
+  tx, _ = step_lib.make_optimizer(saved, model, inputs)
+  abstract, _ = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, mesh, inputs)
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(target, "checkpoints"), 1,
                                              read_only=True)
   state, data_state = checkpointer.restore(checkpointer.latest_step(), abstract)

@@ -403,3 +403,109 @@ def test_adafactor_is_t5s():
     params = optax.apply_updates(params, ours)
   shapes = {leaf.shape for leaf in jax.tree.leaves(ours_state)}
   assert (256,) in shapes and (130,) in shapes and (256, 130) not in shapes  # factored moments
+
+
+def _t5x_moment_sizes(names, shape, min_dim_size_to_factor=128):
+  """Per layer: the sizes of t5x's factored row and column moments ({a, b}), or None for a full
+  moment, for a parameter as t5x stores it. An independent transcription of t5x/adafactor.py's
+  `_parse_rule` + `_factored_dims` with `standard_logical_factor_rules`, on t5x's layout:
+  attention kernels 2-D (DenseGeneral's [embed, heads·kv] and [heads·kv, embed]), a scanned
+  stack with a 'layers' axis, which is a batch axis."""
+  kinds = {"vocab": "col", "embed": "row", "mlp": "col", "heads": "col", "kv": "col",
+           "relpos_buckets": None, "layers": "batch"}
+  scanned = "layers" in names
+  merged = []   # t5x's storage: heads and kv are one 'joined_kv' (column) axis
+  for name, size in zip(names, shape):
+    if name == "kv" and merged and merged[-1][0] == "heads":
+      merged[-1] = ("joined_kv", merged[-1][1] * size)
+    else:
+      merged.append((name, size))
+  kinds["joined_kv"] = "col"
+  per_layer = [(kinds[n], s) for n, s in merged if n != "layers"]
+  if not scanned:   # rank <= 2: the heuristic on the two largest dims
+    sizes = sorted(s for _, s in per_layer)
+    if len(sizes) < 2 or sizes[-2] < min_dim_size_to_factor:
+      return None
+    return sorted(sizes[-2:])
+  rows = math.prod(s for k, s in per_layer if k == "row")
+  cols = math.prod(s for k, s in per_layer if k == "col")
+  has_rows, has_cols = any(k == "row" for k, _ in per_layer), any(k == "col" for k, _ in per_layer)
+  if not (has_rows or has_cols):
+    return None
+  # v_row drops the column axes, v_col the row axes (the layers kept in both).
+  return sorted([rows * math.prod(s for k, s in per_layer if k is None),
+                 cols * math.prod(s for k, s in per_layer if k is None)])
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+@pytest.mark.parametrize("scan", [False, True])
+def test_adafactor_state_of_t5_base_is_t5xs(version, scan):
+  """The state Adafactor keeps for every parameter of T5-base (abstract: nothing allocated)
+  matches t5x's factoring: attention kernels factored as [d_model, heads·d_kv] (optax factors a
+  3-D [d_model, heads, d_kv] kernel by its two largest axes, 768 and 64, and keeps a full
+  moment), each layer of a scanned stack on its own."""
+  from bertfam_jax import objectives  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.train import step  # pylint: disable=g-import-not-at-top
+  config = cl.base_config()
+  config.model = cl.t5_model("base", version, scan_layers=scan)
+  config.objective = cl.t5_objective()
+  config.optimizer = cl.t5_adafactor()
+  objective = objectives.get("t5")
+  model, inputs = objective.build_model(config), objectives.init_inputs(objective, config)
+  axes = step.param_axes(model, inputs)
+  tx, _ = step.make_optimizer(config, model, inputs)
+  boxed = jax.eval_shape(lambda: model.init({"params": jax.random.key(0),
+                                             "dropout": jax.random.key(0)}, **inputs,
+                                            deterministic=True))
+  params = nn.meta.unbox(boxed)
+  state = [s for s in jax.eval_shape(tx.init, params) if isinstance(s, optimizer.AdafactorState)]
+  treedef = jax.tree.structure(params)
+  leaves = zip(treedef.flatten_up_to(params), treedef.flatten_up_to(axes),
+               *(treedef.flatten_up_to(t) for t in (state[0].v_row, state[0].v_col, state[0].v)))
+  factored = 0
+  for param, names, v_row, v_col, v in leaves:
+    layers = param.shape[0] if names[0] == "layers" else 1
+    expected = _t5x_moment_sizes(names, param.shape)
+    if expected is None:
+      assert v.shape == param.shape and v_row.shape == v_col.shape == (1,), names
+    else:
+      assert v.shape == (1,), names
+      assert sorted([v_row.size // layers, v_col.size // layers]) == expected, (names, param.shape)
+      factored += 1
+  assert factored >= (4 if scan else 100)
+
+
+def test_adafactor_clips_and_scales_each_layer_of_a_scanned_stack():
+  """A stack of 3 layers (scan_layers: one [layers, ...] array) gets the updates of 3 separate
+  layers: moments, update clipping and parameter scale per layer, not over the whole stack
+  (layer 0's gradients are 100× the others', and its parameters 10×)."""
+  rng = np.random.default_rng(0)
+  layers, width = 3, 16
+  kernel_names, scale_names = ("embed", "heads", "kv"), ("embed",)
+  stacked = {"kernel": jnp.asarray(rng.normal(size=(layers, width, 2, 8)), jnp.float32),
+             "scale": jnp.asarray(rng.normal(size=(layers, width)), jnp.float32)}
+  stacked = jax.tree.map(lambda x: x.at[0].multiply(10.0), stacked)
+  stacked_axes = {"kernel": ("layers",) + kernel_names, "scale": ("layers",) + scale_names}
+  unrolled = {f"layer_{i}": {k: v[i] for k, v in stacked.items()} for i in range(layers)}
+  unrolled_axes = {f"layer_{i}": {"kernel": kernel_names, "scale": scale_names}
+                   for i in range(layers)}
+
+  def transform(axes):
+    return optimizer.scale_by_t5x_adafactor(0.01, axes, min_dim_size_to_factor=4)
+
+  tx_stacked, tx_unrolled = transform(stacked_axes), transform(unrolled_axes)
+  state_stacked, state_unrolled = tx_stacked.init(stacked), tx_unrolled.init(unrolled)
+  for _ in range(3):
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), stacked)
+    grads = jax.tree.map(lambda g: g.at[0].multiply(100.0), grads)
+    ours, state_stacked = tx_stacked.update(grads, state_stacked, stacked)
+    separate, state_unrolled = tx_unrolled.update(
+        {f"layer_{i}": {k: v[i] for k, v in grads.items()} for i in range(layers)},
+        state_unrolled, unrolled)
+    for i in range(layers):
+      for key in stacked:
+        np.testing.assert_allclose(ours[key][i], separate[f"layer_{i}"][key], rtol=2e-5,
+                                   atol=1e-9)
+    stacked = optax.apply_updates(stacked, ours)
+    unrolled = optax.apply_updates(unrolled, separate)
+  assert state_stacked.v_row["kernel"].shape == (layers, width)   # factored per layer
