@@ -555,7 +555,7 @@ def _place_packed(tokens: np.ndarray, lengths: np.ndarray, row: np.ndarray, offs
 
 def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndarray,
                  target_lengths: np.ndarray, *, inputs_length: int,
-                 targets_length: int) -> dict[str, np.ndarray]:
+                 targets_length: int, cut: np.ndarray | None = None) -> dict[str, np.ndarray]:
   """seqio's `trim_and_pack` + `EncDecFeatureConverter`: (inputs, targets) pairs -> packed rows.
 
   Each example is first trimmed to inputs_length / targets_length (after
@@ -570,11 +570,13 @@ def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndar
     inputs: [n, Li'] int ids, left-aligned; input_lengths: [n] int.
     targets: [n, Lt'] int ids, left-aligned; target_lengths: [n] int.
     inputs_length, targets_length: Li, Lt, the packed row lengths.
+    cut: [n] bool, the examples whose targets were cut short (optional).
 
   Returns:
     input_ids, input_mask, input_segment_ids, input_positions [rows, Li] int32;
     decoder_target_ids, decoder_input_ids, decoder_segment_ids, decoder_positions [rows, Lt]
-    int32; decoder_loss_weights [rows, Lt] float32.
+    int32; decoder_loss_weights [rows, Lt] float32; with `cut`, targets_cut [rows] int32: how
+    many of the row's examples were cut.
   """
   input_lengths = np.minimum(np.asarray(input_lengths, np.int64), inputs_length)
   target_lengths = np.minimum(np.asarray(target_lengths, np.int64), targets_length)
@@ -595,7 +597,10 @@ def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndar
       targets, target_lengths, row, target_offset, num_rows, targets_length)
   shifted = np.zeros_like(target_ids)
   shifted[:, 1:] = target_ids[:, :-1]
+  counted = {} if cut is None else dict(targets_cut=np.bincount(
+      row, weights=np.asarray(cut, np.float64), minlength=num_rows).astype(np.int32))
   return dict(
+      **counted,
       input_ids=input_ids,
       input_mask=(input_segment_ids > 0).astype(np.int32),
       input_segment_ids=input_segment_ids,

@@ -56,6 +56,8 @@ examples packed per row, segment ids 1..k, 0 = padding):
   decoder_input_ids    [n, Lt] int32  targets shifted right within each segment, 0 (BOS) first
   decoder_segment_ids, decoder_positions                                   [n, Lt] int32
   decoder_loss_weights [n, Lt] float32 1.0 on every real target token
+  targets_cut          [n] int32   the row's examples whose targets were cut at Lt (logged as
+                                   the share `targets_cut`)
 XLNet (objectives/xlnet.py; `P` = objective.num_predict; rows are consecutive windows of parallel
 streams, so the batch's row r continues row r of the previous batch):
   input_ids, segment_ids (0 R / A / first <sep>, 1 B / second <sep>, 2 <cls>), input_mask [n, L]

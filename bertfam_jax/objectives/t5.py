@@ -36,6 +36,7 @@ import numpy as np
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import packing
+from bertfam_jax.data import sources as sources_lib
 from bertfam_jax.models import t5 as t5_model
 from bertfam_jax.objectives import losses, t5_noise
 from bertfam_jax import flops
@@ -134,6 +135,26 @@ def make_features(config, tokenizer):
       num_reserved_tokens=reserved_ids(tokenizer))
 
 
+def target_lengths(config, tokenizer, documents, num_documents: int = 400,
+                   seed: int = 0) -> np.ndarray:
+  """[examples] the targets' lengths (EOS included, before any cut) that the objective makes from
+  the raw segments of the first `num_documents` documents, noised with generator `seed`: the
+  distribution `objective.targets_length` is sized from, per row (experiments/t5_objectives.py).
+  Independent of `targets_length` (except BART's, whose segments it bounds)."""
+  docs = [tokenizer.encode(sources_lib.split_sentences(documents[i]))
+          for i in range(min(num_documents, len(documents)))]
+  segments = packing.token_segments(docs, segment_length(config),
+                                    concat_documents=config.objective.concat_documents,
+                                    pad_id=tokenizer.pad_id)
+  _, (_, lengths) = noise_segments(
+      segments["tokens"], segments["lengths"], segments["sentence_start"],
+      np.random.default_rng(seed), config=config.objective,
+      sentinel_start=tokenizer.sentinel_start, vocab_size=tokenizer.vocab_size,
+      mask_id=tokenizer.mask_id, word_start_table=tokenizer.word_start,
+      num_reserved_tokens=reserved_ids(tokenizer))
+  return np.asarray(lengths, np.int64) + 1
+
+
 def reserved_ids(tokenizer) -> int:
   """The number of leading ids that are special (pad, unk, EOS, [CLS], [MASK], user symbols):
   what random-token noise never draws, as the reference's `num_reserved_tokens=3` keeps T5's
@@ -208,10 +229,12 @@ def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: in
       word_start_table=word_start_table, num_reserved_tokens=num_reserved_tokens)
   inputs, input_lengths = t5_noise.append_eos_after_trim(inputs, input_lengths, inputs_length,
                                                          eos_id)
+  cut = np.asarray(target_lengths) + 1 > config.targets_length   # EOS included
   targets, target_lengths = t5_noise.append_eos_after_trim(targets, target_lengths,
                                                            config.targets_length, eos_id)
   return packing.pack_seq2seq(inputs, input_lengths, targets, target_lengths,
-                              inputs_length=inputs_length, targets_length=config.targets_length)
+                              inputs_length=inputs_length, targets_length=config.targets_length,
+                              cut=cut)
 
 
 def loss_fn(model, params, batch, rng, config, *, deterministic=False):
@@ -222,5 +245,22 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
   total, z_total, correct, count = losses.token_cross_entropy(
       logits, batch["decoder_target_ids"], batch["decoder_loss_weights"], config.objective.z_loss)
   metrics = {"t5_loss": (total - z_total, count), "t5_accuracy": (correct, count),
-             "z_loss": (z_total, count)}
+             "z_loss": (z_total, count), **fill_metrics(batch)}
   return total / jnp.maximum(count, 1.0), metrics
+
+
+def fill_metrics(batch) -> dict:
+  """What a row of the comparison saw, logged with every step: the share of input and target
+  positions holding tokens (× length × batch × steps: the tokens seen), and the share of
+  examples whose targets were cut at objective.targets_length (`targets_cut`, pre-training
+  batches only)."""
+  f32 = jnp.float32
+  input_tokens = batch["input_segment_ids"] > 0
+  metrics = {"input_fill": (jnp.sum(input_tokens.astype(f32)), f32(input_tokens.size)),
+             "target_fill": (jnp.sum(batch["decoder_loss_weights"]),
+                             f32(batch["decoder_loss_weights"].size))}
+  if "targets_cut" in batch:
+    starts = (batch["decoder_positions"] == 0) & (batch["decoder_segment_ids"] > 0)
+    metrics["targets_cut"] = (jnp.sum(batch["targets_cut"].astype(f32)),
+                              jnp.sum(starts.astype(f32)))
+  return metrics

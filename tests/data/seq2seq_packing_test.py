@@ -101,6 +101,13 @@ def test_pack_seq2seq_layout():
     np.testing.assert_array_equal(out["input_mask"][r], out["input_segment_ids"][r] > 0)
     np.testing.assert_array_equal(out["decoder_loss_weights"][r],
                                   (out["decoder_segment_ids"][r] > 0).astype(np.float32))
+  # With the examples' cut flags, each row counts its own cut examples.
+  cut = target_lengths > targets_length
+  counted = packing.pack_seq2seq(inputs, input_lengths, targets, target_lengths,
+                                 inputs_length=inputs_length, targets_length=targets_length,
+                                 cut=cut)["targets_cut"]
+  assert counted.tolist() == [int(cut[examples].sum()) for examples in expected_rows]
+  assert "targets_cut" not in out
   # Decoder inputs: targets shifted right within each segment, 0 (BOS) at every segment start.
   targets_out, segments = out["decoder_target_ids"], out["decoder_segment_ids"]
   decoder_inputs = out["decoder_input_ids"]

@@ -45,7 +45,22 @@ def test_loss_falls_and_the_run_writes_its_outputs(uninterrupted):
   assert 0 < metrics[30]["z_loss"] < 0.1 * metrics[30]["t5_loss"]
   for key in ("t5_accuracy", "learning_rate", "tokens_per_sec", "eval_t5_loss"):
     assert key in metrics[30] or key in metric_records(uninterrupted)[-1], key
+  # What the run saw: span corruption with the helper's exact targets length cuts nothing.
+  for record in metrics.values():
+    assert record["targets_cut"] == 0.0 and 0.5 < record["input_fill"] <= 1.0
+    assert 0.3 < record["target_fill"] <= 1.0
   assert sorted(os.listdir(os.path.join(uninterrupted, "checkpoints"))) == ["15", "30"]
+
+
+def test_a_short_targets_length_logs_the_share_it_cuts(tmp_path):
+  """i.i.d. 50% noise with full-text-sized sentinel targets of 16 tokens: most examples' targets
+  are cut, and the logged share says so (the unit is the example, whatever the packing)."""
+  config = tiny_config(noise_mask="iid", noise_density=0.5, targets_length=16)
+  config.train.update(total_steps=2, log_every=1, eval_batches=0, checkpoint_every=2)
+  workdir = str(tmp_path / "cut")
+  train.run(config, workdir)
+  shares = [r["targets_cut"] for r in train_records(workdir).values()]
+  assert all(0.5 < share <= 1.0 for share in shares), shares
 
 
 def test_resume_reproduces_the_run(uninterrupted, tmp_path):
