@@ -256,7 +256,9 @@ def finetune_config(init_config, task: text_tasks.TextTask, scale: dict, seed: i
 
 def downstream_scores(init_config, params, tokenizer, scale: dict, seed: int) -> dict:
   """Fine-tunes a copy of `params` (None: a fresh initialisation) on every task
-  (`finetune.run.fine_tune`: the one train loop); returns {task/metric: score in [0, 1]} and the
+  (`finetune.run.fine_tune`: the one train loop); returns {task/metric: score in [0, 1]}, each
+  task's teacher-forced loss on its gold targets ({task}/target_loss, nats per token), its
+  number of distinct predictions ({task}/distinct: a degenerate run emits 1-3), and the
   fine-tuning steps."""
   scores = {}
   for _, task_name, metric, _ in TASKS:
@@ -266,6 +268,8 @@ def downstream_scores(init_config, params, tokenizer, scale: dict, seed: int) ->
     result = finetune_run.fine_tune(config, tokenizer, params)
     scores[f"{task_name}/{metric}"] = result["scores"][metric] / 100 if metric in (
         "exact", "rouge2") else result["scores"][metric]
+    scores[f"{task_name}/target_loss"] = result["scores"]["target_loss"]
+    scores[f"{task_name}/distinct"] = result["distinct_predictions"]
   return dict(scores, finetune_steps=scale["finetune_steps"])
 
 

@@ -31,6 +31,7 @@ import functools
 import time
 from typing import Any, Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -137,7 +138,7 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   start = time.time()
   batch_size = config.train.batch_size
   targets_length = ft.targets_length or task.max_target_tokens
-  train_data, eval_examples, eval_inputs = load_data(
+  train_data, eval_examples, eval_data = load_data(
       task, tokenizer, inputs_length=ft.max_seq_len, targets_length=targets_length,
       batch_size=batch_size, max_train_examples=ft.max_train_examples or None,
       max_eval_examples=ft.max_eval_examples or None, data_dir=ft.data_dir or None)
@@ -158,11 +159,12 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
       transfer=None if params is None else functools.partial(fit_pretrained, pretrained=params),
       train_data=train_data, total_steps=total_steps, steps_per_epoch=num_train // batch_size,
       tokens_per_row=ft.max_seq_len,
-      make_predict=lambda shardings: make_search(
-          model, shardings.params, mesh, max_length=targets_length, eos_id=tokenizer.eos_id,
-          beam_size=ft.beam_size, alpha=ft.alpha),
+      make_predict=lambda shardings: (
+          make_search(model, shardings.params, mesh, max_length=targets_length,
+                      eos_id=tokenizer.eos_id, beam_size=ft.beam_size, alpha=ft.alpha),
+          make_gold_scorer(model, shardings.params, mesh)),
       score=functools.partial(evaluate, task, eval_examples=eval_examples,
-                              eval_inputs=eval_inputs, tokenizer=tokenizer,
+                              eval_data=eval_data, tokenizer=tokenizer,
                               batch_size=config.train.eval_batch_size, mesh=mesh),
       extra={})
 
@@ -186,19 +188,51 @@ def make_search(model, param_shardings, mesh, *, max_length: int, eos_id: int,
       param_shardings, mesh)
 
 
-def evaluate(task: text_tasks.TextTask, search: Callable, params, *, eval_examples,
-             eval_inputs: np.ndarray, tokenizer, batch_size: int, mesh) -> dict[str, Any]:
-  """Decodes eval_inputs [n, Li] with `search` (`make_search`) in batches of batch_size and
-  scores the texts against eval_examples. Returns task, split, examples, main_metric, scores
-  {metric: value} and predictions (per example: index, id, inputs, prediction, references)."""
-  generated = recipe_lib.predict_all(search, params, dict(input_ids=eval_inputs), batch_size,
-                                     mesh, keys=("input_ids",))
+GOLD_KEYS = ("input_ids", "input_segment_ids", "decoder_input_ids", "decoder_target_ids",
+             "decoder_segment_ids", "decoder_loss_weights")
+
+
+def make_gold_scorer(model, param_shardings, mesh) -> Callable:
+  """Jitted `score(variables, batch) -> [batch, 2]`: per example, the summed cross-entropy
+  (nats) of its gold target tokens under teacher forcing, EOS included, and their count; the
+  batch as `featurize` lays it out (`GOLD_KEYS`)."""
+  def score(variables, batch):
+    logits = model.apply(variables, batch["input_ids"], batch["decoder_input_ids"],
+                         batch["input_segment_ids"], batch["decoder_segment_ids"],
+                         deterministic=True)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    nll = -jnp.take_along_axis(log_probs, batch["decoder_target_ids"][..., None], -1)[..., 0]
+    weights = batch["decoder_loss_weights"]
+    return jnp.stack([jnp.sum(nll * weights, -1), jnp.sum(weights, -1)], -1)
+  return recipe_lib.sharded_predict(score, param_shardings, mesh)
+
+
+def evaluate(task: text_tasks.TextTask, predictors: tuple[Callable, Callable], params, *,
+             eval_examples, eval_data: dict[str, np.ndarray], tokenizer, batch_size: int,
+             mesh) -> dict[str, Any]:
+  """Decodes eval_data's inputs [n, Li] with the search of `predictors` (`make_search`,
+  `make_gold_scorer`) in batches of batch_size and scores the texts against eval_examples;
+  scores the gold targets (`featurize`d, cut at the targets length) under teacher forcing.
+
+  Returns task, split, examples, main_metric, scores {metric: value, and target_loss: the gold
+  targets' mean cross-entropy per token, a metric that moves before greedy outputs do},
+  distinct_predictions (a model emitting one constant text has 1) and predictions (per
+  example: index, id, inputs, prediction, references, target_nll per token)."""
+  search, gold = predictors
+  generated = recipe_lib.predict_all(search, params, eval_data, batch_size, mesh,
+                                     keys=("input_ids",))
   predictions = decode_texts(tokenizer, generated)
+  nll, tokens = recipe_lib.predict_all(gold, params, eval_data, batch_size, mesh,
+                                       keys=GOLD_KEYS).T
+  scores = dict(task.score(eval_examples, predictions),
+                target_loss=float(nll.sum() / max(tokens.sum(), 1.0)))
   return dict(task=task.name, split=task.eval_split, examples=len(eval_examples),
-              main_metric=task.main_metric, scores=task.score(eval_examples, predictions),
+              main_metric=task.main_metric, scores=scores,
+              distinct_predictions=len(set(predictions)),
               predictions=[dict(index=i, id=e["id"], inputs=e["inputs"], prediction=p,
-                                references=e["references"])
-                           for i, (e, p) in enumerate(zip(eval_examples, predictions))])
+                                references=e["references"], target_nll=float(n / max(t, 1.0)))
+                           for i, (e, p, n, t) in enumerate(zip(eval_examples, predictions, nll,
+                                                                tokens))])
 
 
 # ------------------------------------------------------------------------------------ fine-tune
@@ -207,9 +241,9 @@ def evaluate(task: text_tasks.TextTask, search: Callable, params, *, eval_exampl
 def load_data(task: text_tasks.TextTask, tokenizer, *, inputs_length: int, targets_length: int,
               batch_size: int, max_train_examples: int | None, max_eval_examples: int | None,
               data_dir: str | None):
-  """(train_data {BATCH_KEYS: [n, ...]} (`featurize`), the evaluation examples, their encoder
-  inputs [m, inputs_length]); ConfigError when the training split has fewer than batch_size
-  examples."""
+  """(train_data {BATCH_KEYS: [n, ...]} (`featurize`), the evaluation examples, and theirs
+  `featurize`d (inputs and gold targets)); ConfigError when the training split has fewer than
+  batch_size examples."""
   train_examples = task.load(task.train_split, data_dir, max_train_examples)
   eval_examples = task.load(task.eval_split, data_dir, max_eval_examples)
   if len(train_examples) < batch_size:
@@ -217,5 +251,6 @@ def load_data(task: text_tasks.TextTask, tokenizer, *, inputs_length: int, targe
                       f"batch_size={batch_size}; lower the batch size.")
   train_data = featurize(tokenizer, train_examples, inputs_length=inputs_length,
                          targets_length=targets_length)
-  eval_inputs = encode_texts(tokenizer, [e["inputs"] for e in eval_examples], inputs_length)
-  return train_data, eval_examples, eval_inputs
+  eval_data = featurize(tokenizer, eval_examples, inputs_length=inputs_length,
+                        targets_length=targets_length)
+  return train_data, eval_examples, eval_data

@@ -151,3 +151,8 @@ def test_tiny_t5_learns_to_copy(tokenizer, copy_task, tmp_path):
   # BLEU needs 4-grams, which 3-word texts lack; ROUGE scores the exact copies 100.
   assert {k: results["scores"][k] for k in ("rouge1", "rouge2", "rougeL")} == pytest.approx(
       dict(rouge1=100.0, rouge2=100.0, rougeL=100.0))
+  # The gold targets' teacher-forced loss: near 0 for a model that copies, the mean of the
+  # per-example losses weighted by their tokens, and what each distinct prediction scored.
+  per_example = [p["target_nll"] for p in results["predictions"]]
+  assert 0 <= results["scores"]["target_loss"] < 0.1 and max(per_example) < 0.5
+  assert results["distinct_predictions"] == len(set(predictions)) > 3
