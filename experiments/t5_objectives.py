@@ -328,7 +328,8 @@ def _cell(value: tuple[float, float] | None) -> str:
 def markdown_table(table: list[dict], results: list[dict], scale_name: str, seeds: int) -> str:
   """The paper's layout: one block per paper table, rows = objectives, our columns (mean ± std
   over seeds, ×100) then the paper's; best of each of our columns within a block in bold, by the
-  paper's rule (within two standard deviations of the best)."""
+  paper's rule (within two standard deviations of the best); a cell of a degenerate run (some
+  seed's fine-tuned model emitted at most DEGENERATE distinct texts) marked †."""
   by_row = {row["row"]: row for row in table}
   ours = [label for label, *_ in TASKS]
   header = (["Objective"] + [f"{label} ({metric})" for label, _, metric, _ in TASKS]
@@ -350,7 +351,7 @@ def markdown_table(table: list[dict], results: list[dict], scale_name: str, seed
         std = r[key][1]
         if len(rows) > 1 and not math.isnan(std) and r[key][0] >= best[key] - 2 * std:
           text = f"**{text}**"
-        cells.append(text)
+        cells.append(text + ("†" if degenerate(results, r["row"], key) else ""))
       accuracy = [x["pretrain"].get("eval_accuracy") for x in results
                   if x["row"] == r["row"] and x.get("pretrain")]
       accuracy = [a for a in accuracy if a is not None]
@@ -358,7 +359,21 @@ def markdown_table(table: list[dict], results: list[dict], scale_name: str, seed
       paper = PAPER.get(r["row"])
       cells += [f"{v:.2f}" for v in paper] if paper else ["—"] * len(PAPER_COLUMNS)
       lines.append(f"| {r['row']} | " + " | ".join(cells) + " |")
+  lines += ["", f"† degenerate: in some seed the fine-tuned model emitted at most {DEGENERATE} "
+                f"distinct texts on the validation split (a constant output), not a result."]
   return "\n".join(lines) + "\n"
+
+
+# A fine-tuned model with at most this many distinct predictions emits a constant, not an answer.
+DEGENERATE = 3
+
+
+def degenerate(results: list[dict], row: str, score_key: str) -> bool:
+  """Whether some seed of `row` predicted at most DEGENERATE distinct texts on the task of
+  `score_key` ({task}/{metric}); results without the count (older runs) are not flagged."""
+  task = score_key.split("/")[0]
+  counts = [r.get(f"{task}/distinct") for r in results if r["row"] == row]
+  return any(c is not None and c <= DEGENERATE for c in counts)
 
 
 def rank_agreement(table: list[dict]) -> list[str]:

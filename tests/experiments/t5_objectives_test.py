@@ -90,6 +90,10 @@ def _fake_results():
   for seed in (0, 1):
     for i, (name, spec) in enumerate(t5x.ROWS):
       scores = {key: 0.1 + 0.01 * i + 0.001 * seed + 0.0001 * rng.random() for key in t5x.SCORES}
+      # The floor's second seed answered Define with one constant text.
+      scores.update({f"{task}/distinct": 1 if (spec is None and seed == 1 and
+                                               task == "wordnet_define") else 40
+                     for _, task, _, _ in t5x.TASKS})
       results.append(dict(row=name, seed=seed, **scores,
                           pretrain={} if spec is None else dict(eval_accuracy=0.3 + 0.01 * seed)))
   return results
@@ -110,6 +114,8 @@ def test_table_and_rank_agreement_from_fake_results(tmp_path):
   assert cells[5:] == ["83.28", "19.24", "80.88", "71.36", "26.98", "39.82", "27.65 |"]
   floor = [line for line in lines if line.startswith(f"| {common.NO_PRETRAINING} |")][0]
   assert "66.22" in floor and "— |" in floor.split(" | ")[4] + " |"
+  assert floor.split(" | ")[3].endswith("†") and "†" not in floor.split(" | ")[1]   # Define only
+  assert not any("†" in line for line in lines if line.startswith("| ★"))
   agreement = t5x.rank_agreement(table)
   # Our fake scores rise with the row index: in Table 7's block the paper's GLUE falls from
   # span 2 to 10 except the baseline, so the ranks disagree; the lines name every block of >= 3.
