@@ -147,6 +147,16 @@ SCALES = {
                      finetune_steps=60, finetune_batch=16, finetune_lr=1e-2,
                      finetune_inputs=64, finetune_targets=32, finetune_train=4000,
                      finetune_eval=150),
+    # The `cpu` scale of issue 19's protocol (replacing runlocal once it has run): the same T5
+    # mini, dropout 0, 400 steps of 32 × 64; each task fine-tuned 400 steps × 32 on 4,000
+    # training examples and scored on 2,000 validation ones (a standard error of about a point),
+    # with the gold targets' loss. Its wall time is to be measured (one row: docs/results.md).
+    "cpu": dict(config_arg="runlocal", batch_size=32, seq_len=64, pretrain_steps=400,
+                warmup_steps=40, peak_lr=0.02,
+                model=dict(vocab_size=4224, dropout=0.0), tokenizer=dict(vocab_size=4000),
+                finetune_steps=400, finetune_batch=32, finetune_lr=1e-2,
+                finetune_inputs=64, finetune_targets=32, finetune_train=4000,
+                finetune_eval=2000),
     # One GPU, about an hour for the sweep: T5 small-like (4 + 4 layers, d_model 256), 256 inputs,
     # batch 128, 5,000 steps each. Not measured here (no GPU lent to this task).
     "gpu": dict(config_arg="runlocal", batch_size=128, pretrain_steps=5000, warmup_steps=500,
