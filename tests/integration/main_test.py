@@ -6,7 +6,6 @@ Subprocesses inherit conftest's 8 CPU devices and private BERTFAM_CACHE.
 
 import hashlib
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -44,9 +43,9 @@ def _env():
   return env
 
 
-def _run(command, timeout=_RUN_TIMEOUT_S, preexec_fn=None):
+def _run(command, timeout=_RUN_TIMEOUT_S):
   return subprocess.run(command, cwd=_REPO, env=_env(), capture_output=True, text=True,
-                        timeout=timeout, check=False, preexec_fn=preexec_fn)
+                        timeout=timeout, check=False)
 
 
 def _start(command, log_dir):
@@ -271,12 +270,14 @@ def test_a_full_disk_is_one_line_and_the_run_resumes(tmp_path):
           "--config.train.checkpoint_every=2")
   _assert_ok(_run(_command(workdir, *wide, "--config.train.total_steps=2")))
   limit = 1 << 20   # above metrics, events and the tokenizer; below a 256-wide model's arrays
-
-  def file_size_limit():
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-  result = _run(_command(workdir, *wide, "--config.train.total_steps=4"),
-                preexec_fn=file_size_limit)
+  command = _command(workdir, *wide, "--config.train.total_steps=4")
+  # The limit is set in the child before it becomes the CLI (no preexec_fn: a fork of this
+  # multithreaded JAX process).
+  limited = [sys.executable, "-c",
+             f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, "
+             f"{limit})); os.execv(sys.executable, [sys.executable] + sys.argv[1:])",
+             *command[1:]]
+  result = _run(limited)
   _assert_config_error(result, "No room to write checkpoint 4 (", "MiB) in ", "File too large")
   assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
   assert sorted(n for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()) == ["2"]
