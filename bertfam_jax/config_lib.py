@@ -268,7 +268,6 @@ def electra_objective(**overrides) -> ml_collections.ConfigDict:
   return o
 
 
-
 def electra_max_predictions(seq_len: int, mask_rate: float) -> int:
   """ELECTRA's prediction slots N = int((mask_prob + 0.005) · max_seq_length) (19 at 128/15%,
   79 at 512/15%, 130 at 512/25%)."""
@@ -394,7 +393,6 @@ def xlnet_objective(**overrides) -> ml_collections.ConfigDict:
   return o
 
 
-
 def t5_objective(**overrides) -> ml_collections.ConfigDict:
   """T5's denoising objective as (noise mask) × (inputs encoding) × (targets encoding), the
   reference's `denoise` (t5/data/preprocessors.py); defaults = the final T5 objective,
@@ -497,7 +495,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   run has (data, model, optimizer, train, mesh). The objective's own fields are its module's
   `validate` (`objectives.validate` runs both)."""
   d, m, t = c.data, c.model, c.train
-  _validate_counts(c)
+  check_fields(c, FIELD_RULES)
   if m.get("kind") in ("t5", "xlnet") and c.objective.get("name") != m.kind:
     raise ConfigError(f"model.kind={m.kind!r} trains with objective.name={m.kind!r}, not "
                       f"{c.objective.get('name')!r}.")
@@ -583,7 +581,8 @@ TOKENIZER_KINDS = ("sentencepiece", "hf")
 SENTENCEPIECE_TYPES = ("unigram", "bpe")
 
 # Every number and choice of the sections all runs share, and what it may be: one table, checked
-# before anything is read or written (`check_fields`). An objective's own fields are in its
+# before anything is read or written (`check_fields`: a batch of 0 would "train" on nothing, a
+# period of 0 divide by zero, a dropout of 3 train without complaint). An objective's own fields are in its
 # module's FIELD_RULES (`objectives.field_rules`). Free-form strings (paths, dataset and split
 # names) are checked where they are used, with the file or dataset named.
 FIELD_RULES = {
@@ -702,14 +701,6 @@ def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
   return 8 * params + activation_bytes * activations
 
 
-def _validate_counts(c: ml_collections.ConfigDict) -> None:
-  """Every field of `FIELD_RULES` in range (a batch of 0 would "train" on nothing, a period of 0
-  divide by zero, a dropout of 3 train without complaint) and every choice one we have."""
-  check_fields(c, FIELD_RULES)
-
-
-
-
 def _validate_attention(m: ml_collections.ConfigDict) -> None:
   """cuDNN flash attention runs in bf16 / fp16 only, and `jax.nn.dot_product_attention` has no
   dropout: 'cudnn' with attention dropout would silently train on the explicit path."""
@@ -726,8 +717,6 @@ def _validate_attention(m: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"model.attention_impl='cudnn' has no attention dropout; set "
                       f"--config.model.{dropout_field}=0 (a deviation from the paper's "
                       f"{m[dropout_field]}) or --config.model.attention_impl=''.")
-
-
 
 
 def _validate_model(m: ml_collections.ConfigDict) -> None:
@@ -757,7 +746,6 @@ def effective_mask_rate(c: ml_collections.ConfigDict) -> float:
   shipped 512/20 setting predicts ~3.9%, which is legal and logged, not refused)."""
   budget = mask_budget(c.data.seq_len, c.objective.mask_rate)
   return min(budget, c.objective.max_predictions) / c.data.seq_len
-
 
 
 # ---------------------------------------------------------------------------------------------

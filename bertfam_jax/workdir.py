@@ -54,8 +54,8 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 
 
 def check_writable(workdir: str) -> None:
-  """Refuses a --workdir that is a file, or that cannot be created or written, without creating
-  or touching anything."""
+  """Refuses a --workdir that is a file, or that cannot be created or written, creating nothing:
+  the only write is a probe directory, made and removed at once in the nearest existing one."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ConfigError(f"--workdir={workdir} is a file, not a directory; pass a directory (it is "
                       f"created if it does not exist).")
@@ -92,13 +92,14 @@ def saved_tokenizer_files(workdir: str) -> dict[str, bytes]:
   return out
 
 
-def check_resumable(workdir: str, config, tokenizer, data: dict | None) -> None:
-  """For a workdir holding a checkpoint, refuses a config whose model, objective or tokenizer
-  settings differ from those it was started with, and, unless `data.allow_change` (logged), a
-  tokenizer or documents (`data`: `sources.data_identity`, None for fine-tuning) other than
-  those it recorded. A workdir without a checkpoint is never refused: nothing in it would be
-  resumed. Reads only."""
-  if latest_step(workdir) is None:
+def check_resumable(workdir: str, config, tokenizer, data: dict | None, *,
+                    resuming: bool) -> None:
+  """For a workdir holding a checkpoint (`resuming`: `latest_step` is not None), refuses a
+  config whose model, objective or tokenizer settings differ from those it was started with,
+  and, unless `data.allow_change` (logged), a tokenizer or documents (`data`:
+  `sources.data_identity`, None for fine-tuning) other than those it recorded. A workdir without
+  a checkpoint is never refused: nothing in it would be resumed. Reads only."""
+  if not resuming:
     return
   saved = read_json(os.path.join(workdir, CONFIG_FILE))
   if saved is None:
@@ -142,14 +143,14 @@ def check_config(workdir: str, saved: dict, config, compare_tokenizer_path: bool
         f". Use a new --workdir, or pass the original settings to resume it.")
 
 
-def record(workdir: str, config, tokenizer, data: dict | None) -> None:
+def record(workdir: str, config, tokenizer, data: dict | None, *, resuming: bool) -> None:
   """Writes what a resume or a reader needs (process 0): config.json, the tokenizer and data.json.
-  Called once setup has succeeded, just before the first step: a fresh start (no checkpoint yet)
-  replaces what a failed start left (its TensorBoard events too); a resume keeps the run's
-  config.json and replaces the tokenizer or data record only where `check_resumable` let a
-  change through or an older workdir lacks them. Every process returns or raises together: the
-  others would otherwise wait for process 0 in the checkpoint manager's first collective."""
-  fresh = latest_step(workdir) is None   # every process: orbax's reader syncs them
+  Called once setup has succeeded, just before the first step: a fresh start (not `resuming`: no
+  checkpoint yet) replaces what a failed start left (its TensorBoard events too); a resume keeps
+  the run's config.json and replaces the tokenizer or data record only where `check_resumable`
+  let a change through or an older workdir lacks them. Every process returns or raises together:
+  the others would otherwise wait for process 0 in the checkpoint manager's first collective."""
+  fresh = not resuming
   error = None
   if jax.process_index() == 0:
     try:

@@ -190,10 +190,10 @@ def define_flags() -> None:
 MAX_CUT_SHARE = 0.001
 
 
-def targets_length(rule: str, config, lengths: np.ndarray) -> int:
+def targets_length(rule: str, config) -> int:
   """The row's decoder length (see `_IID` above): 'full' the inputs length, 'helper' the exact
-  random-spans length, 'measured' the (1 − MAX_CUT_SHARE) quantile of `lengths` (the row's own
-  target lengths, `t5_objective.target_lengths`) rounded up to a multiple of 8."""
+  random-spans length, 'measured' the (1 − MAX_CUT_SHARE) quantile of the row's own target
+  lengths (`row_targets`) rounded up to a multiple of 8."""
   inputs_length, o = config.data.seq_len, config.objective
   if rule == "full":
     return inputs_length
@@ -201,7 +201,7 @@ def targets_length(rule: str, config, lengths: np.ndarray) -> int:
     _, needed = t5_objective.t5_noise.random_spans_helper(
         inputs_length, o.noise_density, o.mean_noise_span_length)
     return needed
-  quantile = np.quantile(lengths, 1.0 - MAX_CUT_SHARE, method="higher")
+  quantile = np.quantile(row_targets(config), 1.0 - MAX_CUT_SHARE, method="higher")
   return int(8 * math.ceil(quantile / 8))
 
 
@@ -224,8 +224,7 @@ def pretrain_config(scale: dict, spec: dict, seed: int):
   config.objective = config_lib.t5_objective(**overrides)
   config.objective.targets_length = config.data.seq_len   # provisional, for BART's segments
   config_lib.apply_overrides(config, scale.get("config_overrides", ()))
-  lengths = row_targets(config)
-  config.objective.targets_length = targets_length(spec["targets"], config, lengths)
+  config.objective.targets_length = targets_length(spec["targets"], config)
   objectives.validate(config)
   t5_objective.segment_length(config)  # the objective's own length check
   return config
@@ -233,16 +232,10 @@ def pretrain_config(scale: dict, spec: dict, seed: int):
 
 def row_targets(config) -> np.ndarray:
   """The row's target lengths (EOS included) on the first documents of its training corpus,
-  with its tokenizer (trained once and cached): what 'measured' rows are sized from and every
-  row's cut share is estimated on."""
+  with its tokenizer (trained once and cached): what 'measured' rows are sized from."""
   documents = sources.get_documents(config.data, "train")
   tokenizer = tokenizers.load_or_train(config, documents)
   return t5_objective.target_lengths(config, tokenizer, documents)
-
-
-def cut_share(config) -> float:
-  """The share of the row's sampled examples whose targets its targets length cuts."""
-  return float(np.mean(row_targets(config) > config.objective.targets_length))
 
 
 # ---------------------------------------------------------------------------------------- rows
@@ -297,8 +290,7 @@ def run_row(name: str, spec: dict | None, seed: int, scale: dict, workdirs: str)
     train.run(config, workdir)
     config, tokenizer, params = workdir_lib.load(workdir)
     pretrain = dict(common_eval(workdir), **seen(workdir, config),
-                    targets_length=config.objective.targets_length,
-                    sampled_cut_share=cut_share(config))
+                    targets_length=config.objective.targets_length)
   pretrain_seconds = time.time() - start
   scores = downstream_scores(config, params, tokenizer, scale, seed)
   return dict(row=name, seed=seed, **scores, pretrain=pretrain,

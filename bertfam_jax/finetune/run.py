@@ -104,20 +104,23 @@ def transfer_pretrained(fresh, pretrained, *, reuse_pooler: bool):
 # ------------------------------------------------------------------------------------------- run
 
 
-def check_workdir(workdir: str, task: str) -> None:
+def check_workdir(workdir: str, task: str) -> bool:
   """`workdir.check_writable`, then refuses, before anything in it is read or written, a workdir
   whose checkpoints belong to another run than a fine-tuning on `task` (a pre-training run, or a
-  fine-tuning on another task): they would otherwise be resumed as this run's."""
+  fine-tuning on another task): they would otherwise be resumed as this run's. Returns whether
+  the workdir holds a checkpoint (read once, on every process: orbax's reader syncs them)."""
   workdir_lib.check_writable(workdir)
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+  resuming = workdir_lib.latest_step(workdir) is not None
   # Without a checkpoint its files are a failed start's, which this run replaces.
-  if workdir_lib.latest_step(workdir) is None or not os.path.exists(path):
-    return
+  if not resuming or not os.path.exists(path):
+    return resuming
   saved = workdir_lib.read_json(path).get("finetune", {}).get("task")
   if saved != task:
     held = f"a fine-tuning on {saved!r}" if saved else "a pre-training run"
     raise ConfigError(f"--workdir={workdir} holds {held}, not a fine-tuning on {task!r}, and "
                       f"is left untouched; use a new --workdir.")
+  return resuming
 
 
 def check_batches(config, mesh) -> None:
@@ -149,12 +152,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   init_config, tokenizer, pretrained = load_init(ft.init)
   resolved = resolved_config(config, init_config,
                              tokenizer_path=workdir_lib.tokenizer_location(init_config, ft.init))
-  check_workdir(workdir, ft.task)
-  workdir_lib.check_resumable(workdir, resolved, tokenizer, None)
+  resuming = check_workdir(workdir, ft.task)
+  workdir_lib.check_resumable(workdir, resolved, tokenizer, None, resuming=resuming)
   mesh = sharding_lib.make_mesh(config.mesh)
   check_batches(resolved, mesh)
   recipe = make_recipe(resolved, tokenizer, None if ft.from_scratch else pretrained, mesh)
-  workdir_lib.record(workdir, resolved, tokenizer, None)
+  workdir_lib.record(workdir, resolved, tokenizer, None, resuming=resuming)
   _keep_hf_source(ft.init, init_config, workdir)
   results = recipe_lib.train_and_evaluate(resolved, recipe, mesh, workdir)
   return {k: v for k, v in results.items() if k != "predictions"}

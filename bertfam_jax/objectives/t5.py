@@ -128,11 +128,16 @@ def make_features(config, tokenizer):
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
                       f"{config.model.vocab_size}; raise --config.model.vocab_size.")
-  return functools.partial(
-      t5_features, config=config.objective, inputs_length=config.data.seq_len,
-      sentinel_start=tokenizer.sentinel_start, vocab_size=tokenizer.vocab_size,
-      eos_id=tokenizer.eos_id, mask_id=tokenizer.mask_id, word_start_table=tokenizer.word_start,
-      num_reserved_tokens=reserved_ids(tokenizer))
+  return functools.partial(t5_features, config=config.objective,
+                           inputs_length=config.data.seq_len, eos_id=tokenizer.eos_id,
+                           **_noise_ids(tokenizer))
+
+
+def _noise_ids(tokenizer) -> dict:
+  """The ids `noise_segments` reads from the tokenizer."""
+  return dict(sentinel_start=tokenizer.sentinel_start, vocab_size=tokenizer.vocab_size,
+              mask_id=tokenizer.mask_id, word_start_table=tokenizer.word_start,
+              num_reserved_tokens=reserved_ids(tokenizer))
 
 
 def target_lengths(config, tokenizer, documents, num_documents: int = 400,
@@ -148,10 +153,7 @@ def target_lengths(config, tokenizer, documents, num_documents: int = 400,
                                     pad_id=tokenizer.pad_id)
   _, (_, lengths) = noise_segments(
       segments["tokens"], segments["lengths"], segments["sentence_start"],
-      np.random.default_rng(seed), config=config.objective,
-      sentinel_start=tokenizer.sentinel_start, vocab_size=tokenizer.vocab_size,
-      mask_id=tokenizer.mask_id, word_start_table=tokenizer.word_start,
-      num_reserved_tokens=reserved_ids(tokenizer))
+      np.random.default_rng(seed), config=config.objective, **_noise_ids(tokenizer))
   return np.asarray(lengths, np.int64) + 1
 
 

@@ -101,10 +101,11 @@ class Checkpointer:
     per_process = np.asarray(multihost_utils.process_allgather(local)).reshape(
         jax.process_count(), len(keys))
     data = {"keys": keys, "processes": per_process.tolist()}
-    self._pending = (step, sum(x.nbytes for x in jax.tree.leaves(_on_disk(state))))
+    tree = _on_disk(state)
+    self._pending = (step, sum(x.nbytes for x in jax.tree.leaves(tree)))
     with self._no_space_named():
       self.manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(_on_disk(state)), data=ocp.args.JsonSave(data)), force=True)
+          state=ocp.args.StandardSave(tree), data=ocp.args.JsonSave(data)), force=True)
       if jax.default_backend() == "cpu":
         # On CPU the host copy orbax takes before returning can alias the device buffers, which
         # the next (donating) train step overwrites: finish writing first. On GPU/TPU the copy is

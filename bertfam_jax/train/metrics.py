@@ -56,9 +56,9 @@ class MetricsWriter:
 
 def _truncate_after(path: str, step: int) -> None:
   """Drops lines logged after the restored checkpoint (all of them on a fresh start): those
-  steps run again and are logged again, so the file stays one record per step. A last line cut short (the run was
-  killed while writing it) is dropped with a warning; a damaged line before it is a ConfigError
-  naming the file and line."""
+  steps run again and are logged again, so the file stays one record per step. A last line cut
+  short (the run was killed while writing it) is dropped with a warning; a damaged line before
+  it is a ConfigError naming the file and line."""
   if not os.path.exists(path):
     return
   with open(path) as f:

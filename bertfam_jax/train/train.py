@@ -39,14 +39,14 @@ def check_batch(config, mesh) -> int:
   return batch // jax.process_count()
 
 
-def _tokenizer(config, train_docs, workdir):
+def _tokenizer(config, train_docs, workdir, resuming: bool):
   """A resumed run's tokenizer is the one its workdir holds (never retrained, whatever the cache
   or the corpus now give; a workdir from before workdirs held it: the one cached for its corpus,
   else refused) unless the config names one (`workdir.check_resumable` then compares
   them); otherwise `tokenizers.load_or_train`: process 0 trains (or loads) it first, the others
   then find it in a shared cache, or train the identical model themselves where hosts have
   separate disks."""
-  if workdir_lib.latest_step(workdir) is not None and not config.tokenizer.model_path:
+  if resuming and not config.tokenizer.model_path:
     return workdir_lib.load_tokenizer(config, workdir)   # refuses one it cannot find
   if not tokenizers.is_available(config):
     metrics_lib.print_progress(f"Training a {tokenizers.num_pieces(config)}-piece SentencePiece "
@@ -122,11 +122,12 @@ def run(config, workdir: str) -> dict[str, float]:
                       f"lower --config.data.eval_fraction.")
   check_memory(config)
   data_identity = sources.data_identity(config.data)
-  tokenizer = _tokenizer(config, train_docs, workdir)
-  workdir_lib.check_resumable(workdir, config, tokenizer, data_identity)
+  # Read once, on every process (orbax's reader syncs them): the workdir holds a checkpoint.
+  resuming = workdir_lib.latest_step(workdir) is not None
+  tokenizer = _tokenizer(config, train_docs, workdir, resuming)
+  workdir_lib.check_resumable(workdir, config, tokenizer, data_identity, resuming=resuming)
   init_from = config.train.init_from
-  if (init_from and workdir_lib.latest_step(workdir) is None
-      and checkpoint_lib.read_latest_step(init_from) is None):
+  if init_from and not resuming and checkpoint_lib.read_latest_step(init_from) is None:
     raise ConfigError(f"train.init_from={init_from} holds no checkpoint; point it at a run's "
                       f"checkpoints directory.")
   metrics_lib.print_progress(f"{objectives.describe(objective, config)}; {len(train_docs)} train "
@@ -157,7 +158,7 @@ def run(config, workdir: str) -> dict[str, float]:
                                           shardings, mesh)
     train_pipe.peek()   # a corpus too small for one batch is refused here
     # Set-up is complete: from here on the workdir is written.
-    workdir_lib.record(workdir, config, tokenizer, data_identity)
+    workdir_lib.record(workdir, config, tokenizer, data_identity, resuming=resuming)
     return _train(config, workdir, objective, train_pipe, train_step, evaluators, mesh,
                   (model, tx, abstract, shardings, inputs, carry))
   finally:
