@@ -124,6 +124,9 @@ def base_config() -> ml_collections.ConfigDict:
       text_files="",          # glob(s), comma separated: .txt (blank-line separated docs) or .jsonl
       text_format="auto",     # auto | blank_lines | lines | jsonl
       eval_fraction=0.05,     # documents held out by hash when the source has no eval split
+      # Add the glosses of WordNet's training-split synsets (wordnet.training_gloss_documents,
+      # ~1.4 M words, none of any task's validation or test synsets) to an embedded or text source.
+      wordnet_glosses=False,
       seq_len=128,
       packing="sentence_pairs",   # sentence_pairs (BERT) | full_sentences (RoBERTa) |
                                   # document_blocks (SpanBERT) | electra_segments (ELECTRA)
@@ -509,6 +512,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _validate_attention(m)
   if d.source == "text" and not d.text_files:
     raise ConfigError("data.source='text' needs --config.data.text_files=PATH[,PATH...] (globs allowed).")
+  if d.source == "tfds" and d.wordnet_glosses:
+    raise ConfigError("data.wordnet_glosses adds to an embedded or text corpus, not to TFDS; set "
+                      "--config.data.wordnet_glosses=False or another data.source.")
   if d.num_shards and t.batch_size % d.num_shards:
     raise ConfigError(f"data.num_shards={d.num_shards} must be 0 (one per process) or divide "
                       f"train.batch_size={t.batch_size}.")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from typing import Callable, Sequence
 
@@ -148,11 +149,13 @@ def pretrain_and_score(name: str, config, seed: int, scale: dict, workdir: str |
 
 def define_sweep_flags(experiment: str, rows: Sequence[tuple], scales: dict) -> None:
   """The flags every experiment takes (an experiment defines them only when run as a script, so
-  that importing it beside another experiment defines no flag twice): --scale, --rows, --seeds,
-  --out, --workdirs, --config_overrides and --compilation_cache."""
-  flags.DEFINE_enum("scale", "runlocal", sorted(scales), "Sweep size.")
+  that importing it beside another experiment defines no flag twice): --scale (default: the
+  first of `scales`), --rows, --seeds, --out, --workdirs, --config_overrides and
+  --compilation_cache."""
+  flags.DEFINE_enum("scale", next(iter(scales)), list(scales), "Sweep size.")
   flags.DEFINE_list("rows", [name for name, _ in rows], "Rows to run (paper names).")
-  flags.DEFINE_list("seeds", ["0", "1"], "Seeds: pre-training and fine-tuning.")
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds: pre-training and fine-tuning (at least 3 "
+                    "for the intervals of EXPERIMENTS.md).")
   flags.DEFINE_string("out", "", f"Results directory (default experiments/results/{experiment}/"
                       "<scale>).")
   flags.DEFINE_string("workdirs", "", "Pre-training workdirs (default <out>/runs; not committed).")
@@ -216,14 +219,30 @@ def run_sweep(rows: Sequence[tuple], selected: Sequence[str], seeds: Sequence[in
       if name not in selected or (name, seed) in done:
         continue
       result = run_row(name, spec, seed)
-      print(json.dumps(result), flush=True)
+      print(json.dumps({k: v for k, v in result.items() if k != "examples"}), flush=True)
       results.append(result)
       with open(results_path, "a") as f:
         f.write(json.dumps(result) + "\n")
   return results
 
 
-# ------------------------------------------------------------------ pre-training logs, rank agreement
+def commit() -> str:
+  """The checkout's commit ('<sha>-dirty' with uncommitted changes to tracked files; 'unknown'
+  outside git): what a results record says it was measured at."""
+  def git(*args):
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True,
+                          timeout=30).stdout.strip()
+  try:
+    sha = git("rev-parse", "HEAD")
+    return sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------------ pre-training logs
 
 
 def final_eval_metrics(workdir: str) -> dict[str, float]:
@@ -242,23 +261,6 @@ def median_throughput(workdir: str) -> float | None:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     values = [r["tokens_per_sec"] for r in map(json.loads, f) if r.get("tokens_per_sec")]
   return float(np.median(values)) if values else None
-
-
-def ranks(values: list[float]) -> np.ndarray:
-  """1 = highest; ties share their mean rank ([85.0, 82.4, 82.4] → [1, 2.5, 2.5])."""
-  values = np.asarray(values, np.float64)
-  return np.array([1 + np.sum(values > v) + (np.sum(values == v) - 1) / 2 for v in values])
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-  """Spearman's ρ: the Pearson correlation of the (tie-averaged) ranks; NaN when either side is
-  constant or there are fewer than 2 values."""
-  if len(a) < 2:
-    return float("nan")
-  ra, rb = ranks(a), ranks(b)
-  if ra.std() == 0 or rb.std() == 0:
-    return float("nan")
-  return float(np.corrcoef(ra, rb)[0, 1])
 
 
 # ------------------------------------------------------------------------------ summary and plot

@@ -62,7 +62,7 @@ from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.data import sources, tokenizers, wordnet
 from bertfam_jax.finetune import features
 from bertfam_jax.models import encoder as encoder_lib
-from experiments import common
+from experiments import common, stats
 
 ELECTRA_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "configs", "electra.py")
@@ -274,9 +274,9 @@ def markdown_table(table: list[dict], results: list[dict], scale_name: str) -> s
   by_row = {name: [r for r in results if r["row"] == name] for name, _ in ROWS}
   compared = [row for row in table if row["row"] in PAPER_GLUE]
   names = [row["row"] for row in compared]
-  ours = {key: dict(zip(names, common.ranks([row[key][0] for row in compared])))
+  ours = {key: dict(zip(names, stats.ranks([row[key][0] for row in compared])))
           for key in ("accuracy", "probe_accuracy")}
-  theirs = dict(zip(PAPER_GLUE, common.ranks(list(PAPER_GLUE.values()))))
+  theirs = dict(zip(PAPER_GLUE, stats.ranks(list(PAPER_GLUE.values()))))
   lines = [f"ELECTRA efficiency analysis at scale `{scale_name}`, equal pre-training compute: "
            "WordNet supersense (45-way) validation scores, fine-tuned and by a linear probe on "
            "frozen features, mean ± std over seeds (×100).", "",
@@ -302,7 +302,7 @@ def markdown_table(table: list[dict], results: list[dict], scale_name: str) -> s
               f"{np.mean([r['total_seconds'] for r in runs]):.0f}"]
     lines.append("| " + " | ".join(cells) + " |")
   paper = [PAPER_GLUE[n] for n in names]
-  rho, rho_probe = (_format_rho(common.spearman([row[key][0] for row in compared], paper))
+  rho, rho_probe = (_format_rho(stats.spearman_rho([row[key][0] for row in compared], paper))
                     for key in ("accuracy", "probe_accuracy"))
   total_minutes = sum(r["total_seconds"] for r in results) / 60
   lines += [

@@ -371,7 +371,21 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str) -> Sequenc
   else:
     raise config_lib.ConfigError(
         f"data.source={source!r}; choose embedded_wiki, tfds or text.")
+  if data_config.wordnet_glosses:
+    documents = documents + _gloss_documents()
   return _hash_split(documents, split, data_config.eval_fraction)
+
+
+def _gloss_documents() -> list[str]:
+  """`data.wordnet_glosses`' documents (`wordnet.training_gloss_documents`)."""
+  from bertfam_jax.data import wordnet  # pylint: disable=g-import-not-at-top  (parses on demand)
+  return wordnet.training_gloss_documents()
+
+
+def _gloss_identity() -> dict[str, str]:
+  """{'wordnet_glosses': sha256 of the gloss documents}: what data.json records for them."""
+  digest = hashlib.sha256("\f".join(_gloss_documents()).encode("utf-8")).hexdigest()
+  return dict(wordnet_glosses=digest)
 
 
 def data_identity(data_config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -384,12 +398,13 @@ def data_identity(data_config: ml_collections.ConfigDict) -> dict[str, Any]:
   if d.source == "tfds":
     return dict(source="tfds", tfds_name=d.tfds_name, version=_tfds_version(d),
                 train_split=d.train_split, eval_split=d.eval_split, text_key=d.tfds_text_key)
+  glosses = _gloss_identity() if d.wordnet_glosses else {}
   if d.source == "text":
     paths = [os.path.abspath(p) for p in _expand_globs(d.text_files)]
     return dict(source="text", text_format=d.text_format, eval_fraction=d.eval_fraction,
-                files=[_sha256(p) for p in paths], paths=paths)
+                files=[_sha256(p) for p in paths], paths=paths, **glosses)
   return dict(source=d.source, eval_fraction=d.eval_fraction,
-              documents=_sha256(_embedded_wiki_path(cache_root(d))))
+              documents=_sha256(_embedded_wiki_path(cache_root(d))), **glosses)
 
 
 def identity_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -448,6 +463,8 @@ def source_identity(data_config: ml_collections.ConfigDict) -> str:
       parts.append(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}")
   else:
     parts = [data_config.source, _WIKI_DUMP, str(data_config.eval_fraction)]
+  if data_config.wordnet_glosses:
+    parts.append("wordnet_glosses")
   return "|".join(parts)
 
 

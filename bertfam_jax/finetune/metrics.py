@@ -133,6 +133,25 @@ def f1(gold: str, prediction: str) -> float:
   return 2 * precision * recall / (precision + recall)
 
 
+def squad_question_scores(predictions: Mapping[str, str], answers: Mapping[str, Sequence[str]]
+                          ) -> tuple[dict[str, float], dict[str, float], dict[str, bool]]:
+  """Per question id: exact match and F1 in [0, 1] (each the maximum over the question's gold
+  answers, as `squad_scores` describes; 0 for a question without a prediction), and whether it
+  has an answer; what `squad_scores` averages."""
+  if not answers:
+    raise ValueError("squad_scores needs at least one question.")
+  exact_scores, f1_scores, has_answer = {}, {}, {}
+  for qid, texts in answers.items():
+    golds = [t for t in texts if normalize_answer(t)] or [""]
+    has_answer[qid] = golds != [""]
+    if qid not in predictions:
+      exact_scores[qid] = f1_scores[qid] = 0.0
+      continue
+    exact_scores[qid] = max(exact_match(g, predictions[qid]) for g in golds)
+    f1_scores[qid] = max(f1(g, predictions[qid]) for g in golds)
+  return exact_scores, f1_scores, has_answer
+
+
 def squad_scores(predictions: Mapping[str, str],
                  answers: Mapping[str, Sequence[str]]) -> dict[str, float]:
   """The official SQuAD evaluation (evaluate-v2.0.py, which equals v1.1 on answerable questions).
@@ -150,17 +169,7 @@ def squad_scores(predictions: Mapping[str, str],
     total; when some question is unanswerable also HasAns_exact, HasAns_f1, HasAns_total,
     NoAns_exact, NoAns_f1, NoAns_total.
   """
-  if not answers:
-    raise ValueError("squad_scores needs at least one question.")
-  exact_scores, f1_scores, has_answer = {}, {}, {}
-  for qid, texts in answers.items():
-    golds = [t for t in texts if normalize_answer(t)] or [""]
-    has_answer[qid] = golds != [""]
-    if qid not in predictions:
-      exact_scores[qid] = f1_scores[qid] = 0.0
-      continue
-    exact_scores[qid] = max(exact_match(g, predictions[qid]) for g in golds)
-    f1_scores[qid] = max(f1(g, predictions[qid]) for g in golds)
+  exact_scores, f1_scores, has_answer = squad_question_scores(predictions, answers)
 
   def summary(qids, prefix=""):
     return {f"{prefix}exact": 100.0 * sum(exact_scores[q] for q in qids) / len(qids),
@@ -249,9 +258,9 @@ def rouge(predictions: Sequence[str], references: Sequence[Sequence[str]],
   """ROUGE F-measures in percent, averaged over examples (t5.evaluation.metrics.rouge with
   `rouge_score`: no stemming, its default tokenizer (lower case, [a-z0-9] words)).
 
-  Each example scores against its best reference per ROUGE type (`score_multi`). T5 reports the
-  BootstrapAggregator's "mid", the median of 1000 resampled means; the plain mean here equals it
-  up to the bootstrap's noise and is deterministic.
+  Each example scores against its best reference per ROUGE type (`rouge_per_example`). T5
+  reports the BootstrapAggregator's "mid", the median of 1000 resampled means; the plain mean
+  here equals it up to the bootstrap's noise and is deterministic.
 
   Args:
     predictions: [examples] generated texts.
@@ -261,16 +270,21 @@ def rouge(predictions: Sequence[str], references: Sequence[Sequence[str]],
   Returns:
     {rouge_type: mean F-measure x 100}.
   """
+  per_example = rouge_per_example(predictions, references, rouge_types)
+  return {name: 100.0 * float(np.mean(values)) for name, values in per_example.items()}
+
+
+def rouge_per_example(predictions: Sequence[str], references: Sequence[Sequence[str]],
+                      rouge_types: Sequence[str] = ROUGE_TYPES) -> dict[str, np.ndarray]:
+  """{rouge_type: [examples] F-measure in [0, 1]}, each example against its best reference
+  (`rouge_scorer.score_multi`); what `rouge` averages, and what a paired bootstrap resamples."""
   from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
   _check_references(predictions, references)
   scorer = rouge_scorer.RougeScorer(list(rouge_types), use_stemmer=False)
-  totals = dict.fromkeys(rouge_types, 0.0)
-  for prediction, golds in zip(predictions, references):
-    scores = scorer.score_multi([_summary_sentences(g) for g in golds],
-                                _summary_sentences(prediction))
-    for name in rouge_types:
-      totals[name] += scores[name].fmeasure
-  return {name: 100.0 * total / len(predictions) for name, total in totals.items()}
+  scores = [scorer.score_multi([_summary_sentences(g) for g in golds],
+                               _summary_sentences(prediction))
+            for prediction, golds in zip(predictions, references)]
+  return {name: np.array([s[name].fmeasure for s in scores]) for name in rouge_types}
 
 
 def bleu(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:

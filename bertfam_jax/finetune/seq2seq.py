@@ -217,7 +217,9 @@ def evaluate(task: text_tasks.TextTask, predictors: tuple[Callable, Callable], p
   Returns task, split, examples, main_metric, scores {metric: value, and target_loss: the gold
   targets' mean cross-entropy per token, a metric that moves before greedy outputs do},
   distinct_predictions (a model emitting one constant text has 1) and predictions (per
-  example: index, id, inputs, prediction, references, target_nll per token)."""
+  example: index, id, inputs, prediction, references, target_nll per token, and scores
+  {metric: value in [0, 1]} of the metrics that average over examples:
+  `text_tasks.example_scores`, what a paired bootstrap resamples)."""
   search, gold = predictors
   generated = recipe_lib.predict_all(search, params, eval_data, batch_size, mesh,
                                      keys=("input_ids",))
@@ -226,11 +228,13 @@ def evaluate(task: text_tasks.TextTask, predictors: tuple[Callable, Callable], p
                                        keys=GOLD_KEYS).T
   scores = dict(task.score(eval_examples, predictions),
                 target_loss=float(nll.sum() / max(tokens.sum(), 1.0)))
+  per_example = text_tasks.example_scores(task, eval_examples, predictions)
   return dict(task=task.name, split=task.eval_split, examples=len(eval_examples),
               main_metric=task.main_metric, scores=scores,
               distinct_predictions=len(set(predictions)),
               predictions=[dict(index=i, id=e["id"], inputs=e["inputs"], prediction=p,
-                                references=e["references"], target_nll=float(n / max(t, 1.0)))
+                                references=e["references"], target_nll=float(n / max(t, 1.0)),
+                                scores={k: float(v[i]) for k, v in per_example.items()})
                            for i, (e, p, n, t) in enumerate(zip(eval_examples, predictions, nll,
                                                                 tokens))])
 

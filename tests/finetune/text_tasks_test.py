@@ -157,3 +157,38 @@ def test_wordnet_tasks():
   assert polysemous, "some lemmas have several senses"
   train_definitions = {e["targets"] for e in define.load("train")}
   assert train_definitions.isdisjoint(e["targets"] for e in examples)
+
+
+@needs_wordnet
+def test_example_scores_average_to_the_task_scores():
+  """What the experiments' paired bootstrap resamples: per-example scores whose mean is the
+  task's score, on predictions that are partly right, partly near misses."""
+  cases = (("wordnet_supersense_t2t", ("accuracy",)), ("wordnet_qa_t2t", ("exact", "f1")),
+           ("wordnet_define", ("rouge1", "rouge2", "rougeL", "rougeLsum")))
+  for name, decomposable in cases:
+    task = text_tasks.get(name)
+    examples = task.load("validation", max_examples=40)
+    words = [e["targets"].split() for e in examples]
+    predictions = [e["targets"] if i % 3 == 0 else " ".join(w[: len(w) // 2] + ["the"])
+                   for i, (e, w) in enumerate(zip(examples, words))]
+    per_example = text_tasks.example_scores(task, examples, predictions)
+    assert set(per_example) == set(decomposable), name
+    scores = task.score(examples, predictions)
+    scale = 1 if task.kind == "classification" else 100
+    for metric, values in per_example.items():
+      assert values.shape == (40,) and 0 <= values.min() and values.max() <= 1
+      assert 0 < values.mean() < 1, (name, metric)
+      assert scale * values.mean() == pytest.approx(scores[metric]), (name, metric)
+
+
+@needs_wordnet
+def test_pretraining_glosses_hold_no_evaluation_synset():
+  documents = wordnet.training_gloss_documents()
+  lines = {line for document in documents for line in document.split("\n")}
+  assert len(documents) > 2000 and len(lines) > 80_000
+  definitions = {line.split(": ", 1)[1].split(". \"")[0].rstrip(".") for line in lines}
+  for split in ("validation", "test"):
+    held_out = text_tasks.get("wordnet_define").load(split)
+    assert definitions.isdisjoint(e["targets"] for e in held_out), split
+  train = text_tasks.get("wordnet_define").load("train", max_examples=2000)
+  assert len(definitions & {e["targets"] for e in train}) > 1900

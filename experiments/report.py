@@ -1,0 +1,404 @@
+"""The report of a pre-train → fine-tune comparison (EXPERIMENTS.md §1, 3 and 6), from its
+results.jsonl records.
+
+A record is one (row, seed): `row`, `seed`, `metrics` {task/metric: value} and `examples`
+{task: {metric: [examples] scores in [0, 1], target_nll: [examples] nats per token}} on the
+same evaluation examples for every row, optionally the tokens it saw (`input_tokens`,
+`target_tokens`, `targets_cut_share`, `targets_length`), `pretrain` {eval_accuracy, curve} and
+timings. A `Comparison` says which rows, columns and paper numbers the report lays out:
+
+  summarise(results, comparison)     per row and column: mean ± 95% t-interval over seeds
+  resample(results, comparison)      hierarchical paired bootstrap means (`stats.bootstrap_means`)
+  markdown(...)                      table.md: the floor check, the paper's layout with its
+                                     numbers beside ours, differences against the baseline,
+                                     ranks, Kendall τ / Spearman ρ per block, what each row saw
+  plot(...), curves(...)             plot.png and curves.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from experiments import stats
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+  """One of our measured columns, higher is better: `metric` of `task` (×100), or with
+  metric 'target_nll' the gold targets' teacher-forced log-likelihood (−loss, nats per token)."""
+  label: str
+  task: str
+  metric: str
+  paper: str | None = None       # the paper column it stands in for
+
+  @property
+  def loglik(self) -> bool:
+    return self.metric == "target_nll"
+
+  @property
+  def key(self) -> str:
+    """The record's metrics key (log-likelihood: the token-weighted {task}/target_loss)."""
+    return f"{self.task}/target_loss" if self.loglik else f"{self.task}/{self.metric}"
+
+  def shown(self, value):
+    """A value as the tables show it: scores ×100, losses negated into log-likelihoods."""
+    return -value if self.loglik else 100 * value
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """What the report lays out; every column is higher-is-better, `primary` (a column key) is
+  the one the floor check and the ranks use."""
+  title: str
+  rows: Sequence[str]
+  baseline: str
+  floor: str
+  groups: Sequence[tuple[str, Sequence[str]]]     # the paper's blocks: (title, row names)
+  columns: Sequence[Column]
+  primary_key: str
+  paper: Mapping[str, Mapping[str, float]]         # row -> paper column -> value
+  paper_columns: Sequence[str]
+  paper_source: str
+
+  @property
+  def primary(self) -> Column:
+    return next(c for c in self.columns if c.key == self.primary_key)
+
+
+# ------------------------------------------------------------------------------------- numbers
+
+
+def runs(results: Sequence[dict], row: str) -> list[dict]:
+  return sorted((r for r in results if r["row"] == row), key=lambda r: r["seed"])
+
+
+def rows_run(results: Sequence[dict], comparison: Comparison) -> list[str]:
+  have = {r["row"] for r in results}
+  return [name for name in comparison.rows if name in have]
+
+
+def summarise(results: Sequence[dict], comparison: Comparison) -> dict[str, dict]:
+  """{row: {column key: (mean, 95% t-interval half-width) as shown, seeds: n}}."""
+  table = {}
+  for name in rows_run(results, comparison):
+    records = runs(results, name)
+    table[name] = dict(seeds=len(records))
+    for column in comparison.columns:
+      values = [column.shown(r["metrics"][column.key]) for r in records]
+      table[name][column.key] = stats.t_interval(values)
+  return table
+
+
+def per_example(results: Sequence[dict], column: Column,
+                rows: Sequence[str]) -> dict[str, np.ndarray]:
+  """{row: [seeds, examples]} of the column's per-example values (for log-likelihoods each
+  example's mean per token, negated by `Column.shown` later)."""
+  field = column.metric
+  return {name: np.array([r["examples"][column.task][field] for r in runs(results, name)])
+          for name in rows}
+
+
+def resample(results: Sequence[dict], comparison: Comparison,
+             resamples: int = stats.RESAMPLES) -> dict[str, dict[str, np.ndarray]]:
+  """{column key: {row: [resamples] means as shown}}: `stats.bootstrap_means` per column, the
+  same example draws for every row of a column (seeded per column, deterministic)."""
+  rows = rows_run(results, comparison)
+  out = {}
+  for i, column in enumerate(comparison.columns):
+    means = stats.bootstrap_means(per_example(results, column, rows), resamples, seed=i)
+    out[column.key] = {row: column.shown(m) for row, m in means.items()}
+  return out
+
+
+def constant_output(scores: Mapping[str, float], column: Column) -> float | None:
+  """The constant-output score of the column's task as shown (None for log-likelihoods)."""
+  value = scores.get(column.task)
+  return None if value is None or column.loglik else column.shown(value)
+
+
+def floor_check(table: Mapping[str, dict], comparison: Comparison) -> tuple[bool, list[str]]:
+  """(every pre-trained row's primary interval entirely above the floor's, one line per
+  column saying which rows' intervals overlap the floor's)."""
+  if comparison.floor not in table:
+    return False, ["The floor was not run: no row can be ranked (EXPERIMENTS.md §1)."]
+  pretrained = [r for r in table if r != comparison.floor]
+  lines, valid = [], bool(pretrained)
+  for column in comparison.columns:
+    floor_mean, floor_half = table[comparison.floor][column.key]
+    overlapping = []
+    for name in pretrained:
+      mean, half = table[name][column.key]
+      if not mean - floor_mean > (np.nan_to_num(half, nan=np.inf)
+                                  + np.nan_to_num(floor_half, nan=np.inf)):
+        overlapping.append(name)
+    if column.key == comparison.primary_key:
+      valid = valid and not overlapping
+    verdict = ("every pre-trained row better, intervals apart" if not overlapping else
+               f"not separated from the floor: {', '.join(overlapping)}")
+    lines.append(f"- {column.label}: floor {_interval(column, table[comparison.floor])}; "
+                 f"{verdict}.")
+  return valid, lines
+
+
+def _interval(column: Column, row: Mapping) -> str:
+  mean, half = row[column.key]
+  digits = 3 if column.loglik else 1
+  return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+def _bootstrap_interval(samples: np.ndarray, digits: int) -> str:
+  low, high = stats.percentile_interval(samples)
+  return f"[{low:.{digits}f}, {high:.{digits}f}]"
+
+
+# ------------------------------------------------------------------------------------ markdown
+
+
+def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
+             constants: Mapping[str, float], degenerate: Mapping[str, Sequence[str]],
+             resamples: int = stats.RESAMPLES) -> str:
+  """table.md: setup, the floor check, the results in the paper's layout, paired differences
+  against the baseline, ranks and rank agreement, and what each row saw.
+
+  Args:
+    results: the records.
+    comparison: the layout.
+    setup: a paragraph on the scale (model, data, budgets, evaluation sizes).
+    constants: {task: the best constant output's score in [0, 1]} (majority class, most common
+      answer, most common target).
+    degenerate: {row: tasks where some seed's model was degenerate}; those cells are marked †.
+    resamples: bootstrap draws.
+  """
+  table = summarise(results, comparison)
+  boot = resample(results, comparison, resamples)
+  rows = list(table)
+  seeds = sorted({r["seed"] for r in results})
+  valid, floor_lines = floor_check(table, comparison)
+  lines = [f"# {comparison.title}", "", setup, "",
+           f"Rows × seeds: {len(results)} runs, seeds {seeds}. Cells: mean ± 95% t-interval "
+           "over seeds (scores ×100; log-lik: the gold targets' log-likelihood under teacher "
+           "forcing, nats per token, i.e. −loss); every column higher-is-better; "
+           f"bootstrap intervals: {resamples:,} paired resamples of the evaluation examples "
+           "and of each row's seeds.", "",
+           "## The floor", "",
+           ("**Valid:** every pre-trained row is above the floor on the primary metric "
+            f"({comparison.primary.label}) with non-overlapping 95% intervals." if valid else
+            "**Not valid at this scale:** some pre-trained row is not above the floor on the "
+            f"primary metric ({comparison.primary.label}) with non-overlapping 95% intervals; "
+            "the rankings below rank noise where they rank those rows."), "",
+           *floor_lines,
+           "- Constant output (the most common training target, on the same examples): " +
+           "; ".join(f"{c.label} {constant_output(constants, c):.1f}"
+                     for c in comparison.columns if constant_output(constants, c) is not None)
+           + ".", ""]
+  lines += _results_table(results, table, comparison, degenerate)
+  lines += _differences_table(boot, comparison, rows)
+  lines += _ranks_table(boot, table, comparison, rows)
+  lines += _agreement_lines(boot, table, comparison, rows)
+  lines += _seen_table(results, comparison, rows)
+  return "\n".join(lines) + "\n"
+
+
+def _results_table(results, table, comparison: Comparison, degenerate) -> list[str]:
+  header = (["Objective"] + [c.label for c in comparison.columns] + ["pre-train acc"]
+            + [f"paper {c}" for c in comparison.paper_columns])
+  lines = ["## Results", "", f"Paper: {comparison.paper_source}.", "",
+           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for title, group in comparison.groups:
+    names = [n for n in group if n in table]
+    if not names:
+      continue
+    lines.append(f"| **{title}** |" + " |" * (len(header) - 1))
+    for name in names:
+      cells = [_interval(c, table[name]) + ("†" if c.task in degenerate.get(name, ()) else "")
+               for c in comparison.columns]
+      accuracy = [r["pretrain"]["eval_accuracy"] for r in runs(results, name)
+                  if (r.get("pretrain") or {}).get("eval_accuracy") is not None]
+      cells.append(f"{100 * np.mean(accuracy):.1f}" if accuracy else "—")
+      paper = comparison.paper.get(name, {})
+      cells += [f"{paper[c]:.2f}" if c in paper else "—" for c in comparison.paper_columns]
+      lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  lines += ["", "† degenerate: in some seed the fine-tuned model emitted at most a few distinct "
+                "texts on the evaluation examples (a constant output), not a result.",
+            "pre-train acc: the held-out accuracy on the row's own pre-training targets (rows "
+            "differ in what they predict: comparable within a row's curve, not across rows).",
+            ""]
+  return lines
+
+
+def _differences_table(boot, comparison: Comparison, rows) -> list[str]:
+  base = comparison.baseline
+  if base not in rows:
+    return []
+  header = ["Objective"] + [f"Δ {c.label}" for c in comparison.columns]
+  lines = [f"## Differences against {base}", "",
+           "Mean difference [95% paired bootstrap interval]; log-likelihoods example-averaged "
+           "(each example's mean per token), so they differ slightly from the token-weighted "
+           "cells.",
+           "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for name in rows:
+    if name == base:
+      continue
+    cells = []
+    for c in comparison.columns:
+      difference = boot[c.key][name] - boot[c.key][base]
+      digits = 3 if c.loglik else 1
+      cells.append(f"{np.mean(difference):+.{digits}f} {_bootstrap_interval(difference, digits)}")
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
+def _ranks_table(boot, table, comparison: Comparison, rows) -> list[str]:
+  primary = comparison.primary
+  paper_column = primary.paper
+  samples = np.stack([boot[primary.key][name] for name in rows], axis=1)      # [R, rows]
+  sampled_ranks = np.stack([stats.ranks(s) for s in samples])
+  ours = stats.ranks([table[name][primary.key][0] for name in rows])
+  quoted = [n for n in rows if paper_column in comparison.paper.get(n, {})]
+  theirs = dict(zip(quoted, stats.ranks([comparison.paper[n][paper_column] for n in quoted])))
+  lines = [f"## Ranks on {primary.label} (1 = best, among the rows run)", "",
+           f"| Objective | ours | our rank [95% bootstrap] | paper {paper_column} | paper rank |",
+           "|---|---|---|---|---|"]
+  for i, name in enumerate(rows):
+    low, high = stats.percentile_interval(sampled_ranks[:, i], method="nearest")
+    paper = comparison.paper.get(name, {}).get(paper_column)
+    lines.append(f"| {name} | {_interval(primary, table[name])} | {ours[i]:g} "
+                 f"[{low:g}, {high:g}] | {'—' if paper is None else f'{paper:.2f}'} | "
+                 f"{theirs[name]:g} |" if name in theirs else
+                 f"| {name} | {_interval(primary, table[name])} | {ours[i]:g} [{low:g}, "
+                 f"{high:g}] | — | — |")
+  return lines + [""]
+
+
+def _agreement_lines(boot, table, comparison: Comparison, rows) -> list[str]:
+  """Kendall τ and Spearman ρ of our means against the paper's matched column, per block of
+  ≥ 3 rows run and over all rows run, with bootstrap intervals."""
+  blocks = [(title, [n for n in group if n in rows]) for title, group in comparison.groups]
+  blocks = [(t, g) for t, g in blocks if len(g) >= 3] + [("All rows run", list(rows))]
+  lines = ["## Rank agreement with the paper", "",
+           "Kendall τ-b and Spearman ρ between our means and the paper's matched column "
+           "[95% bootstrap interval; NaN where a resample ties every row].", ""]
+  for title, names in blocks:
+    parts = []
+    for c in comparison.columns:
+      if c.paper is None:
+        continue
+      quoted = [n for n in names if c.paper in comparison.paper.get(n, {})]
+      if len(quoted) < 3:
+        continue
+      paper = [comparison.paper[n][c.paper] for n in quoted]
+      samples = np.stack([boot[c.key][n] for n in quoted], axis=1)
+      ours = [table[n][c.key][0] for n in quoted]
+      tau, rho = stats.kendall_tau(ours, paper), stats.spearman_rho(ours, paper)
+      parts.append(f"{c.label} vs {c.paper} ({len(quoted)} rows): τ = {tau:+.2f} "
+                   f"{_bootstrap_interval(stats.kendall_tau_rows(samples, paper), 2)}, "
+                   f"ρ = {rho:+.2f} "
+                   f"{_bootstrap_interval(stats.spearman_rho_rows(samples, paper), 2)}")
+    if parts:
+      lines.append(f"- {title}: " + "; ".join(parts))
+  return lines + [""]
+
+
+_SEEN = (("input_tokens", "input tokens", "{:,.0f}"), ("target_tokens", "target tokens",
+                                                      "{:,.0f}"),
+         ("targets_length", "targets length", "{:.0f}"),
+         ("targets_cut_share", "targets cut", "{:.2%}"),
+         ("pretrain_seconds", "pre-train s", "{:.0f}"), ("total_seconds", "total s", "{:.0f}"))
+
+
+def _seen_table(results, comparison: Comparison, rows) -> list[str]:
+  """Per row, the mean over seeds of what it saw and took (fair rows: EXPERIMENTS.md §4)."""
+  header = ["Objective"] + [label for _, label, _ in _SEEN]
+  lines = ["## What each row saw (mean over seeds)", "",
+           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for name in rows:
+    cells = []
+    for key, _, form in _SEEN:
+      values = [r[key] for r in runs(results, name) if r.get(key) is not None]
+      cells.append(form.format(np.mean(values)) if values else "—")
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
+# --------------------------------------------------------------------------------------- plots
+
+
+def plot(results: Sequence[dict], comparison: Comparison, constants: Mapping[str, float],
+         path: str) -> None:
+  """plot.png: per column, our mean and 95% interval per row on an axis that reaches the
+  column's zero (0 for scores, the perfect 0 nats for log-likelihoods), with the floor's mean
+  and the constant output as vertical lines; below, the paper's columns that ours stand in
+  for, each on its own axis from 0. No twin or truncated axes."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  table = summarise(results, comparison)
+  names = list(table)
+  columns = list(comparison.columns)
+  fig, axes = plt.subplots(2, len(columns), figsize=(4.2 * len(columns), 2 + 0.8 * len(names)),
+                           squeeze=False)
+  y = np.arange(len(names))
+  for ax, paper_ax, c in zip(axes[0], axes[1], columns):
+    means = np.array([table[n][c.key][0] for n in names])
+    halves = np.array([np.nan_to_num(table[n][c.key][1]) for n in names])
+    ax.errorbar(means, y, xerr=halves, fmt="o", capsize=3, color="tab:blue")
+    if comparison.floor in table:
+      ax.axvline(table[comparison.floor][c.key][0], color="tab:red", lw=1, label="floor")
+    constant = constant_output(constants, c)
+    if constant is not None:
+      ax.axvline(constant, color="black", lw=1, ls="--", label="constant output")
+    if c.loglik:
+      ax.set_xlim(min(means - halves) * 1.1, 0)
+      ax.set_xlabel(f"ours: {c.label} (nats/token)")
+    else:
+      ax.set_xlim(0, max(max(means + halves), constant or 0) * 1.15 or 1)
+      ax.set_xlabel(f"ours: {c.label} (×100)")
+    ax.set_yticks(y, names if c is columns[0] else [""] * len(names))
+    ax.invert_yaxis()
+    ax.legend(loc="best", fontsize=7)
+    if c.paper is None or c.loglik:
+      paper_ax.set_axis_off()
+      continue
+    paper = [comparison.paper.get(n, {}).get(c.paper, np.nan) for n in names]
+    paper_ax.barh(y, np.nan_to_num(paper), color="tab:gray")
+    paper_ax.set_xlim(0, 100)
+    paper_ax.set_xlabel(f"paper: {c.paper}")
+    paper_ax.set_yticks(y, names if c is columns[0] else [""] * len(names))
+    paper_ax.invert_yaxis()
+  fig.suptitle(f"{comparison.title}: ours (mean ± 95% interval over seeds) and the paper's")
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+
+
+def curves(results: Sequence[dict], comparison: Comparison, path: str) -> None:
+  """curves.png: pre-training loss and held-out accuracy (on the row's own targets) against
+  input tokens seen, one colour per row, one line per seed."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, (loss_ax, accuracy_ax) = plt.subplots(1, 2, figsize=(13, 5))
+  colours = plt.get_cmap("tab20")
+  for i, name in enumerate(rows_run(results, comparison)):
+    for j, record in enumerate(runs(results, name)):
+      curve = (record.get("pretrain") or {}).get("curve")
+      if not curve:
+        continue
+      per_step = record["input_tokens"] / max(curve["steps"][-1], 1)
+      label = name if j == 0 else None
+      loss_ax.plot(np.array(curve["steps"]) * per_step, curve["loss"], color=colours(i),
+                   lw=1, label=label)
+      accuracy_ax.plot(np.array(curve["eval_steps"]) * per_step, curve["eval_accuracy"],
+                       color=colours(i), lw=1, marker="o", ms=3, label=label)
+  loss_ax.set(xlabel="input tokens seen", ylabel="training loss", ylim=(0, None))
+  accuracy_ax.set(xlabel="input tokens seen", ylabel="held-out accuracy (own targets)",
+                  ylim=(0, 1))
+  accuracy_ax.legend(fontsize=7)
+  fig.suptitle(f"{comparison.title}: pre-training")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,116 @@
+"""The statistics of the experiments' protocol (EXPERIMENTS.md §3), on per-example scores.
+
+A row's score on a task is held as an array [seeds, examples]: one fine-tuned model per seed,
+scored on the same evaluation examples as every other row. From those:
+
+  t_interval(values)              mean and the 95% t-interval half-width over seeds
+  bootstrap_means(per_example)    the hierarchical bootstrap every interval below comes from:
+                                  each resample draws the evaluation examples with replacement
+                                  (one draw shared by every row: the rows stay paired) and each
+                                  row's seeds with replacement (a row's seed spread counts too)
+  percentile_interval(samples)    the 2.5th and 97.5th percentiles
+  kendall_tau / spearman_rho      rank correlations (tie-corrected), NaN when undefined
+  ranks(values)                   1 = best, ties sharing their mean rank
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+RESAMPLES = 10_000
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+  """(mean, half-width of the two-sided Student-t interval of the mean) over `values` (one per
+  seed); the half-width is NaN for a single value."""
+  values = np.asarray(values, np.float64)
+  if len(values) < 2:
+    return float(values.mean()), float("nan")
+  quantile = scipy_stats.t.ppf(0.5 + confidence / 2, df=len(values) - 1)
+  return float(values.mean()), float(quantile * values.std(ddof=1) / np.sqrt(len(values)))
+
+
+def bootstrap_means(per_example: Mapping[str, np.ndarray], resamples: int = RESAMPLES,
+                    seed: int = 0, chunk: int = 500) -> dict[str, np.ndarray]:
+  """Resampled mean scores of every row, paired over examples.
+
+  Args:
+    per_example: {row: [seeds, examples] scores}; every row scored on the same examples (its own
+      number of seeds).
+    resamples: bootstrap draws.
+    seed: the draws' random seed (the result is deterministic).
+    chunk: resamples drawn at once (memory: chunk × examples counts).
+
+  Returns:
+    {row: [resamples] means}: in each resample the examples are drawn with replacement once for
+    all rows, and each row's seeds with replacement; the row's mean over both draws.
+  """
+  lengths = {scores.shape[1] for scores in per_example.values()}
+  if len(lengths) != 1:
+    raise ValueError(f"rows scored on different numbers of examples: {sorted(lengths)}")
+  examples = lengths.pop()
+  rng = np.random.default_rng(seed)
+  means = {row: [] for row in per_example}
+  for start in range(0, resamples, chunk):
+    size = min(chunk, resamples - start)
+    counts = rng.multinomial(examples, np.full(examples, 1.0 / examples), size=size)  # [size, n]
+    for row, scores in per_example.items():
+      scores = np.asarray(scores, np.float64)
+      drawn = rng.integers(0, len(scores), size=(size, len(scores)))        # [size, seeds]
+      seed_means = scores[drawn].mean(axis=1)                                # [size, n]
+      means[row].append((seed_means * counts).sum(axis=1) / examples)
+  return {row: np.concatenate(parts) for row, parts in means.items()}
+
+
+def percentile_interval(samples: np.ndarray, confidence: float = 0.95,
+                        method: str = "linear") -> tuple[float, float]:
+  """The central `confidence` interval of `samples`, NaNs (undefined resamples) left out;
+  `method` as numpy's percentile ('nearest' keeps ranks ranks)."""
+  tail = 100 * (1 - confidence) / 2
+  low, high = np.nanpercentile(np.asarray(samples, np.float64), [tail, 100 - tail],
+                               method=method)
+  return float(low), float(high)
+
+
+def ranks(values: Sequence[float]) -> np.ndarray:
+  """1 = highest; ties share their mean rank ([85.0, 82.4, 82.4] → [1, 2.5, 2.5])."""
+  return scipy_stats.rankdata(-np.asarray(values, np.float64))
+
+
+def spearman_rho(a: Sequence[float], b: Sequence[float]) -> float:
+  """Spearman's ρ: the Pearson correlation of the tie-averaged ranks; NaN when either side is
+  constant or there are fewer than 2 values."""
+  return float(spearman_rho_rows(np.asarray(a, np.float64)[None], b)[0])
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
+  """Kendall's τ-b (ties on either side corrected for); NaN when either side is constant or
+  there are fewer than 2 values."""
+  return float(kendall_tau_rows(np.asarray(a, np.float64)[None], b)[0])
+
+
+def spearman_rho_rows(samples: np.ndarray, reference: Sequence[float]) -> np.ndarray:
+  """[rows] Spearman's ρ of each row of samples [rows, n] with reference [n]."""
+  samples = np.asarray(samples, np.float64)
+  if samples.shape[1] < 2:
+    return np.full(len(samples), np.nan)
+  ra = scipy_stats.rankdata(samples, axis=1)
+  rb = scipy_stats.rankdata(np.asarray(reference, np.float64))
+  ra, rb = ra - ra.mean(axis=1, keepdims=True), rb - rb.mean()
+  denominator = np.sqrt((ra**2).sum(axis=1) * (rb**2).sum())
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.where(denominator > 0, (ra * rb).sum(axis=1) / denominator, np.nan)
+
+
+def kendall_tau_rows(samples: np.ndarray, reference: Sequence[float]) -> np.ndarray:
+  """[rows] Kendall's τ-b of each row of samples [rows, n] with reference [n]."""
+  samples, reference = np.asarray(samples, np.float64), np.asarray(reference, np.float64)
+  upper = np.triu_indices(samples.shape[1], k=1)
+  da = np.sign(samples[:, :, None] - samples[:, None, :])[:, upper[0], upper[1]]   # [rows, pairs]
+  db = np.sign(reference[:, None] - reference[None, :])[upper]                    # [pairs]
+  denominator = np.sqrt((da != 0).sum(axis=1) * (db != 0).sum())
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.where(denominator > 0, (da * db).sum(axis=1) / denominator, np.nan)
