@@ -512,7 +512,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _validate_attention(m)
   if d.source == "text" and not d.text_files:
     raise ConfigError("data.source='text' needs --config.data.text_files=PATH[,PATH...] (globs allowed).")
-  if d.source == "tfds" and d.wordnet_glosses:
+  if d.source == "tfds" and d.get("wordnet_glosses", False):
     raise ConfigError("data.wordnet_glosses adds to an embedded or text corpus, not to TFDS; set "
                       "--config.data.wordnet_glosses=False or another data.source.")
   if d.num_shards and t.batch_size % d.num_shards:

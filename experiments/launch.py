@@ -385,10 +385,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                                    description=__doc__.split("\n\n", 1)[0])
   parser.add_argument("action", nargs="?", default="run", choices=("run", "summary"))
   parser.add_argument("--sweep", required=True, help=f"one of {', '.join(SWEEPS)}")
-  parser.add_argument("--scale", default="runlocal", help="one of the experiment's SCALES")
+  parser.add_argument("--scale", default="", help="one of the experiment's SCALES (default: "
+                      "its first)")
   parser.add_argument("--rows", default="", help="rows to run (default all), comma-separated, "
                       "names holding commas in double quotes (as the experiments' --rows)")
-  parser.add_argument("--seeds", default="0,1")
+  parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--out", default="", help="default experiments/results/<sweep>/<scale>")
   parser.add_argument("--workdirs", default="", help="pre-training workdirs (default <out>/runs)")
   parser.add_argument("--log_dir", default="", help="the jobs' logs (default <out>/logs)")
@@ -417,6 +418,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: Sequence[str]) -> int:
   args, extra = parse_args(argv)
   try:
+    args.scale = args.scale or next(iter(load_sweep(args.sweep).SCALES))
     return summary(args) if args.action == "summary" else launch(args, extra)
   except (LaunchError, slurm.SlurmError) as e:
     print(f"error: {e}", file=sys.stderr)

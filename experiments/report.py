@@ -41,7 +41,8 @@ class Column:
 
   @property
   def key(self) -> str:
-    """The record's metrics key (log-likelihood: the token-weighted {task}/target_loss)."""
+    """The record's metrics key (log-likelihood: the token-weighted {task}/target_loss, which
+    the report replaces by the example-averaged loss: `seed_value`)."""
     return f"{self.task}/target_loss" if self.loglik else f"{self.task}/{self.metric}"
 
   def shown(self, value):
@@ -82,15 +83,24 @@ def rows_run(results: Sequence[dict], comparison: Comparison) -> list[str]:
 
 
 def summarise(results: Sequence[dict], comparison: Comparison) -> dict[str, dict]:
-  """{row: {column key: (mean, 95% t-interval half-width) as shown, seeds: n}}."""
+  """{row: {column key: (mean, 95% t-interval half-width over seeds) as shown, seeds: n}}."""
   table = {}
   for name in rows_run(results, comparison):
     records = runs(results, name)
     table[name] = dict(seeds=len(records))
     for column in comparison.columns:
-      values = [column.shown(r["metrics"][column.key]) for r in records]
-      table[name][column.key] = stats.t_interval(values)
+      table[name][column.key] = stats.t_interval([column.shown(seed_value(r, column))
+                                                  for r in records])
   return table
+
+
+def seed_value(record: dict, column: Column) -> float:
+  """One seed's value of a column: its metric, or for a log-likelihood the mean over examples
+  of each example's per-token loss (what the bootstrap resamples; the record's token-weighted
+  {task}/target_loss weights long targets more)."""
+  if column.loglik:
+    return float(np.mean(record["examples"][column.task][column.metric]))
+  return record["metrics"][column.key]
 
 
 def per_example(results: Sequence[dict], column: Column,
@@ -180,10 +190,12 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
   valid, floor_lines = floor_check(table, comparison)
   lines = [f"# {comparison.title}", "", setup, "",
            f"Rows × seeds: {len(results)} runs, seeds {seeds}. Cells: mean ± 95% t-interval "
-           "over seeds (scores ×100; log-lik: the gold targets' log-likelihood under teacher "
-           "forcing, nats per token, i.e. −loss); every column higher-is-better; "
-           f"bootstrap intervals: {resamples:,} paired resamples of the evaluation examples "
-           "and of each row's seeds.", "",
+           "over seeds, conditional on the evaluation examples (scores ×100; log-lik: the gold "
+           "targets' log-likelihood under teacher forcing, nats per token averaged over "
+           "examples, i.e. −loss); every column higher-is-better; "
+           f"bootstrap intervals: {resamples:,} paired resamples of the evaluation examples, "
+           "each row with its seed error added (`experiments/stats.py`: wider than the "
+           "t-intervals, which hold the examples fixed).", "",
            "## The floor", "",
            ("**Valid:** every pre-trained row is above the floor on the primary metric "
             f"({comparison.primary.label}) with non-overlapping 95% intervals." if valid else
@@ -214,7 +226,8 @@ def _results_table(results, table, comparison: Comparison, degenerate) -> list[s
       continue
     lines.append(f"| **{title}** |" + " |" * (len(header) - 1))
     for name in names:
-      cells = [_interval(c, table[name]) + ("†" if c.task in degenerate.get(name, ()) else "")
+      cells = [_interval(c, table[name]) + (
+          "†" if c.task in degenerate.get(name, ()) and not c.loglik else "")
                for c in comparison.columns]
       accuracy = [r["pretrain"]["eval_accuracy"] for r in runs(results, name)
                   if (r.get("pretrain") or {}).get("eval_accuracy") is not None]
@@ -236,9 +249,7 @@ def _differences_table(boot, comparison: Comparison, rows) -> list[str]:
     return []
   header = ["Objective"] + [f"Δ {c.label}" for c in comparison.columns]
   lines = [f"## Differences against {base}", "",
-           "Mean difference [95% paired bootstrap interval]; log-likelihoods example-averaged "
-           "(each example's mean per token), so they differ slightly from the token-weighted "
-           "cells.",
+           "Mean difference [95% paired bootstrap interval].",
            "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for name in rows:
     if name == base:
@@ -255,30 +266,30 @@ def _differences_table(boot, comparison: Comparison, rows) -> list[str]:
 def _ranks_table(boot, table, comparison: Comparison, rows) -> list[str]:
   primary = comparison.primary
   paper_column = primary.paper
-  samples = np.stack([boot[primary.key][name] for name in rows], axis=1)      # [R, rows]
-  sampled_ranks = np.stack([stats.ranks(s) for s in samples])
-  ours = stats.ranks([table[name][primary.key][0] for name in rows])
   quoted = [n for n in rows if paper_column in comparison.paper.get(n, {})]
-  theirs = dict(zip(quoted, stats.ranks([comparison.paper[n][paper_column] for n in quoted])))
-  lines = [f"## Ranks on {primary.label} (1 = best, among the rows run)", "",
-           f"| Objective | ours | our rank [95% bootstrap] | paper {paper_column} | paper rank |",
-           "|---|---|---|---|---|"]
-  for i, name in enumerate(rows):
+  if len(quoted) < 2:
+    return []
+  samples = np.stack([boot[primary.key][name] for name in quoted], axis=1)    # [R, rows]
+  sampled_ranks = np.stack([stats.ranks(s) for s in samples])
+  ours = stats.ranks([table[name][primary.key][0] for name in quoted])
+  theirs = stats.ranks([comparison.paper[n][paper_column] for n in quoted])
+  lines = [f"## Ranks on {primary.label} (1 = best, among the rows run that the paper has)",
+           "", f"| Objective | ours | our rank [95% bootstrap] | paper {paper_column} | "
+           "paper rank |", "|---|---|---|---|---|"]
+  for i, name in enumerate(quoted):
     low, high = stats.percentile_interval(sampled_ranks[:, i], method="nearest")
-    paper = comparison.paper.get(name, {}).get(paper_column)
-    lines.append(f"| {name} | {_interval(primary, table[name])} | {ours[i]:g} "
-                 f"[{low:g}, {high:g}] | {'—' if paper is None else f'{paper:.2f}'} | "
-                 f"{theirs[name]:g} |" if name in theirs else
-                 f"| {name} | {_interval(primary, table[name])} | {ours[i]:g} [{low:g}, "
-                 f"{high:g}] | — | — |")
+    lines.append(f"| {name} | {_interval(primary, table[name])} | {ours[i]:g} [{low:g}, "
+                 f"{high:g}] | {comparison.paper[name][paper_column]:.2f} | {theirs[i]:g} |")
   return lines + [""]
 
 
 def _agreement_lines(boot, table, comparison: Comparison, rows) -> list[str]:
   """Kendall τ and Spearman ρ of our means against the paper's matched column, per block of
-  ≥ 3 rows run and over all rows run, with bootstrap intervals."""
+  ≥ 3 rows run and over all pre-trained rows run (the floor, last by far in the paper, would
+  inflate them), with bootstrap intervals."""
   blocks = [(title, [n for n in group if n in rows]) for title, group in comparison.groups]
-  blocks = [(t, g) for t, g in blocks if len(g) >= 3] + [("All rows run", list(rows))]
+  blocks = [(t, g) for t, g in blocks if len(g) >= 3] + [
+      ("All pre-trained rows run", [n for n in rows if n != comparison.floor])]
   lines = ["## Rank agreement with the paper", "",
            "Kendall τ-b and Spearman ρ between our means and the paper's matched column "
            "[95% bootstrap interval; NaN where a resample ties every row].", ""]
@@ -352,10 +363,10 @@ def plot(results: Sequence[dict], comparison: Comparison, constants: Mapping[str
     if constant is not None:
       ax.axvline(constant, color="black", lw=1, ls="--", label="constant output")
     if c.loglik:
-      ax.set_xlim(min(means - halves) * 1.1, 0)
+      ax.set_xlim(np.nanmin(means - halves) * 1.1, 0)
       ax.set_xlabel(f"ours: {c.label} (nats/token)")
     else:
-      ax.set_xlim(0, max(max(means + halves), constant or 0) * 1.15 or 1)
+      ax.set_xlim(0, max(np.nanmax(means + halves), constant or 0) * 1.15 or 1)
       ax.set_xlabel(f"ours: {c.label} (×100)")
     ax.set_yticks(y, names if c is columns[0] else [""] * len(names))
     ax.invert_yaxis()
@@ -386,7 +397,7 @@ def curves(results: Sequence[dict], comparison: Comparison, path: str) -> None:
   for i, name in enumerate(rows_run(results, comparison)):
     for j, record in enumerate(runs(results, name)):
       curve = (record.get("pretrain") or {}).get("curve")
-      if not curve:
+      if not curve or not curve["steps"]:
         continue
       per_step = record["input_tokens"] / max(curve["steps"][-1], 1)
       label = name if j == 0 else None

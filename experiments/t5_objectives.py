@@ -24,6 +24,7 @@ one job per row and seed, here N at a time, on SLURM or on TPUs (python -m exper
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -373,9 +374,9 @@ def constant_scores(scale: dict) -> dict[str, float]:
   scores = {}
   for _, task_name, metric, _ in TASKS:
     task = text_tasks.get(task_name)
-    train_targets = [e["targets"] for e in task.load(task.train_split,
-                                                      max_examples=scale["finetune_train"])]
-    constant = max(set(train_targets), key=lambda t: (train_targets.count(t), t))
+    counts = collections.Counter(e["targets"] for e in task.load(
+        task.train_split, max_examples=scale["finetune_train"]))
+    constant = max(counts.items(), key=lambda item: (item[1], item[0]))[0]
     evaluation = task.load(task.eval_split, max_examples=scale["finetune_eval"])
     scores[task_name] = float(np.mean(text_tasks.example_scores(
         task, evaluation, [constant] * len(evaluation))[metric]))

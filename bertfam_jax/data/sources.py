@@ -371,7 +371,7 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str) -> Sequenc
   else:
     raise config_lib.ConfigError(
         f"data.source={source!r}; choose embedded_wiki, tfds or text.")
-  if data_config.wordnet_glosses:
+  if data_config.get("wordnet_glosses", False):
     documents = documents + _gloss_documents()
   return _hash_split(documents, split, data_config.eval_fraction)
 
@@ -398,7 +398,7 @@ def data_identity(data_config: ml_collections.ConfigDict) -> dict[str, Any]:
   if d.source == "tfds":
     return dict(source="tfds", tfds_name=d.tfds_name, version=_tfds_version(d),
                 train_split=d.train_split, eval_split=d.eval_split, text_key=d.tfds_text_key)
-  glosses = _gloss_identity() if d.wordnet_glosses else {}
+  glosses = _gloss_identity() if d.get("wordnet_glosses", False) else {}
   if d.source == "text":
     paths = [os.path.abspath(p) for p in _expand_globs(d.text_files)]
     return dict(source="text", text_format=d.text_format, eval_fraction=d.eval_fraction,
@@ -463,7 +463,7 @@ def source_identity(data_config: ml_collections.ConfigDict) -> str:
       parts.append(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}")
   else:
     parts = [data_config.source, _WIKI_DUMP, str(data_config.eval_fraction)]
-  if data_config.wordnet_glosses:
+  if data_config.get("wordnet_glosses", False):
     parts.append("wordnet_glosses")
   return "|".join(parts)
 

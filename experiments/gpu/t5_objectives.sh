@@ -16,9 +16,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 export PYTHONPATH="/tmp/site:$PWD/.carry/site:$PWD" PYTHONUNBUFFERED=1
 export BERTFAM_CACHE="$PWD/.carry/cache"
 mkdir -p "$RESULTS"
+# Whatever happens below, the rows that finished come back.
+trap 'if [ -n "${OUT:-}" ]; then cp "$RESULTS"/results.jsonl "$RESULTS"/log-seed* \
+  "$RESULTS"/table.md "$RESULTS"/meta.json "$RESULTS"/*.png "$OUT"/ 2>/dev/null || true; fi' EXIT
 python3 -m experiments.t5_objectives --scale=gpu --seeds="$SEED" ${2:+--rows="$2"} \
   --out="$RESULTS" --workdirs=/tmp/t5_objectives_runs 2>&1 | tee -a "$RESULTS/log-seed$SEED.txt"
-if [ -n "${OUT:-}" ]; then
-  cp "$RESULTS"/results.jsonl "$RESULTS"/log-seed"$SEED".txt "$OUT"/
-  cp "$RESULTS"/table.md "$RESULTS"/meta.json "$RESULTS"/*.png "$OUT"/ 2>/dev/null || true
-fi
