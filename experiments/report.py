@@ -40,6 +40,11 @@ class Column:
     return self.metric == "target_nll"
 
   @property
+  def digits(self) -> int:
+    """Decimals shown: 1 for scores ×100, 3 for log-likelihoods in nats."""
+    return 3 if self.loglik else 1
+
+  @property
   def key(self) -> str:
     """The record's metrics key (log-likelihood: the token-weighted {task}/target_loss, which
     the report replaces by the example-averaged loss: `seed_value`)."""
@@ -107,9 +112,8 @@ def per_example(results: Sequence[dict], column: Column,
                 rows: Sequence[str]) -> dict[str, np.ndarray]:
   """{row: [seeds, examples]} of the column's per-example values (for log-likelihoods each
   example's mean per token, negated by `Column.shown` later)."""
-  field = column.metric
-  return {name: np.array([r["examples"][column.task][field] for r in runs(results, name)])
-          for name in rows}
+  return {name: np.array([r["examples"][column.task][column.metric]
+                          for r in runs(results, name)]) for name in rows}
 
 
 def resample(results: Sequence[dict], comparison: Comparison,
@@ -156,7 +160,7 @@ def floor_check(table: Mapping[str, dict], comparison: Comparison) -> tuple[bool
 
 def _interval(column: Column, row: Mapping) -> str:
   mean, half = row[column.key]
-  digits = 3 if column.loglik else 1
+  digits = column.digits
   return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
@@ -257,8 +261,8 @@ def _differences_table(boot, comparison: Comparison, rows) -> list[str]:
     cells = []
     for c in comparison.columns:
       difference = boot[c.key][name] - boot[c.key][base]
-      digits = 3 if c.loglik else 1
-      cells.append(f"{np.mean(difference):+.{digits}f} {_bootstrap_interval(difference, digits)}")
+      cells.append(f"{np.mean(difference):+.{c.digits}f} "
+                   f"{_bootstrap_interval(difference, c.digits)}")
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return lines + [""]
 

@@ -133,7 +133,6 @@ TASKS = (
     ("Definition QA", "wordnet_qa_t2t", "exact", "SQuAD"),
     ("Define", "wordnet_define", "rouge2", "CNNDM"),
 )
-SCORES = tuple(f"{task}/{metric}" for _, task, metric, _ in TASKS)
 
 SCALES = {
     # The 2-core CPU, about 80 minutes for Table 4's three rows, ★ and the floor × 3 seeds

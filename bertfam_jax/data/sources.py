@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bz2
 import collections.abc
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -372,14 +373,16 @@ def get_documents(data_config: ml_collections.ConfigDict, split: str) -> Sequenc
     raise config_lib.ConfigError(
         f"data.source={source!r}; choose embedded_wiki, tfds or text.")
   if data_config.get("wordnet_glosses", False):
-    documents = documents + _gloss_documents()
+    documents = documents + list(_gloss_documents())
   return _hash_split(documents, split, data_config.eval_fraction)
 
 
-def _gloss_documents() -> list[str]:
-  """`data.wordnet_glosses`' documents (`wordnet.training_gloss_documents`)."""
+@functools.lru_cache(maxsize=1)
+def _gloss_documents() -> tuple[str, ...]:
+  """`data.wordnet_glosses`' documents (`wordnet.training_gloss_documents`), built once per
+  process (each split, the data identity and every experiment row read them)."""
   from bertfam_jax.data import wordnet  # pylint: disable=g-import-not-at-top  (parses on demand)
-  return wordnet.training_gloss_documents()
+  return tuple(wordnet.training_gloss_documents())
 
 
 def _gloss_identity() -> dict[str, str]:
