@@ -345,15 +345,21 @@ def time_steps(step_fn, state, batch, steps: int):
 
 
 def compiled_step(config, mesh):
-  """(state, batch, compiled step, optimised HLO text) of `config` on `mesh`; ConfigError when
+  """(state, batch, compiled step, optimised HLO text, seconds) of `config` on `mesh`; seconds
+  is {init_s: building the state, compile_s: lowering and compiling the step}. ConfigError when
   the mesh cannot split the batch."""
   config = tt.with_batch_size(config, config.train.batch_size, mesh)
+  start = time.perf_counter()
   state, train_step = step_lib.fresh_train_step(config, mesh,
                                                 objectives.get(config.objective.name))
+  jax.block_until_ready(state)
+  init_s = time.perf_counter() - start
   batch = tt.synthetic_batch(config, config.train.batch_size, mesh)
+  start = time.perf_counter()
   executable = train_step.lower(state, batch).compile()
+  seconds = dict(init_s=init_s, compile_s=time.perf_counter() - start)
   compiled = lambda state, batch: executable(state, batch, train_step.key)  # noqa: E731
-  return state, batch, compiled, executable.as_text()
+  return state, batch, compiled, executable.as_text(), seconds
 
 
 def throughput(config, step_s: float) -> dict:
@@ -366,28 +372,41 @@ def throughput(config, step_s: float) -> dict:
               mfu=flops_per_s / (peak * jax.device_count()) if peak else None)
 
 
-def profile(config, mesh, *, steps: int, warmup: int, trace_steps: int, trace_dir: str,
-            top: int):
-  """Times and traces `config`'s step on `mesh`; returns (throughput dict, Breakdown)."""
-  state, batch, compiled, hlo = compiled_step(config, mesh)
+def record(config, mesh, *, steps: int, warmup: int, trace_steps: int, trace_dir: str):
+  """Times `config`'s step on `mesh`, then traces `trace_steps` more into `trace_dir` (with the
+  optimised HLO beside it); returns the throughput dict with the init and compile seconds."""
+  state, batch, compiled, hlo, seconds = compiled_step(config, mesh)
   with open(os.path.join(trace_dir, "step_after_optimizations.txt"), "w") as f:
     f.write(hlo)
   state, _ = time_steps(compiled, state, batch, 1 + warmup)
   state, step_s = time_steps(compiled, state, batch, steps)
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
     state, _ = time_steps(compiled, state, batch, trace_steps)
-  ops, computations = parse_hlo(hlo)
+  return throughput(config, step_s) | seconds
+
+
+def attribute(trace_dir: str, trace_steps: int, top: int) -> Breakdown:
+  """The Breakdown of the trace and HLO that `record` left in `trace_dir`."""
+  with open(os.path.join(trace_dir, "step_after_optimizations.txt")) as f:
+    ops, computations = parse_hlo(f.read())
   with gzip.open(trace_file(trace_dir), "rt") as f:
     events = op_events(json.load(f), ops)
-  return throughput(config, step_s), breakdown(self_times(events), ops, computations,
-                                               trace_steps, top)
+  return breakdown(self_times(events), ops, computations, trace_steps, top)
 
 
 def time_variant(config, mesh, *, steps: int, warmup: int) -> dict:
-  """The throughput dict of `config`'s step on `mesh` (no trace)."""
-  state, batch, compiled, _ = compiled_step(config, mesh)
+  """The throughput dict of `config`'s step on `mesh` (no trace), with init and compile
+  seconds."""
+  state, batch, compiled, _, seconds = compiled_step(config, mesh)
   state, _ = time_steps(compiled, state, batch, 1 + warmup)
-  return throughput(config, time_steps(compiled, state, batch, steps)[1])
+  return throughput(config, time_steps(compiled, state, batch, steps)[1]) | seconds
+
+
+def summary(name: str, t: dict) -> str:
+  """One progress line of a timed configuration."""
+  mfu = "–" if t["mfu"] is None else f"{100 * t['mfu']:.1f}%"
+  return (f"{name}: {t['step_ms']:.2f} ms / step, {t['tokens_per_s']:,.0f} tokens/s, MFU {mfu}; "
+          f"state built in {t['init_s']:.1f} s, step compiled in {t['compile_s']:.1f} s")
 
 
 # ----------------------------------------------------------------------------- report
@@ -444,10 +463,15 @@ def main(argv):
         f"({row.config}, {row.seq_len} x {config.train.batch_size}, {config.model.dtype}); "
         f"trace and HLO in {trace_dir}", flush=True)
   mesh = sharding_lib.make_mesh(config.mesh)
-  base, result = profile(config, mesh, steps=_STEPS.value, warmup=_WARMUP.value,
-                         trace_steps=_TRACE_STEPS.value, trace_dir=trace_dir, top=_TOP.value)
-  variants = [(name, time_variant(c, sharding_lib.make_mesh(c.mesh), steps=_STEPS.value,
-                                  warmup=_WARMUP.value)) for name, c in variant_configs]
+  base = record(config, mesh, steps=_STEPS.value, warmup=_WARMUP.value,
+                trace_steps=_TRACE_STEPS.value, trace_dir=trace_dir)
+  print(summary("baseline", base), flush=True)
+  variants = []  # timed before the trace is read, so a long attribution delays no figure
+  for name, c in variant_configs:
+    variants.append((name, time_variant(c, sharding_lib.make_mesh(c.mesh), steps=_STEPS.value,
+                                        warmup=_WARMUP.value)))
+    print(summary(name, variants[-1][1]), flush=True)
+  result = attribute(trace_dir, _TRACE_STEPS.value, _TOP.value)
   print(report(row.name, base, result, variants), flush=True)
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:

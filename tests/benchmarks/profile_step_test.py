@@ -173,9 +173,10 @@ def test_cpu_profile_of_a_real_step(tmp_path):
   config = table.row_config(table.ROWS_BY_NAME["bert-mini-128"], fast_path=False,
                             extra=("train.batch_size=8",))
   mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  base, result = ps.profile(config, mesh, steps=1, warmup=0, trace_steps=1,
-                            trace_dir=str(tmp_path), top=5)
+  base = ps.record(config, mesh, steps=1, warmup=0, trace_steps=1, trace_dir=str(tmp_path))
+  result = ps.attribute(str(tmp_path), trace_steps=1, top=5)
   assert base["tokens_per_s"] > 0 and result.busy_ms > 0
+  assert base["init_s"] > 0 and base["compile_s"] > 0
   assert sum(result.by_category.values()) == pytest.approx(result.busy_ms)
   assert set(result.by_phase) == {"forward", "backward", "update"}
   assert result.by_category["matmul"] > 0 and result.by_category["dropout RNG"] > 0

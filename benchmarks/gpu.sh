@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The GPU benchmarks in one command, on a fresh GPU machine with no network:
+#
+#   bash benchmarks/gpu.sh [STAGE ...]        # default: profile-base profile-large table
+#
+# It installs the carried wheels (.carry/wheels, made once by experiments/gpu/prepare.sh on a
+# machine with the package registry; the CUDA image has jax, flax, optax, orbax, torch and
+# transformers but not ml_collections), prints the device and versions, then runs each stage
+# under its own time limit, so one that overruns or fails leaves the others' figures:
+#
+#   profile-base   benchmarks/profile_step.py --row=bert-base-512, variants model.dropout=0
+#                  and train.batch_size=256                                     (limit 260 s)
+#   profile-large  the same for bert-large-512, variant model.dropout=0          (limit 300 s)
+#   table          benchmarks/table.py, every GPU row, ours then HF eager then HF compiled
+#                  (limit 1,800 s: split it with rows=...)
+#   rows=R1,R2     benchmarks/table.py for the named rows                         (limit 540 s)
+#   gpu-tests      the tests that need a GPU (cuDNN attention against XLA's, values and
+#                  gradients)                                                   (limit 120 s)
+#   smoke          bert-mini-128 profiled and tabled against HF eager, float32, 3 steps: the
+#                  CPU stand-in of the above (PYTHON=path/to/venv/python bash benchmarks/gpu.sh smoke)
+#
+# STAGE=seconds overrides a limit (e.g. profile-base=200). Everything lands in OUTDIR (default
+# $OUT where the machine sets it, else runs/gpu): gpu.log (all output), profile-*.json,
+# table.jsonl, and traces.tar.gz (the profiler traces and optimised HLO, when under 16 MB).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+OUTDIR=${OUTDIR:-${OUT:-runs/gpu}}
+mkdir -p "$OUTDIR"
+exec > >(tee -a "$OUTDIR/gpu.log") 2>&1
+export PYTHONUNBUFFERED=1
+
+if [ -d .carry/wheels ] && ! "$PYTHON" -c "import ml_collections" 2>/dev/null; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+    .carry/wheels/*.whl || exit 2
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+echo "== $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+"$PYTHON" - <<'EOF' || exit 2
+import importlib.metadata as md, platform, jax
+names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "torch", "transformers")
+def version(name):
+  try:
+    return md.version(name)
+  except md.PackageNotFoundError:
+    return "absent"
+print("python", platform.python_version(), "|", ", ".join(f"{n} {version(n)}" for n in names))
+print("devices:", jax.devices())
+import bertfam_jax.train.step  # noqa: F401  the project imports with this stack
+EOF
+
+TRACES=$(mktemp -d)
+run_stage() {  # name default_limit_s command...: the command under the stage's time limit
+  local name=$1 limit=$2 override
+  shift 2
+  for override in "${OVERRIDES[@]}"; do
+    [ "${override%%=*}" = "$name" ] && limit=${override#*=}
+  done
+  echo "== $(date -u +%T) $name (limit ${limit} s): $*"
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@"
+  echo "== $name exit $? after $((SECONDS - start)) s"
+}
+
+OVERRIDES=(none=0)
+STAGES=()
+for arg in "$@"; do
+  case $arg in
+    rows=*) STAGES+=("$arg") ;;
+    *=*) OVERRIDES+=("$arg") ;;
+    *) STAGES+=("$arg") ;;
+  esac
+done
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(profile-base profile-large table)
+
+for stage in "${STAGES[@]}"; do
+  case $stage in
+    profile-base)
+      run_stage profile-base 260 "$PYTHON" benchmarks/profile_step.py \
+        --row=bert-base-512 --trace_steps=3 --variant=model.dropout=0 \
+        --variant=train.batch_size=256 --trace_dir="$TRACES/bert-base-512" \
+        --output="$OUTDIR/profile-bert-base-512.json" ;;
+    profile-large)
+      run_stage profile-large 300 "$PYTHON" benchmarks/profile_step.py \
+        --row=bert-large-512 --trace_steps=3 --variant=model.dropout=0 \
+        --trace_dir="$TRACES/bert-large-512" --output="$OUTDIR/profile-bert-large-512.json" ;;
+    table)
+      run_stage table 1800 "$PYTHON" benchmarks/table.py \
+        --output="$OUTDIR/table.jsonl" ;;
+    rows=*)
+      run_stage rows 540 "$PYTHON" benchmarks/table.py --rows="${stage#rows=}" \
+        --output="$OUTDIR/table.jsonl" ;;
+    gpu-tests)
+      run_stage gpu-tests 120 "$PYTHON" -m pytest -q -n0 -p no:cacheprovider \
+        tests/models/encoder_test.py -k cudnn ;;
+    smoke)
+      run_stage smoke 300 "$PYTHON" benchmarks/profile_step.py \
+        --row=bert-mini-128 --fast_path=false --steps=3 --warmup=1 --trace_steps=1 \
+        --variant=model.dropout=0 --trace_dir="$TRACES/bert-mini-128" \
+        --output="$OUTDIR/profile-bert-mini-128.json"
+      run_stage smoke 300 "$PYTHON" benchmarks/table.py --rows=bert-mini-128 \
+        --fast_path=false --hf=eager --steps=3 --warmup=1 --output="$OUTDIR/table.jsonl" ;;
+    *) echo "error: unknown stage '$stage' (profile-base, profile-large, table, rows=R1,R2, gpu-tests, smoke)"
+       exit 2 ;;
+  esac
+done
+
+# The traces and optimised HLO (for re-reading the profile elsewhere), when they fit.
+find "$TRACES" -name '*.xplane.pb' -delete
+tar -czf "$OUTDIR/traces.tar.gz" -C "$TRACES" . 2>/dev/null
+if [ "$(stat -c %s "$OUTDIR/traces.tar.gz")" -gt 16000000 ]; then
+  echo "traces.tar.gz over 16 MB: left out"
+  rm "$OUTDIR/traces.tar.gz"
+fi
+rm -rf "$TRACES"
+echo "== $(date -u +%T) done"
