@@ -15,13 +15,13 @@
 #                  (limit 1,800 s: split it with rows=...)
 #   rows=R1,R2     benchmarks/table.py for the named rows                         (limit 540 s)
 #   gpu-tests      the tests that need a GPU (cuDNN attention against XLA's, values and
-#                  gradients)                                                   (limit 120 s)
+#                  gradients, BERT's and T5's)                                                   (limit 120 s)
 #   smoke          bert-mini-128 profiled and tabled against HF eager, float32, 3 steps: the
 #                  CPU stand-in of the above (PYTHON=path/to/venv/python bash benchmarks/gpu.sh smoke)
 #
 # STAGE=seconds overrides a limit (e.g. profile-base=200). Everything lands in OUTDIR (default
 # $OUT where the machine sets it, else runs/gpu): gpu.log (all output), profile-*.json,
-# table.jsonl, and traces.tar.gz (the profiler traces and optimised HLO, when under 16 MB).
+# table.jsonl, and traces-ROW.tar.gz (the profiler traces and optimised HLO, when under 16 MB).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -94,8 +94,9 @@ for stage in "${STAGES[@]}"; do
       run_stage rows 540 "$PYTHON" benchmarks/table.py --rows="${stage#rows=}" \
         --output="$OUTDIR/table.jsonl" ;;
     gpu-tests)
-      run_stage gpu-tests 120 "$PYTHON" -m pytest -q -n0 -p no:cacheprovider \
-        tests/models/encoder_test.py -k cudnn ;;
+      # JAX_PLATFORMS empty: the GPU where there is one (tests/conftest.py defaults to the CPU).
+      JAX_PLATFORMS= JAX_DISABLE_MOST_OPTIMIZATIONS=0 run_stage gpu-tests 120 "$PYTHON" -m pytest \
+        -q -n0 -p no:cacheprovider -rs tests/models/encoder_test.py tests/models/t5_model_test.py -k cudnn ;;
     smoke)
       run_stage smoke 300 "$PYTHON" benchmarks/profile_step.py \
         --row=bert-mini-128 --fast_path=false --steps=3 --warmup=1 --trace_steps=1 \
@@ -108,12 +109,17 @@ for stage in "${STAGES[@]}"; do
   esac
 done
 
-# The traces and optimised HLO (for re-reading the profile elsewhere), when they fit.
-find "$TRACES" -name '*.xplane.pb' -delete
-tar -czf "$OUTDIR/traces.tar.gz" -C "$TRACES" . 2>/dev/null
-if [ "$(stat -c %s "$OUTDIR/traces.tar.gz")" -gt 16000000 ]; then
-  echo "traces.tar.gz over 16 MB: left out"
-  rm "$OUTDIR/traces.tar.gz"
-fi
+# Each row's traces and optimised HLO (to re-read the profile elsewhere with
+# profile_step.attribute), when they fit in 16 MB.
+for dir in "$TRACES"/*/; do
+  [ -d "$dir" ] || continue
+  row=$(basename "$dir")
+  find "$dir" -name '*.xplane.pb' -delete
+  tar -czf "$OUTDIR/traces-$row.tar.gz" -C "$dir" .
+  if [ "$(stat -c %s "$OUTDIR/traces-$row.tar.gz")" -gt 16000000 ]; then
+    echo "traces-$row.tar.gz over 16 MB: left out"
+    rm "$OUTDIR/traces-$row.tar.gz"
+  fi
+done
 rm -rf "$TRACES"
 echo "== $(date -u +%T) done"

@@ -258,3 +258,68 @@ def test_architecture_misuse_is_a_config_error():
   with pytest.raises(ConfigError, match="model.architecture='seq2seq'"):
     t5.T5(tiny_config(architecture="seq2seq")).init(jax.random.key(0), ids, ids,
                                                     deterministic=True)
+
+
+def attention_gradients(implementation: str, packed: bool):
+  """(loss, gradients) of a bf16 T5 (heads of 16, so cuDNN runs it) whose attention is
+  `implementation`, on rows with padding or, when `packed`, two examples each: the loss is the
+  targets' cross-entropy, so every parameter (the relative-position tables too) gets a gradient."""
+  rng = np.random.default_rng(6)
+  batch, inputs_length, targets_length = 4, 64, 32
+  def rows(length):
+    sizes = [rng.integers(length // 4, length // 2, 2) if packed
+             else [rng.integers(length // 2, length)] for _ in range(batch)]
+    return [[rng.integers(2, 50, n) for n in row] for row in sizes]
+  arrange = lambda examples, length: map(np.stack, zip(*(  # noqa: E731
+      pack(row, length) for row in examples)))
+  input_ids, input_segments = arrange(rows(inputs_length), inputs_length)
+  decoder_ids, decoder_segments = arrange(rows(targets_length), targets_length)
+  labels = np.roll(decoder_ids, -1, axis=1)
+  model = t5.T5(tiny_config(dtype="bfloat16", head_dim=16, attention_impl=implementation))
+  params = init_params(t5.T5(tiny_config(head_dim=16)), input_ids[:1], decoder_ids[:1])
+
+  def loss_fn(p):
+    logits = model.apply(p, input_ids, decoder_ids, input_segments, decoder_segments,
+                         deterministic=True).astype(jnp.float32)
+    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], -1)[..., 0]
+    weights = decoder_segments > 0
+    return jnp.sum(nll * weights) / jnp.sum(weights)
+
+  return jax.jit(jax.value_and_grad(loss_fn))(params)
+
+
+def assert_gradients_equal(result, reference):
+  """Asserts that (loss, gradients) `result` equals `reference`: the loss, and every gradient
+  within 3% of its norm (floored at 1% of the largest), the relative-position tables named."""
+  (loss, grads), (ref_loss, ref_grads) = result, reference
+  np.testing.assert_allclose(loss, ref_loss, rtol=2e-2)
+  norms = lambda tree: {jax.tree_util.keystr(p): np.linalg.norm(np.asarray(g, np.float32))  # noqa: E731
+                        for p, g in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  ref_norms = norms(ref_grads)
+  tables = [k for k in ref_norms if "relpos_bias" in k]
+  assert len(tables) == 2 and all(ref_norms[k] > 0 for k in tables)
+  floor = 1e-2 * max(ref_norms.values())
+  errors = norms(jax.tree.map(lambda a, b: np.asarray(a, np.float32) - np.asarray(b, np.float32),
+                              grads, ref_grads))
+  off = {k: errors[k] / max(n, floor) for k, n in ref_norms.items()
+         if errors[k] > 3e-2 * max(n, floor)}
+  assert not off, f"gradients off by more than 3% of their norm: {off}"
+
+
+def test_attention_gradient_comparison_can_fail():
+  """The GPU check below can fail: XLA's attention against itself passes, and gradients whose
+  relative-position tables are zero (what a cuDNN path dropping the bias gradient gives) fail."""
+  loss, grads = attention_gradients("xla", packed=True)
+  assert_gradients_equal(attention_gradients("", packed=True), (loss, grads))
+  dropped = jax.tree_util.tree_map_with_path(
+      lambda path, g: g * 0 if "relpos_bias" in jax.tree_util.keystr(path) else g, grads)
+  with pytest.raises(AssertionError, match="relpos_bias"):
+    assert_gradients_equal((loss, dropped), (loss, grads))
+
+
+@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs a GPU")
+@pytest.mark.parametrize("packed", [False, True])
+def test_cudnn_attention_gradients_equal_xla(packed):
+  """T5 on cuDNN flash attention trains as on XLA's: the loss and every gradient, the
+  relative-position bias tables' included, with padded rows and with packed ones."""
+  assert_gradients_equal(attention_gradients("cudnn", packed), attention_gradients("xla", packed))
