@@ -106,6 +106,8 @@ class HloOp:
   op_name: str = ""            # metadata op_name: the JAX trace path
   custom_call_target: str = ""
   calls: tuple[str, ...] = ()  # computations it calls (a fusion's body, a while's body / cond)
+  kernel: str = ""             # the name its kernel runs under: XLA gives identical fusions
+                               # (one per layer) one `deduplicated_name`; else its own name
 
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
@@ -152,14 +154,17 @@ def parse_hlo(text: str) -> tuple[dict[str, HloOp], dict[str, list[str]]]:
     target = re.search(r'custom_call_target="([^"]*)"', rest)
     calls = tuple(c.strip(" {}%") for group in _CALLED.findall(rest)
                   for c in group.split(",") if c.strip(" {}%"))
+    deduplicated = re.search(r'deduplicated_name="([^"]*)"', rest)
     ops[name] = HloOp(name=name, opcode=_opcode(rest), op_name=op_name.group(1) if op_name else "",
-                      custom_call_target=target.group(1) if target else "", calls=calls)
+                      custom_call_target=target.group(1) if target else "", calls=calls,
+                      kernel=deduplicated.group(1) if deduplicated else name)
     computations[current].append(name)
   return ops, computations
 
 
 def _called_opcodes(op: HloOp, ops, computations, _seen=None) -> set[str]:
-  """Opcodes of every instruction in the computations `op` calls, transitively."""
+  """Opcodes of every instruction in the computations `op` calls, transitively, and "random
+  bits" where one of them was traced from `jax.random` (RNG_NAMES)."""
   seen = set() if _seen is None else _seen
   found = set()
   for computation in op.calls:
@@ -171,6 +176,8 @@ def _called_opcodes(op: HloOp, ops, computations, _seen=None) -> set[str]:
       found.add(inner.opcode)
       if inner.custom_call_target:
         found.add("custom-call:" + inner.custom_call_target)
+      if RNG_NAMES.search(inner.op_name):
+        found.add("random bits")
       if inner.opcode == "fusion":
         found |= _called_opcodes(inner, ops, computations, seen)
   return found
@@ -192,7 +199,8 @@ def categorise(op: HloOp, ops, computations) -> str:
   if inner & {"dot", "convolution"} or any(GEMM_TARGETS.search(t) for t in inner
                                            if t.startswith("custom-call:")):
     return "matmul"
-  if op.opcode in RNG_OPS or inner & set(RNG_OPS) or RNG_NAMES.search(op.op_name):
+  if (op.opcode in RNG_OPS or inner & {*RNG_OPS, "random bits"}
+      or RNG_NAMES.search(op.op_name)):
     return "dropout RNG"
   if op.opcode == "fusion":
     return "reduction fusion" if "reduce" in inner else "elementwise fusion"
@@ -203,6 +211,15 @@ def categorise(op: HloOp, ops, computations) -> str:
   if op.opcode in CONTROL:
     return "control"
   return "other"
+
+
+def kernel_category(kernel: str) -> str:
+  """The CATEGORIES entry of a kernel that no op could be found for, from its name."""
+  if COPY_KERNELS.search(kernel.removeprefix(UNATTRIBUTED)):
+    return "data movement"
+  if GEMM_KERNELS.search(kernel):
+    return "matmul"
+  return "attention kernel" if ATTENTION_KERNELS.search(kernel) else "other"
 
 
 def phase(op_name: str) -> str:
@@ -242,12 +259,12 @@ def trace_file(trace_dir: str) -> str:
   return paths[-1]
 
 
-def op_events(trace: dict, op_names) -> list[dict]:
-  """The complete events of executed HLO ops of `op_names`, each {name, ts, dur, thread} with
-  times in microseconds. Where the trace has a device (GPU / TPU): its "XLA Ops" line (one
-  event per op), else its kernel events, named by their `hlo_op` argument or their own name
-  (several kernels of one op add up); on a CPU: the host's XLA worker threads ("tf_XLA..."). Raises with the trace's
-  process and thread names when none is found."""
+def op_events(trace: dict, ops, computations=None) -> list[dict]:
+  """The complete events of executed HLO ops of `ops` (names, or {name: HloOp}), each {name, ts,
+  dur, thread} with times in microseconds. Where the trace has a device (GPU / TPU): its "XLA
+  Ops" line (one event per op), else its kernel events (`kernel_ops` names them; several kernels
+  of one op add up); on a CPU: the host's XLA worker threads ("tf_XLA..."). Raises with the
+  trace's process and thread names when none is found."""
   processes, threads = {}, {}
   for event in trace["traceEvents"]:
     if event.get("ph") == "M" and event.get("name") == "process_name":
@@ -262,24 +279,119 @@ def op_events(trace: dict, op_names) -> list[dict]:
     wanted = lambda key: key[0] in devices  # noqa: E731
   else:
     wanted = lambda key: threads.get(key, "").startswith("tf_XLA")  # noqa: E731
-
-  # An event names its op as `fusion.3`, `%fusion.3 = bf16[..] fusion(...), ...` (the whole
-  # instruction, TPU) or, as a kernel without an `hlo_op` argument, `fusion_3`.
-  names = {n: n for n in op_names} | {re.sub(r"[.\-]", "_", n): n for n in op_names}
-  events = []
-  for event in trace["traceEvents"]:
-    if event.get("ph") != "X" or not wanted((event["pid"], event["tid"])):
-      continue
-    raw = str(event.get("args", {}).get("hlo_op") or event["name"])
-    name = names.get(raw.lstrip("%").split(" ", 1)[0])
-    if name is not None:
-      events.append(dict(name=name, ts=float(event["ts"]), dur=float(event.get("dur", 0.0)),
-                         thread=(event["pid"], event["tid"])))
+  selected = sorted((e for e in trace["traceEvents"]
+                     if e.get("ph") == "X" and wanted((e["pid"], e["tid"]))),
+                    key=lambda e: float(e["ts"]))
+  names_are_ops = not (devices and not xla_ops)
+  if not names_are_ops:
+    names = kernel_ops(selected, ops, computations)
+  else:
+    lookup = _op_lookup(ops)
+    names = [lookup.get(_event_op(e)) for e in selected]
+  # Kernels never nest (those of a CUDA graph may overlap their neighbours by a few ns, which
+  # must not count as nesting): each is a thread of its own for self_times.
+  events = [dict(name=name, ts=float(e["ts"]), dur=float(e.get("dur", 0.0)),
+                 thread=(e["pid"], e["tid"]) if names_are_ops else (e["pid"], e["tid"], i))
+            for i, (e, name) in enumerate(zip(selected, names)) if name]
   if not events:
     lines = sorted(f"{processes.get(pid, pid)} / {name}" for (pid, _), name in threads.items())
     raise RuntimeError("no event of the step's HLO ops in the trace; its threads: "
                        + "; ".join(lines))
   return events
+
+
+def _op_lookup(ops) -> dict[str, str]:
+  """{how a trace event may name an op: the op's name}. An event names its op as `fusion.3`,
+  `%fusion.3 = bf16[..] fusion(...), ...` (the whole instruction, TPU) or, as a kernel,
+  `fusion_3`."""
+  return {n: n for n in ops} | {re.sub(r"[.\-]", "_", n): n for n in ops}
+
+
+def _event_op(event: dict) -> str:
+  """The op name an event gives: its `hlo_op` argument, else its own name's first word."""
+  raw = str(event.get("args", {}).get("hlo_op") or event["name"])
+  return raw.lstrip("%").split(" ", 1)[0]
+
+
+# Kernels that XLA launches for a custom call, named by the library rather than by the op (inside
+# a CUDA graph their `hlo_op` is the command buffer's): the families `kernel_ops` aligns.
+GEMM_KERNELS = re.compile(r"nvjet|gemm|xmma|cutlass|cublas", re.I)
+GEMM_CONTINUATIONS = re.compile(r"splitKreduce", re.I)
+ATTENTION_KERNELS = re.compile(r"cudnn|sdpa|fmha|flash", re.I)
+COPY_KERNELS = re.compile(r"^(Memset|Memcpy|memcpy)", re.I)
+UNATTRIBUTED = "kernel "  # prefix of the name of a kernel no op could be found for
+
+
+def _schedule(ops, computations) -> list[str]:
+  """The entry computation's instructions in their (scheduled) order, the bodies of while / call
+  / conditional instructions inlined where they run."""
+  called = {c for op in ops.values() for c in op.calls}
+  entry = max((c for c in computations if c not in called), key=lambda c: len(computations[c]))
+  order = []
+
+  def visit(computation, seen):
+    for name in computations.get(computation, ()):
+      order.append(name)
+      if ops[name].opcode in ("while", "call", "conditional"):
+        for inner in ops[name].calls:
+          if inner not in seen:
+            visit(inner, seen | {inner})
+
+  visit(entry, {entry})
+  return order
+
+
+def kernel_ops(kernels: list[dict], ops, computations=None) -> list[str]:
+  """The op of each kernel event of one device (in time order), aligned with the schedule:
+  - a kernel whose `hlo_op` or own name names an op: the first op after the last one seen of
+    that op's group (XLA compiles identical fusions, one per layer, once, under one
+    `deduplicated_name`; their kernel runs under one of their names wherever it runs);
+  - a GEMM or attention library kernel: the next custom call of that library in the schedule
+    after the last op seen (a split-K reduction stays with its GEMM, consecutive attention
+    kernels with one attention call: cuDNN's backward is three);
+  - else `UNATTRIBUTED` + the kernel's name.
+  Aligning needs `ops` as {name: HloOp} and `computations`; with names alone every kernel that
+  does not name its op stays unattributed."""
+  aligned = isinstance(ops, dict) and computations is not None
+  order = _schedule(ops, computations) if aligned else sorted(ops)
+  # Identical fusions (one per layer) share one `deduplicated_name` and one compiled kernel,
+  # which runs under the name of any of them: a kernel name stands for the whole group.
+  group = {name: ops[name].kernel if aligned else name for name in order}
+  positions_of = collections.defaultdict(list)
+  for i, name in enumerate(order):
+    positions_of[group[name]].append(i)
+  runs_as = {}  # {an op's name as a trace may give it: the positions of its group}
+  for name in order:
+    for alias in (name, re.sub(r"[.\-]", "_", name)):
+      runs_as[alias] = positions_of[group[name]]
+  cursor, run = -1, None  # schedule position of the last op seen; library of the current run
+
+  def first_after(positions):
+    return next((i for i in positions if i > cursor), positions[0])
+
+  def next_call(pattern):
+    return next((i for i in range(cursor + 1, len(order))
+                 if pattern.search(ops[order[i]].custom_call_target)), None)
+
+  names = []
+  for kernel in kernels:
+    positions = runs_as.get(_event_op(kernel)) or runs_as.get(kernel["name"])
+    library = (None if positions or COPY_KERNELS.search(kernel["name"]) else
+               "gemm" if GEMM_KERNELS.search(kernel["name"]) else
+               "attention" if ATTENTION_KERNELS.search(kernel["name"]) else None)
+    if positions:
+      cursor, run = first_after(positions), None
+    elif library is not None and run == library and (
+        library == "attention" or GEMM_CONTINUATIONS.search(kernel["name"])):
+      pass  # the same call's next kernel
+    elif library is not None and aligned and (found := next_call(
+        GEMM_TARGETS if library == "gemm" else ATTENTION_TARGETS)) is not None:
+      cursor, run = found, library
+    else:
+      names.append(UNATTRIBUTED + kernel["name"][:80])
+      continue
+    names.append(order[cursor])
+  return names
 
 
 def self_times(events: list[dict]) -> dict[str, float]:
@@ -314,18 +426,29 @@ class Breakdown:
 
 
 def breakdown(times_us: dict[str, float], ops, computations, steps: int, top: int) -> Breakdown:
-  """Groups the ops' self times (µs over `steps` steps) into per-step milliseconds."""
+  """Groups the ops' self times (µs over `steps` steps) into per-step milliseconds. The top ops
+  are the same op of every layer together (trace paths with layer numbers folded), `ops` the
+  number of HLO ops in each."""
   per_step = {name: us / 1e3 / steps for name, us in times_us.items() if us > 0}
   groups = {key: collections.defaultdict(float) for key in ("category", "phase", "part")}
-  rows = []
+  rows = {}
   for name, ms in per_step.items():
-    op = ops[name]
-    labels = dict(category=categorise(op, ops, computations), phase=phase(op.op_name),
-                  part=part(op.op_name))
+    if name.startswith(UNATTRIBUTED):
+      op = HloOp(name=name, opcode="kernel")
+      labels = dict(category=kernel_category(name), phase="(unattributed kernels)",
+                    part="(unattributed kernels)")
+    else:
+      op = ops[name]
+      labels = dict(category=categorise(op, ops, computations), phase=phase(op.op_name),
+                    part=part(op.op_name))
     for key, label in labels.items():
       groups[key][label] += ms
-    rows.append(dict(name=name, ms=ms, opcode=op.opcode, op_name=op.op_name, **labels))
-  rows.sort(key=lambda r: -r["ms"])
+    folded = re.sub(r"layer_\d+", "layer_*", op.op_name) or name
+    row = rows.setdefault((folded, *labels.values()), dict(
+        name=name, ms=0.0, ops=0, opcode=op.opcode, op_name=folded, **labels))
+    row["ms"] += ms
+    row["ops"] += 1
+  rows = sorted(rows.values(), key=lambda r: -r["ms"])
   ordered = lambda d: dict(sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
   return Breakdown(steps=steps, busy_ms=sum(per_step.values()),
                    by_category=ordered(groups["category"]), by_phase=ordered(groups["phase"]),
@@ -390,7 +513,7 @@ def attribute(trace_dir: str, trace_steps: int, top: int) -> Breakdown:
   with open(os.path.join(trace_dir, "step_after_optimizations.txt")) as f:
     ops, computations = parse_hlo(f.read())
   with gzip.open(trace_file(trace_dir), "rt") as f:
-    events = op_events(json.load(f), ops)
+    events = op_events(json.load(f), ops, computations)
   return breakdown(self_times(events), ops, computations, trace_steps, top)
 
 
@@ -432,8 +555,9 @@ def report(row: str, base: dict, result: Breakdown, variants: list[tuple[str, di
            share_table("category", result.by_category, step_ms), "",
            share_table("phase", result.by_phase, step_ms), "",
            share_table("part", dict(list(result.by_part.items())[:15]), step_ms), "",
-           tt.markdown_header(("op", "category", "phase", "ms / step", "traced from"))]
-  lines += [tt.markdown_line((r["name"], r["category"], r["phase"], f"{r['ms']:.3f}",
+           tt.markdown_header(("op (one of)", "ops", "category", "phase", "ms / step",
+                               "traced from"))]
+  lines += [tt.markdown_line((r["name"], r["ops"], r["category"], r["phase"], f"{r['ms']:.3f}",
                               f"`{r['op_name'][-90:]}`")) for r in result.top_ops]
   if variants:
     lines += ["", tt.markdown_header(("variant", "step ms", "tokens/s", "MFU", "vs baseline"))]

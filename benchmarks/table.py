@@ -96,9 +96,9 @@ ROWS = (
     BenchRow("spanbert-base-512", "SpanBERT-base (MLM + SBO)", "spanbert.py:size=base", 512, 64),
     BenchRow("electra-base-512", "ELECTRA-base (generator + discriminator)",
              "electra.py:size=base", 512, 64),
-    # T5's attention adds a learned position bias whose gradient cuDNN must return; on an H100
-    # (2026-11-23) that cell did not finish its first step in 8 minutes, so T5 keeps XLA's
-    # attention here until it is profiled.
+    # T5's attention adds a learned position bias whose gradient cuDNN must return; on an H200
+    # (2026-11-26) cuDNN gave T5 NaN gradients (tests/models/t5_model_test.py), so T5 runs on
+    # XLA's attention, the only one its config accepts until that test passes.
     BenchRow("t5-base-512", "T5 v1.1 base (512 -> 114)", "t5.py:size=base,version=1.1", 512, 64,
              ("objective.targets_length=114", "model.attention_impl=")),
     # XLNet's recipe window (256 reused + 256 new, memory 384, 85 targets): both streams.

@@ -64,6 +64,11 @@ FIELD_RULES = {
 def validate(config) -> None:
   """T5's objective: known masks and encodings, and lengths the objective can fill."""
   o = config.objective
+  if config.model.attention_impl == "cudnn":
+    raise ConfigError("model.attention_impl='cudnn' gives T5 NaN gradients (jax 0.11.2, H200, "
+                      "2026-11-26: tests/models/t5_model_test.py::"
+                      "test_cudnn_attention_gradients_equal_xla): set "
+                      "--config.model.attention_impl=xla until that test passes on a GPU.")
   if config.data.packing != "t5_segments":
     raise ConfigError("T5 reads token segments: set --config.data.packing=t5_segments.")
   if o.noise_mask == "random_prefix" and o.noise_density > 0.5:

@@ -139,6 +139,7 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
       save = checkpointer is not None and (
           step % checkpoint_every == 0 or step == total_steps or stop)
       if step % log_every == 0 or step == total_steps or save:
+        window["param_norm"] = (step_lib.param_norm(state.params), 1.0)  # at this step
         last = log.train(step, jax.device_get(window))
         window = None
       if stop:  # saved at once, not after an evaluation that could outlast the grace period

@@ -95,7 +95,9 @@ def fresh_train_step(config, mesh, objective):
 
 def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardings, mesh):
   """Returns jitted `step(state, batch) -> (state, metrics)`; metrics are {name: (sum, count)}
-  plus scalars learning_rate, grad_norm, param_norm (as (value, 1)).
+  plus scalars learning_rate and grad_norm (as (value, 1)); the loop adds `param_norm` at the
+  steps it logs (a pass over every parameter: on an H200 the per-leaf reductions of the two
+  norms took 4.8% of a BERT-base step, 7.1% of a BERT-large one, this norm about half of it).
 
   With `grad_accum_steps = k` the global batch is split into k micro-batches scanned in sequence;
   the update uses the mean of their gradients (each micro-batch loss is already a mean).
@@ -149,8 +151,7 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
     one = jnp.ones([], jnp.float32)
     metrics = dict(metrics,
                    learning_rate=(schedule(state.step), one),
-                   grad_norm=(optax.tree.norm(grads), one),
-                   param_norm=(optax.tree.norm(params), one))
+                   grad_norm=(optax.tree.norm(grads), one))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                       carry=carry), metrics
 
@@ -203,6 +204,12 @@ def with_mesh_context(fn, mesh):
   if hasattr(fn, "lower"):  # a jitted `fn`: keep ahead-of-time lowering (benchmarks/profile_step.py)
     call.lower = with_mesh_context(fn.lower, mesh)
   return call
+
+
+@jax.jit
+def param_norm(params) -> jax.Array:
+  """The global L2 norm of a (sharded) parameter tree: a replicated float32 scalar."""
+  return optax.tree.norm(params)
 
 
 def accumulate_metrics(total, metrics):

@@ -138,7 +138,55 @@ def test_device_trace_without_op_line_adds_up_kernels_by_hlo_op():
                  [(1, 2, "sm90_xmma_gemm", 0, 4, {"hlo_op": "custom-call.2"}),
                   (1, 2, "splitK_reduce", 4, 1, {"hlo_op": "custom-call.2"}),
                   (1, 2, "Memcpy DtoD", 5, 2, {}), (2, 1, "custom-call.2", 0, 50, {})])
-  assert ps.self_times(ps.op_events(trace, OPS)) == {"custom-call.2": 5.0}
+  assert ps.self_times(ps.op_events(trace, OPS)) == {"custom-call.2": 5.0,
+                                                     "kernel Memcpy DtoD": 2.0}
+
+
+# A step's schedule as a GPU runs it in a CUDA graph: two identical fusions compiled once
+# (`deduplicated_name`), cuBLAS GEMMs and a cuDNN attention backward between them.
+GRAPH_HLO = """\
+%fused_a (p: bf16[8,4]) -> bf16[8,4] {
+  %p = bf16[8,4]{1,0} parameter(0)
+  ROOT %t = bf16[8,4]{1,0} tanh(bf16[8,4]{1,0} %p)
+}
+
+ENTRY %main.1 (x: bf16[8,4]) -> bf16[8,4] {
+  %x = bf16[8,4]{1,0} parameter(0)
+  %loop_fusion.1 = bf16[8,4]{1,0} fusion(%x), kind=kLoop, calls=%fused_a, metadata={op_name="jit(step)/jvp(M)/encoder/layer_0/mlp/gelu"}
+  %custom-call.2 = bf16[8,4]{1,0} custom-call(%loop_fusion.1), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/jvp(M)/encoder/layer_0/mlp/output/dot_general"}
+  %attention.3 = (bf16[8,4]{1,0}) custom-call(%custom-call.2), custom_call_target="__cudnn$fmhaSoftmaxBackward", metadata={op_name="jit(step)/transpose(jvp(M))/encoder/layer_1/attention/dot_product_attention_bwd"}
+  %loop_fusion.5 = bf16[8,4]{1,0} fusion(%attention.3), kind=kLoop, calls=%fused_a, metadata={op_name="jit(step)/jvp(M)/encoder/layer_1/mlp/gelu" deduplicated_name="loop_fusion.1"}
+  ROOT %custom-call.6 = bf16[8,4]{1,0} custom-call(%loop_fusion.5), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/jvp(M)/encoder/layer_1/mlp/output/dot_general"}
+}
+"""
+
+
+def test_cuda_graph_kernels_are_aligned_with_the_schedule():
+  ops, computations = ps.parse_hlo(GRAPH_HLO)
+  assert ops["loop_fusion.5"].kernel == "loop_fusion.1"
+  graph = {"hlo_op": "command_buffer_1"}  # what a kernel inside a CUDA graph reports
+  names = ["loop_fusion_1", "Memset 0", "nvjet_sm90_tst_128x128", "cublasLt::splitKreduce_kernel",
+           "cudnn::fusion::compute_dot_do_o", "cudnn_sdpa_sm90_flash_bprop",
+           "loop_fusion_1", "nvjet_sm90_tst_128x160"]
+  kernels = [dict(name=n, args=graph) for n in names] * 2  # two steps
+  expected = ["loop_fusion.1", "kernel Memset 0", "custom-call.2", "custom-call.2", "attention.3",
+              "attention.3", "loop_fusion.5", "custom-call.6"]
+  assert ps.kernel_ops(kernels, ops, computations) == expected * 2
+  # Without the schedule, only kernels named after an op are attributed.
+  assert ps.kernel_ops(kernels[:3], set(ops))[1:] == ["kernel Memset 0",
+                                                      "kernel nvjet_sm90_tst_128x128"]
+
+
+def test_gpu_breakdown_folds_layers_and_keeps_unattributed_kernels():
+  ops, computations = ps.parse_hlo(GRAPH_HLO)
+  times = {"loop_fusion.1": 3.0, "loop_fusion.5": 3.0, "custom-call.2": 2.0,
+           "kernel nvjet_sm90_unknown": 1.0, "kernel Memset 0": 1.0}
+  result = ps.breakdown(times, ops, computations, steps=1, top=10)
+  assert result.by_category == pytest.approx({"elementwise fusion": 6e-3, "matmul": 3e-3,
+                                              "data movement": 1e-3})
+  assert result.by_phase["(unattributed kernels)"] == pytest.approx(2e-3)
+  gelu = result.top_ops[0]
+  assert (gelu["ops"], gelu["op_name"]) == (2, "jit(step)/jvp(M)/encoder/layer_*/mlp/gelu")
 
 
 def test_tpu_style_events_name_the_whole_instruction_and_kernels_their_fusion():
