@@ -219,6 +219,10 @@ def mlm_objective(**overrides) -> ml_collections.ConfigDict:
       # words) | units (ERNIE / SpanBERT phrase or entity masking from `span_source`).
       mask_scheme="token",
       max_ngram=3,
+      # Which pieces begin a word (data/tokenizers.py WORD_START_RULES): bert (a piece after
+      # whitespace, punctuation, specials) | albert (also any piece with a digit or a non-ASCII
+      # character; several punctuation characters continue a word) | xlnet.
+      word_start_rule="bert",
       span_p=0.2,             # SpanBERT README command (the argparse default is 0.3)
       span_max_words=10,
       span_source="",         # units: entities | noun_phrases (data/spans.py)

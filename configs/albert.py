@@ -27,7 +27,7 @@ def get_config(arg=None):
   config = cl.base_config()
   config.model = cl.albert_encoder(arg.size)
   config.objective = cl.mlm_objective(mask_style="bert", mask_scheme="ngram", max_ngram=3,
-                                      masking="static", dupe_factor=40, sentence_task="sop",
+                                      word_start_rule="albert", masking="static", dupe_factor=40, sentence_task="sop",
                                       max_predictions=20)
   config.data.update(source="tfds", tfds_name="wikipedia/20230601.en", train_split="train[:99%]",
                      eval_split="train[99%:]", seq_len=512, packing="sentence_pairs",

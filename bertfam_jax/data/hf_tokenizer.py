@@ -111,6 +111,12 @@ class HFTokenizer:
     starts[self.special_ids] = True
     return starts
 
+  def word_start_for(self, rule: str) -> np.ndarray:
+    """`word_start` whatever the rule: ALBERT's and XLNet's rules are rules of SentencePiece
+    pieces, and an imported tokenizer's own word marker is the one its model was trained with."""
+    del rule
+    return self.word_start
+
   def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
     """One [len_i] int32 array of ids per text; no special tokens are added."""
     return [np.asarray(e.ids, np.int32) for e in self._encode(texts)]

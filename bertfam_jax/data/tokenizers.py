@@ -37,6 +37,34 @@ _PRINTABLE_ASCII = "".join(chr(c) for c in range(33, 127))
 _RECIPE_VERSION = 1
 
 
+# The references' `special_pieces`: one punctuation character (the string in both codebases
+# lists '"' twice and has no apostrophe; ALBERT also adds '€' and '£' as bytes, which never equal
+# a Python 3 piece).
+_REFERENCE_PUNCTUATION = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
+_ENGLISH_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyz")
+WORD_START_RULES = ("bert", "albert", "xlnet")
+
+
+def starts_word(piece: str, rule: str) -> bool:
+  """Whether SentencePiece `piece` begins a word by the reference rule `rule`:
+  - 'xlnet' (xlnet/data_utils.py `_is_start_piece`): it starts with '▁' or '<', or is one
+    punctuation character;
+  - 'albert' (albert/create_pretraining_data.py `_is_start_piece_sp`): the same, or any of its
+    characters is outside [a-z] (lower-cased) and that punctuation, so that digits and non-ASCII
+    pieces ("for foreign characters, we always treat them as a whole piece") each start a word,
+    while a piece of several punctuation characters ('...', '),') continues one.
+  ('bert', `Tokenizer.word_start`, is a table, not a rule of one piece: it marks special pieces.)
+  """
+  if piece.startswith(("▁", "<")) or piece in _REFERENCE_PUNCTUATION:
+    return True
+  if rule == "xlnet":
+    return False
+  if rule == "albert":
+    return not all(ch.lower() in _ENGLISH_LETTERS or ch in _REFERENCE_PUNCTUATION
+                   for ch in piece)
+  raise ValueError(f"word start rule {rule!r}: choose one of {WORD_START_RULES}")
+
+
 class Tokenizer:
   """A SentencePiece model plus the ids and word-start table the objectives need.
 
@@ -49,9 +77,10 @@ class Tokenizer:
     pad_id, unk_id, cls_id, sep_id, mask_id: special ids.
     special_ids: [num_special] int32, the control and user-defined pieces (pad, [CLS], [SEP],
       [MASK]); `<unk>` is an ordinary, maskable token as BERT's [UNK] is.
-    word_start: [vocab_size] bool, True where a piece begins a word: it starts with '▁', or is a
-      special piece, or is punctuation (ALBERT's `_is_start_piece`, used by whole-word and n-gram
-      masking).
+    word_start: [vocab_size] bool, True where a piece begins a word by BERT's rule (a WordPiece
+      not prefixed with ##, punctuation always its own word): it starts with '▁', or is a
+      special piece, or is punctuation; whole-word, span and n-gram masking use it.
+      `word_start_for(rule)` gives ALBERT's and XLNet's rules.
     pair_separator_ids: what separates the two segments of a pair, (sep_id,) as in BERT's
       `[CLS] A [SEP] B [SEP]` (RoBERTa's `</s></s>` tokenizers have two).
   """
@@ -119,6 +148,18 @@ class Tokenizer:
       piece = self._sp.id_to_piece(i)
       starts[i] = (piece.startswith("▁") or self._sp.is_unknown(i) or
                    all(ch in punctuation for ch in piece))
+    starts[self.special_ids] = True
+    return starts
+
+  def word_start_for(self, rule: str) -> np.ndarray:
+    """[vocab_size] bool: the pieces that begin a word by `rule` (WORD_START_RULES): 'bert' is
+    `word_start`; 'albert' and 'xlnet' are `starts_word` of each piece, special pieces and
+    sentinels included."""
+    if rule == "bert":
+      return self.word_start
+    starts = np.zeros(self.vocab_size, bool)
+    starts[:self.num_pieces] = [starts_word(self._sp.id_to_piece(i), rule)
+                                for i in range(self.num_pieces)]
     starts[self.special_ids] = True
     return starts
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from bertfam_jax import config_lib, flops
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.data import packing, spans
+from bertfam_jax.data import packing, spans, tokenizers
 from bertfam_jax.models import pretraining
 from bertfam_jax.objectives import losses, noise
 
@@ -58,6 +58,7 @@ CHOICES = dict(
     random_tokens=("uniform", "unigram"),
     sentence_task=("", "nsp", "sop", "structbert"),
     span_source=("", "entities", "noun_phrases"),
+    word_start_rule=tokenizers.WORD_START_RULES,
 )
 
 
@@ -147,7 +148,8 @@ def make_features(config, tokenizer):
   return functools.partial(
       mlm_features, config=o, vocab_size=config.model.vocab_size,
       special_ids=np.asarray(tokenizer.special_ids), mask_id=tokenizer.mask_id,
-      word_start_table=tokenizer.word_start, scheme_params=_scheme_params(o),
+      word_start_table=tokenizer.word_start_for(o.word_start_rule),
+      scheme_params=_scheme_params(o),
       unit_source=unit_source,
       # fairseq never draws its first 4 entries (<s>, <pad>, </s>, <unk>) as random tokens; our
       # layout puts the same four first: pad 0, unk 1, [CLS] 2, [SEP] 3.

@@ -483,7 +483,7 @@ def make_features(config, tokenizer):
       xlnet_features, seq_len=config.data.seq_len, reuse_len=config.model.reuse_len,
       num_predict=o.num_predict, perm_size=o.perm_size, max_ngram=o.max_ngram,
       mask_alpha=o.mask_alpha, mask_beta=o.mask_beta, sep_id=tokenizer.sep_id,
-      cls_id=tokenizer.cls_id, word_start=np.asarray(tokenizer.word_start, bool))
+      cls_id=tokenizer.cls_id, word_start=tokenizer.word_start_for("xlnet"))
 
 
 def pipeline_options(config) -> dict:

@@ -52,6 +52,48 @@ def test_word_start(tokenizer):
   assert tokenizer.word_start.shape == (VOCAB,) and tokenizer.word_start.dtype == bool
 
 
+@pytest.mark.parametrize("piece, albert, xlnet", [
+    ("▁in", True, True), ("ing", False, False), ("<eod>", True, True), (",", True, True),
+    # ALBERT: digits and non-ASCII pieces each begin a word ("▁1 9 9 9" is four words) ...
+    ("9", True, False), ("99", True, False), ("é", True, False), ("naïve", True, False),
+    # ... an apostrophe is not among the references' punctuation ...
+    ("'s", True, False),
+    # ... and a piece of several punctuation characters continues a word in both.
+    ("...", False, False), ("),", False, False), ("Ing", False, False),
+])
+def test_albert_and_xlnet_word_starts_follow_the_references(piece, albert, xlnet):
+  """albert/create_pretraining_data.py `_is_start_piece_sp`, xlnet/data_utils.py
+  `_is_start_piece`, piece by piece."""
+  assert tokenizers.starts_word(piece, "albert") is albert
+  assert tokenizers.starts_word(piece, "xlnet") is xlnet
+
+
+def test_word_start_tables_by_rule(tokenizer):
+  pieces = [tokenizer._sp.id_to_piece(i) for i in range(tokenizer.num_pieces)]
+  np.testing.assert_array_equal(tokenizer.word_start_for("bert"), tokenizer.word_start)
+  for rule in ("albert", "xlnet"):
+    table = tokenizer.word_start_for(rule)
+    assert table[tokenizer.special_ids].all()
+    ordinary = np.setdiff1d(np.arange(tokenizer.num_pieces), tokenizer.special_ids)
+    np.testing.assert_array_equal(table[ordinary],
+                                  [tokenizers.starts_word(pieces[i], rule) for i in ordinary])
+  # The rules differ on this vocabulary: digit pieces begin words for ALBERT only.
+  digits = [i for i, p in enumerate(pieces) if p.isdigit()]
+  assert digits and tokenizer.word_start_for("albert")[digits].all()
+  assert not tokenizer.word_start_for("xlnet")[digits].any()
+  assert not tokenizer.word_start[digits].any()
+
+
+def test_albert_masks_with_albert_word_starts(config, tokenizer):
+  from bertfam_jax.objectives import mlm  # pylint: disable=import-outside-toplevel
+  albert = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "..", "configs",
+                                               "albert.py"), "runlocal")
+  assert albert.objective.word_start_rule == "albert"
+  features = mlm.make_features(albert, tokenizer)
+  np.testing.assert_array_equal(features.keywords["word_start_table"],
+                                tokenizer.word_start_for("albert"))
+
+
 def test_encode_decode_round_trip(tokenizer, documents):
   sentences = sources.split_sentences(documents[0])[:50]
   encoded = tokenizer.encode(sentences)

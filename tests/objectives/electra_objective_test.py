@@ -24,7 +24,8 @@ VOCAB, LENGTH, BATCH = 61, 32, 8
 MASK_ID = 4
 TOKENIZER = types.SimpleNamespace(pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=MASK_ID,
                                   special_ids=np.array([0, 2, 3, 4]),
-                                  word_start=np.ones(VOCAB, bool))
+                                  word_start=np.ones(VOCAB, bool),
+                                  word_start_for=lambda rule: np.ones(VOCAB, bool))
 
 
 def tiny_config(variant="electra", **objective):

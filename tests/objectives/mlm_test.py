@@ -15,7 +15,8 @@ from bertfam_jax.objectives import mlm
 VOCAB, LENGTH, ROWS = 50, 64, 4000
 TOKENIZER = types.SimpleNamespace(pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
                                   special_ids=np.array([0, 2, 3, 4]),
-                                  word_start=np.ones(VOCAB, bool))
+                                  word_start=np.ones(VOCAB, bool),
+                                  word_start_for=lambda rule: np.ones(VOCAB, bool))
 
 
 def examples():

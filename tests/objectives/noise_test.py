@@ -29,7 +29,8 @@ V = 32
 WORD = 7  # The one "word" id of the constant-body batches used for replacement statistics.
 TOKENIZER = types.SimpleNamespace(pad_id=PAD, unk_id=UNK, cls_id=CLS, sep_id=SEP, mask_id=MASK,
                                   special_ids=np.array([PAD, CLS, SEP, MASK]),
-                                  word_start=np.ones(V, bool))
+                                  word_start=np.ones(V, bool),
+                                  word_start_for=lambda rule: np.ones(V, bool))
 # The noising fields of configs/bert.py and configs/roberta.py that these tests rely on.
 BERT_RULE = dict(mask_style="bert", mask_scheme="token", mask_rate=0.15, replace_per="token",
                  random_tokens="uniform", sbo=False, word_shuffle_rate=0.0)

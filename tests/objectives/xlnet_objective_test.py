@@ -28,7 +28,8 @@ def tokenizer(seed=0):
   word_start = np.random.default_rng(seed).random(VOCAB) < 0.7
   word_start[:5] = True
   return types.SimpleNamespace(pad_id=0, unk_id=1, cls_id=CLS, sep_id=SEP, mask_id=4,
-                               vocab_size=VOCAB, word_start=word_start)
+                               vocab_size=VOCAB, word_start=word_start,
+                               word_start_for=lambda rule: word_start)
 
 
 def tiny_config(perm_size=REUSE, bi_data=True, **model):
