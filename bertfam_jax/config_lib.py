@@ -645,6 +645,7 @@ FIELD_RULES = {
     "optimizer.schedule": SCHEDULES,
     "optimizer.peak_lr": AT_LEAST_0,
     "optimizer.end_lr": AT_LEAST_0,
+    "optimizer.min_lr_ratio": PROBABILITY,
     "optimizer.warmup_steps": AT_LEAST_0,
     "optimizer.b1": RATE,
     "optimizer.b2": RATE,

@@ -34,8 +34,9 @@ def get_config(arg=None):
   config.data.update(source="tfds", tfds_name="wikipedia/20230601.en", train_split="train[:99%]",
                      eval_split="train[99%:]", seq_len=512, packing="xlnet_streams")
   config.tokenizer.update(model_type="unigram", user_symbols="<eod>")
+  # model_utils.py: decay to min_lr_ratio 0.001 of the peak (train_gpu.py / train.py default).
   config.optimizer = cl.bert_adamw(peak_lr=4e-4, eps=1e-6, warmup_steps=40_000,
-                                   schedule="linear_after_warmup")
+                                   schedule="linear_after_warmup", min_lr_ratio=0.001)
   config.train.update(batch_size=8192, total_steps=500_000)
   if arg.runlocal:
     cl.shrink_for_local(config)

@@ -60,8 +60,11 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
 
   linear_from_zero (BERT/ALBERT): step < W: lr·step/W; else lr·(1 − step/T) (the decay counts
     from step 0, so the rate drops slightly at W, as polynomial_decay + warmup in optimization.py).
-  linear_after_warmup (fairseq polynomial_decay): lr·max(step, 1)/W during warmup (fairseq starts
-    at lr/W), then linear from lr at W to end_lr at T.
+  linear_after_warmup (fairseq polynomial_decay; XLNet model_utils.py with decay_method=poly):
+    lr·max(step, 1)/W during warmup (fairseq starts at lr/W, XLNet at 0: the two differ in the
+    first update only), then linear from lr at W to end_lr at T.
+  end_lr is `optimizer.end_lr`, or, where `optimizer.min_lr_ratio` is set (XLNet's 0.001), that
+  fraction of lr, so that it follows an overridden peak.
   warmup_times_linear (ELECTRA model/optimization.py): lr·(1 − step/T) × min(1, step/W), the
     warmup factor multiplying the decay (so the peak, just below lr, is reached at W).
   rsqrt (T5: t5x `constant * rsqrt_decay`, the paper's 1/sqrt(max(n, k))): lr·sqrt(W / max(step,
@@ -69,7 +72,8 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
     W = 10^4 is 1/sqrt(10^4).
   constant: lr (T5 fine-tuning, 0.001).
   """
-  lr, warmup, end_lr = o.peak_lr, o.warmup_steps, o.end_lr
+  lr, warmup = o.peak_lr, o.warmup_steps
+  end_lr = o.min_lr_ratio * lr if o.get("min_lr_ratio") else o.end_lr
   total = float(total_steps)
 
   def linear_from_zero(step):
@@ -103,13 +107,19 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
   return schedules[o.schedule]
 
 
+# XLNet's AdamWeightDecayOptimizer (xlnet/model_utils.py) decays these despite their name:
+# `include_in_weight_decay` is checked before `exclude_from_weight_decay`.
+DECAYED_BIASES = ("r_w_bias", "r_r_bias", "r_s_bias")
+
+
 def decay_mask(params):
   """True where weight decay applies: everything except biases and LayerNorm parameters (BERT's
-  exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"])."""
+  exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"]), XLNet's relative-attention
+  biases (DECAYED_BIASES) included."""
 
   def decays(path, _):
     names = [getattr(k, "key", str(k)) for k in path]
-    return not ("bias" in names[-1] or "norm" in names)
+    return names[-1] in DECAYED_BIASES or not ("bias" in names[-1] or "norm" in names)
 
   return jax.tree_util.tree_map_with_path(decays, params)
 

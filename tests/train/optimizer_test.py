@@ -509,3 +509,44 @@ def test_adafactor_clips_and_scales_each_layer_of_a_scanned_stack():
     stacked = optax.apply_updates(stacked, ours)
     unrolled = optax.apply_updates(unrolled, separate)
   assert state_stacked.v_row["kernel"].shape == (layers, width)   # factored per layer
+
+
+@pytest.mark.parametrize("untie_r", [False, True])
+def test_xlnet_decays_its_relative_attention_biases(untie_r):
+  """xlnet/model_utils.py: include_in_weight_decay=["r_s_bias", "r_r_bias", "r_w_bias"] wins over
+  exclude_from_weight_decay=[..., "bias"]; the other biases and the norms stay undecayed."""
+  from bertfam_jax.objectives import xlnet  # pylint: disable=import-outside-toplevel
+  config = load_config("xlnet", "runlocal")
+  config.model.untie_r = untie_r
+  model = xlnet.build_model(config)
+  rng = jax.random.key(0)
+  params = jax.eval_shape(lambda: nn.meta.unbox(model.init(
+      {"params": rng, "dropout": rng}, **xlnet.init_inputs(config), deterministic=True)))
+  mask = {"/".join(k.key for k in path): value
+          for path, value in jax.tree_util.tree_flatten_with_path(optimizer.decay_mask(params))[0]}
+  relative = {name: value for name, value in mask.items()
+              if name.rpartition("/")[2] in optimizer.DECAYED_BIASES}
+  assert len(relative) == 3 * (config.model.layers if untie_r else 1), relative
+  assert all(relative.values())
+  other_biases = [v for n, v in mask.items() if "bias" in n.rpartition("/")[2]
+                  and n not in relative]
+  assert other_biases and not any(other_biases)
+
+
+def test_xlnet_schedule_decays_to_a_thousandth_of_the_peak():
+  """model_utils.py: warmup, then polynomial (power 1) decay from the peak at W to
+  peak · min_lr_ratio (0.001) at T, following an overridden peak."""
+  config = load_config("xlnet", None)
+  o = config.optimizer
+  assert (o.schedule, o.min_lr_ratio) == ("linear_after_warmup", 0.001)
+  schedule = optimizer.learning_rate_schedule(o, 500_000)
+  steps = (40_000, 270_000, 500_000, 600_000)
+  peak = 4e-4
+  expected = [peak, peak - (peak - peak / 1000) / 2, peak / 1000, peak / 1000]
+  np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-5)
+  o.peak_lr = 1e-3
+  np.testing.assert_allclose(float(optimizer.learning_rate_schedule(o, 500_000)(500_000)), 1e-6,
+                             rtol=1e-5)
+  o.min_lr_ratio = 1.5
+  with pytest.raises(ConfigError, match="optimizer.min_lr_ratio"):
+    cl.check_fields(config, cl.FIELD_RULES)
