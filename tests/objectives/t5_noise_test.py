@@ -105,6 +105,18 @@ def test_random_spans_mask_matches_reference_transcription(density, mean, random
     assert not mask[i, length:].any()
 
 
+def test_random_spans_leaves_one_token_clean_in_short_dense_rows():
+  """preprocessors.py: num_noise_tokens = min(max(round(length·density), 1), length − 1). At
+  density 0.9 rows of 2-4 tokens round to every token (2, 3, 4) and are clamped to length − 1;
+  rows of 0 and 1 token count as 2 (the reference's `maximum(length, 2)`), then are cut back."""
+  lengths = np.array([2, 3, 4] * 20 + [1, 0])
+  mask = t5_noise.random_spans_noise_mask(lengths, 4, np.random.default_rng(0),
+                                          noise_density=0.9, mean_noise_span_length=3.0)
+  np.testing.assert_array_equal(mask[:60].sum(axis=1), lengths[:60] - 1)
+  assert all(len(spans_of(row)) == 1 for row in mask[:60])
+  assert not mask[-1].any() and mask[-2].sum() <= 1
+
+
 def spans_of(row_mask):
   """Lengths of the runs of True in a 1-d bool array."""
   padded = np.concatenate([[False], row_mask, [False]]).astype(np.int8)

@@ -338,6 +338,24 @@ def test_sample_targets_exact_count_and_reversal():
   np.testing.assert_array_equal(reversed_row, forward[::-1])
 
 
+# data_utils.py _sample_mask: p(n) ∝ 1/n for n = 1..5, i.e. 60/137, 30/137, 20/137, 15/137,
+# 12/137 (1 + 1/2 + 1/3 + 1/4 + 1/5 = 137/60), written out so that the test checks the law.
+NGRAM_LAW = np.array([60, 30, 20, 15, 12]) / 137
+
+
+def test_sampled_span_lengths_follow_the_one_over_n_law():
+  """sample_targets' own draws on a long all-word-start row: span lengths 1..5 at 1/n."""
+  np.testing.assert_allclose(xlnet.ngram_probs(5), NGRAM_LAW, rtol=1e-12)
+  seg_len = 120_000
+  mask = xlnet.sample_targets(np.ones(seg_len, bool), seg_len // 7 - 40,
+                              np.random.default_rng(11))
+  edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+  lengths = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+  freq = np.bincount(lengths, minlength=6)[1:6] / len(lengths)
+  sigma = np.sqrt(NGRAM_LAW * (1 - NGRAM_LAW) / len(lengths))
+  assert np.all(np.abs(freq - NGRAM_LAW) < 5 * sigma), (freq, NGRAM_LAW)
+
+
 def test_span_statistics():
   """Without a goal cap (a long all-word-start row): span lengths n ∝ 1/n, 1..5; every cycle
   covers exactly n + ⌊6n⌋ = 7n positions, so the density is 1/7 up to the last cycle (≤ 35)."""
@@ -352,7 +370,7 @@ def test_span_statistics():
   edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
   lengths = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)   # spans never touch
   freq = np.bincount(lengths, minlength=6)[1:] / len(lengths)
-  p = xlnet.ngram_probs(5)
+  p = NGRAM_LAW
   assert np.all(np.abs(freq - p) < 5 * np.sqrt(p * (1 - p) / len(lengths))), (freq, p)
   # With word starts, a span begins only at a word start.
   table = tokenizer().word_start
