@@ -162,6 +162,11 @@ def base_config() -> ml_collections.ConfigDict:
       checkpoint_every=10_000,
       keep_checkpoints=3,
       init_from="",           # a checkpoint directory to start from when the workdir has none
+      # What init_from gives: params (a new run from trained parameters) | all (its step and
+      # optimizer state too: a later phase of one run, as BERT's 512-token phase, continuing
+      # its learning-rate schedule).
+      init_state="params",
+      stop_step=0,            # stop here (0: total_steps); the schedule still spans total_steps
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   return c
@@ -525,6 +530,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if t.batch_size % t.grad_accum_steps:
     raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by "
                       f"train.grad_accum_steps={t.grad_accum_steps}.")
+  if t.get("stop_step", 0) > t.total_steps:
+    raise ConfigError(f"train.stop_step={t.stop_step} is past train.total_steps={t.total_steps}, "
+                      "where the schedule ends; lower it, or 0 to stop at total_steps.")
+  if t.get("init_state", "params") == "all" and not t.init_from:
+    raise ConfigError("train.init_state='all' continues another run: set --config.train.init_from="
+                      "<its workdir>/checkpoints (BERT's phase 2: the phase-1 run's).")
   if c.optimizer.warmup_steps >= t.total_steps and c.optimizer.schedule == "linear_after_warmup":
     raise ConfigError(f"optimizer.warmup_steps={c.optimizer.warmup_steps} must be below "
                       f"train.total_steps={t.total_steps}.")
@@ -656,6 +667,8 @@ FIELD_RULES = {
     "optimizer.clipping_threshold": AT_LEAST_0,
     "train.batch_size": AT_LEAST_1,
     "train.total_steps": AT_LEAST_1,
+    "train.stop_step": AT_LEAST_0,
+    "train.init_state": ("params", "all"),
     "train.grad_accum_steps": AT_LEAST_1,
     "train.log_every": AT_LEAST_1,
     "train.eval_every": AT_LEAST_1,

@@ -1,7 +1,9 @@
 """Pre-training: a config's objective, data and model set up for the one loop (`train/loop.py`).
 
-Resume precedence: a checkpoint in WORKDIR/checkpoints → `config.train.init_from` (parameters only)
-→ fresh initialisation. The data position is stored with each checkpoint, so a resumed run sees
+Resume precedence: a checkpoint in WORKDIR/checkpoints → `config.train.init_from` (its parameters,
+or with `train.init_state='all'` its step and optimizer state too, continuing one schedule) →
+fresh initialisation. A run stops at `train.stop_step` (0: `train.total_steps`), while its
+learning-rate schedule spans `train.total_steps`. The data position is stored with each checkpoint, so a resumed run sees
 exactly the batches an uninterrupted run would have seen.
 """
 
@@ -95,8 +97,10 @@ def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs,
     step = source.latest_step()
     restored, _ = source.restore(step, abstract)
     source.close()
-    state = state.replace(params=restored.params)
-    logging.info("Initialised parameters from %s step %d.", config.train.init_from, step)
+    continuing = config.train.init_state == "all"
+    state = restored if continuing else state.replace(params=restored.params)
+    logging.info("Initialised %s from %s step %d.", "the state (step, optimizer)" if continuing
+                 else "parameters", config.train.init_from, step)
   return state, None, None
 
 
@@ -178,11 +182,12 @@ def _train(config, workdir, objective, train_pipe, train_step, evaluators, mesh,
     if data_states is not None:
       train_pipe.restore(data_states)
     writer = metrics_lib.MetricsWriter(workdir, resume_step=resumed_step)
-    if int(jax.device_get(state.step)) < config.train.total_steps:
-      metrics_lib.print_progress("Compiling the train step (the first step)...")
     t = config.train
+    stop = t.stop_step or t.total_steps  # the schedule spans total_steps whatever the stop
+    if int(jax.device_get(state.step)) < stop:
+      metrics_lib.print_progress("Compiling the train step (the first step)...")
     _, last = loop_lib.train(
-        state, train_step, train_pipe, mesh=mesh, total_steps=t.total_steps,
+        state, train_step, train_pipe, mesh=mesh, total_steps=stop,
         log_every=t.log_every, checkpoint_every=t.checkpoint_every,
         tokens_per_step=t.batch_size * config.data.seq_len,
         flops_per_token=objective.flops_per_token(config), evaluators=evaluators,

@@ -256,6 +256,30 @@ def test_init_from_starts_a_new_run_from_trained_parameters(uninterrupted, tmp_p
   assert phase2[1]["loss"] < phase1[1]["loss"] - 0.3  # trained, not random, parameters
 
 
+def test_two_phases_of_one_schedule(uninterrupted, tmp_path):
+  """BERT's 90% / 10% recipe as two runs: phase 1 stops at train.stop_step with the uninterrupted
+  run's steps; phase 2 (init_state='all') continues its step, Adam moments and learning-rate
+  schedule to total_steps."""
+  phase1 = str(tmp_path / "phase1")
+  train.run(tiny_config(stop_step=4), phase1)
+  first, reference = train_records(phase1), train_records(uninterrupted)
+  assert sorted(first) == [1, 2, 3, 4]
+  for step in first:
+    assert first[step]["loss"] == reference[step]["loss"]
+  phase2 = str(tmp_path / "phase2")
+  config = tiny_config(init_state="all", init_from=os.path.join(phase1, "checkpoints"))
+  train.run(config, phase2)
+  second = train_records(phase2)
+  assert sorted(second) == [5, 6, 7, 8]
+  for step in second:
+    assert second[step]["learning_rate"] == pytest.approx(reference[step]["learning_rate"])
+  assert second[5]["loss"] < reference[1]["loss"] - 0.3  # a trained model's, not a fresh one's
+  with pytest.raises(ConfigError, match="init_from"):
+    train.run(tiny_config(init_state="all"), str(tmp_path / "nothing_to_continue"))
+  with pytest.raises(ConfigError, match="stop_step=9"):
+    train.run(tiny_config(stop_step=9), str(tmp_path / "past_the_end"))
+
+
 def test_init_from_without_a_checkpoint(tmp_path):
   config = tiny_config(total_steps=2)
   config.train.init_from = str(tmp_path / "empty")
@@ -361,3 +385,17 @@ def test_a_damaged_record_is_one_line(uninterrupted, tmp_path):
     f.write('{"source": "embedded')
   with pytest.raises(ConfigError, match=r"data.json is damaged"):
     train.run(tiny_config(), workdir)
+
+
+@pytest.mark.parametrize("arg, seq_len, max_predictions, stop_step, init_state", [
+    ("", 128, 20, 900_000, "params"),
+    ("phase=2", 512, 80, 0, "all"),
+    ("runlocal", 128, 20, 0, "params"),
+    ("runlocal,phase=1", 128, 20, 1_800, "params"),
+])
+def test_bert_phases_are_configuration(arg, seq_len, max_predictions, stop_step, init_state):
+  config = cl.load_config(os.path.join(os.path.dirname(__file__), "..", "..", "configs",
+                                       "bert.py"), arg)
+  assert (config.data.seq_len, config.objective.max_predictions, config.train.stop_step,
+          config.train.init_state) == (seq_len, max_predictions, stop_step, init_state)
+  assert config.train.total_steps == (2_000 if "runlocal" in arg else 1_000_000)
