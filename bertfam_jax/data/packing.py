@@ -340,10 +340,13 @@ def document_blocks(docs: list[Document], seq_len: int, *, cls_id: int, sep_id: 
                     pad_id: int) -> dict[str, np.ndarray]:
   """SpanBERT's single-segment blocks: `[CLS] whole sentences of ONE document [SEP]`.
 
-  SpanBERT (no_nsp_span_bert_dataset.py with --short-seq-prob 0, spec §4 "Data"): contiguous
-  whole sentences of one document, greedily up to L - 2 tokens, never crossing a document end, no
-  separator between sentences; a sentence longer than L - 2 is cut into L - 2 pieces. Segment 0
-  everywhere, no sentence-level task. Deterministic.
+  SpanBERT (no_nsp_span_bert_dataset.py BlockDataset, break_mode 'doc', spec §4 "Data"):
+  contiguous whole sentences of one document, greedily up to L - 2 tokens, never crossing a
+  document end, no separator between sentences. A sentence longer than L - 2 is dropped, as
+  BlockDataset skips it, and no block spans the gap it leaves (there the reference's
+  offset-based length exceeds the limit and ends the block; where the dropped sentence is a
+  document's last, the reference also loses the block before it, which is kept here). Segment
+  0 everywhere, no sentence-level task. Deterministic.
 
   Args:
     docs: documents, each a list of [len] int token arrays (sentences).
@@ -354,15 +357,23 @@ def document_blocks(docs: list[Document], seq_len: int, *, cls_id: int, sep_id: 
     input_ids [n, L] int32, segment_ids [n, L] int32 (all 0), input_mask [n, L] int32.
   """
   block_len = seq_len - 2
-  docs = [[s for s in doc if len(s)] for doc in docs]
-  docs = [doc for doc in docs if doc]
-  if not docs:
+  runs = []  # the runs of kept sentences: between documents' ends and dropped sentences
+  for doc in docs:
+    run = []
+    for sentence in doc:
+      if len(sentence) > block_len:
+        runs.append(run)
+        run = []
+      elif len(sentence):
+        run.append(sentence)
+    runs.append(run)
+  runs = [run for run in runs if run]
+  if not runs:
     return _empty_blocks(seq_len)
-  lengths = np.fromiter((len(s) for doc in docs for s in doc), np.int64)
-  stream = np.concatenate([s for doc in docs for s in doc]).astype(np.int32)
-  doc_ends = np.cumsum([sum(len(s) for s in doc) for doc in docs]).tolist()
-  breaks = _break_points(np.cumsum(lengths), block_len).tolist()
-  ends = _greedy_blocks(breaks, block_len, doc_ends)
+  lengths = np.fromiter((len(s) for run in runs for s in run), np.int64)
+  stream = np.concatenate([s for run in runs for s in run]).astype(np.int32)
+  run_ends = np.cumsum([sum(len(s) for s in run) for run in runs]).tolist()
+  ends = _greedy_blocks(np.cumsum(lengths).tolist(), block_len, run_ends)
   return _place_blocks(stream, ends, seq_len, cls_id=cls_id, sep_id=sep_id, pad_id=pad_id)
 
 

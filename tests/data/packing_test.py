@@ -284,22 +284,27 @@ def test_document_blocks_are_whole_sentences_of_one_document():
   assert (ids[:, 0] == CLS).all() and (ids[np.arange(len(ids)), lengths - 1] == SEP).all()
   assert (out["segment_ids"] == 0).all() and (ids[mask == 0] == PAD).all()
   contents = [row[1:n - 1] for row, n in zip(ids, lengths)]
-  # Every token once, in order; no separators inside a block.
-  np.testing.assert_array_equal(np.concatenate(contents),
-                                np.concatenate([s for doc in docs for s in doc]))
   block_len = seq_len - 2
+  # Every token of every sentence that fits once, in order; the longer sentences (75 tokens)
+  # dropped, as SpanBERT's BlockDataset drops them; no separators inside a block.
+  np.testing.assert_array_equal(np.concatenate(contents), np.concatenate(
+      [s for doc in docs for s in doc if len(s) <= block_len]))
+  assert sum(len(s) > block_len for doc in docs for s in doc) > 10
   for k, tokens in enumerate(contents):
     assert len(np.unique(where[tokens, 0])) == 1          # never crosses a document end
     first, last = tokens[0], tokens[-1]
-    sentence_len = len(docs[where[first, 0]][where[first, 1]])
-    starts_sentence = where[first, 2] == 0 or where[first - 1, 1] != where[first, 1]
-    assert starts_sentence or sentence_len > block_len    # only over-long sentences are cut
-    # Greedy: the next sentence of the same document would not have fit.
+    sentence = lambda token: tuple(where[token, :2])  # noqa: E731  (doc, sentence)
+    starts_sentence = sentence(first - 1) != sentence(first)
+    ends_sentence = last + 1 == len(where) or sentence(last + 1) != sentence(last)
+    assert starts_sentence and ends_sentence              # whole sentences only
+    # Contiguous: no block spans a dropped sentence.
+    assert np.all(np.diff(where[tokens, 2]) == 1)
+    # Greedy: the next sentence of the same document would not have fit, or was dropped.
     if k + 1 < len(contents) and where[contents[k + 1][0], 0] == where[last, 0]:
       nxt = contents[k + 1][0]
       next_len = len(docs[where[nxt, 0]][where[nxt, 1]])
-      assert len(tokens) + min(next_len, block_len) > block_len or (
-          where[nxt, 1] == where[last, 1])
+      follows = where[nxt, 2] == where[last, 2] + 1
+      assert len(tokens) + next_len > block_len or not follows
 
 
 # ---------------------------------------------------------------------------------------------
