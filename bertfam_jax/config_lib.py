@@ -814,7 +814,7 @@ def finetune_config() -> ml_collections.ConfigDict:
       method="full",           # full | adapters (Houlsby: only adapters, LayerNorms, head)
       adapter_size=64,
       features="last",         # last | weighted_sum (ELMo's scalar mix of every layer)
-      layer_decay=1.0,         # layer-wise lr decay (ELECTRA: 0.8 base, 0.9 large); 1 = off
+      layer_decay=_DEFAULT(float),  # layer-wise lr decay (ELECTRA: 0.8, large 0.9); 1 = off
       freeze_layers=0,         # embeddings + the lowest N layers get no update
       reuse_pooler=True,       # start the head's pooler from the pre-trained NSP pooler if any
       # Text-to-text fine-tuning of a T5 init (finetune/seq2seq.py):
@@ -845,17 +845,29 @@ def finetune_config() -> ml_collections.ConfigDict:
 # AdamW with weight decay 0.01, clip 1.0), run_squad.py (384 tokens, doc_stride 128, queries of
 # <= 64 tokens, lr 3e-5, 2 epochs), BERT's NER setting for token classification. T5 (Raffel et
 # al. §3.1.4; t5x finetune.gin): Adafactor at a constant 0.001, 512 input tokens.
+# ELECTRA (configure_finetuning.py; the paper's Table 7): layer-wise decay 0.8 (large 0.9), lr by
+# size (small 3e-4, base 1e-4, large 5e-5), 3 epochs at 128 tokens, SQuAD 2 epochs at 512.
 _ENCODER = dict(optimizer=dict(name="adamw", peak_lr=5e-5),
                 finetune=dict(max_seq_len=128, epochs=3.0, doc_stride=128, max_query_len=64,
-                              max_train_examples=0, max_eval_examples=0),
+                              max_train_examples=0, max_eval_examples=0, layer_decay=1.0),
                 train=dict(total_steps=0))
+_ELECTRA = dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=1e-4),
+                finetune=dict(_ENCODER["finetune"], layer_decay=0.8))
 FINETUNE_DEFAULTS = {
     "encoder": _ENCODER,
     "extractive_qa": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=3e-5),
                           finetune=dict(_ENCODER["finetune"], max_seq_len=384, epochs=2.0)),
+    "electra": _ELECTRA,
+    "electra_qa": dict(_ELECTRA, finetune=dict(_ELECTRA["finetune"], max_seq_len=512,
+                                               epochs=2.0)),
     "text_to_text": dict(_ENCODER, optimizer=dict(name="adafactor", peak_lr=1e-3),
                          finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0)),
 }
+# ELECTRA's sizes (by the discriminator's width) where they change the recipe; other widths
+# (the :runlocal models) take base's.
+ELECTRA_FINETUNE_BY_WIDTH = {256: dict(optimizer=dict(peak_lr=3e-4)),
+                             1024: dict(optimizer=dict(peak_lr=5e-5),
+                                        finetune=dict(layer_decay=0.9))}
 # The rest of the optimizer by its name, whichever recipe: BERT's AdamWeightDecay (10% warmup,
 # decay 0.01, clip 1.0) and T5's Adafactor (constant rate, no decay, update clipping only).
 FINETUNE_OPTIMIZERS_DEFAULTS = {
@@ -873,6 +885,7 @@ FINETUNE_RUNLOCAL = {
     "extractive_qa": dict(optimizer=dict(peak_lr=5e-4),
                           finetune=dict(max_train_examples=4000, max_eval_examples=1000,
                                         max_seq_len=128, doc_stride=64, max_query_len=32)),
+    "electra": None, "electra_qa": None,  # set below: the encoder's, the QA's
     "text_to_text": dict(optimizer=dict(peak_lr=1e-2),
                          finetune=dict(max_train_examples=4000, max_eval_examples=500,
                                        max_seq_len=128),
@@ -880,20 +893,32 @@ FINETUNE_RUNLOCAL = {
 }
 
 
-def finetune_recipe(text_to_text: bool, task_kind: str) -> str:
-  """The key of FINETUNE_DEFAULTS for a T5 (text-to-text) or an encoder's task of `task_kind`."""
+FINETUNE_RUNLOCAL.update(electra=FINETUNE_RUNLOCAL["encoder"],
+                         electra_qa=FINETUNE_RUNLOCAL["extractive_qa"])
+
+
+def finetune_recipe(text_to_text: bool, task_kind: str, objective: str = "") -> str:
+  """The key of FINETUNE_DEFAULTS for a T5 (text-to-text) or an encoder's task of `task_kind`,
+  ELECTRA's own where the pre-trained run's `objective` is ELECTRA."""
   if text_to_text:
     return "text_to_text"
-  return "extractive_qa" if task_kind == "extractive_qa" else "encoder"
+  qa = task_kind == "extractive_qa"
+  if objective == "electra":
+    return "electra_qa" if qa else "electra"
+  return "extractive_qa" if qa else "encoder"
 
 
-def resolve_finetune(config: ml_collections.ConfigDict, recipe: str) -> ml_collections.ConfigDict:
+def resolve_finetune(config: ml_collections.ConfigDict, recipe: str,
+                     hidden: int = 0) -> ml_collections.ConfigDict:
   """A copy of the fine-tuning `config` with every field left None set from the `recipe`'s
-  defaults (`finetune_recipe`; FINETUNE_RUNLOCAL's first with finetune.runlocal), the optimizer's
-  other fields from its name's (FINETUNE_OPTIMIZERS_DEFAULTS: an AdamW asked of a T5 gets
-  AdamW's), then validated. A field given a value keeps it."""
+  defaults (`finetune_recipe`; FINETUNE_RUNLOCAL's first with finetune.runlocal; an ELECTRA
+  recipe's by the encoder's width `hidden`, ELECTRA_FINETUNE_BY_WIDTH), the optimizer's other
+  fields from its name's (FINETUNE_OPTIMIZERS_DEFAULTS: an AdamW asked of a T5 gets AdamW's),
+  then validated. A field given a value keeps it."""
   resolved = ml_collections.ConfigDict(config.to_dict())
   layers = [FINETUNE_RUNLOCAL[recipe]] if config.finetune.runlocal else []
+  if recipe.startswith("electra"):
+    layers.append(ELECTRA_FINETUNE_BY_WIDTH.get(hidden, {}))
   layers.append(FINETUNE_DEFAULTS[recipe])
   for layer in layers:
     for section, values in layer.items():

@@ -295,8 +295,8 @@ def resolved_config(config, init_config, *, tokenizer_path: str = ""
   where the tokenizer is (absolute), recorded as tokenizer.model_path."""
   text_to_text = init_config.model.get("kind") == "t5"
   task_kind = "" if text_to_text else tasks.get(config.finetune.task).kind
-  resolved = config_lib.resolve_finetune(config,
-                                         config_lib.finetune_recipe(text_to_text, task_kind))
+  recipe = config_lib.finetune_recipe(text_to_text, task_kind, init_config.objective.name)
+  resolved = config_lib.resolve_finetune(config, recipe, hidden=init_config.model.hidden)
   resolved.model = model_config(init_config.model, config.finetune)
   resolved.tokenizer = ml_collections.ConfigDict(init_config.tokenizer.to_dict())
   if tokenizer_path:

@@ -38,6 +38,29 @@ def test_each_recipe_has_its_papers_defaults(recipe, expected):
   assert {k: flat[k] for k in expected} == expected
 
 
+@pytest.mark.parametrize("hidden, task_kind, expected", [
+    # configure_finetuning.py and the paper's Table 7: Small 3e-4, Base 1e-4, Large 5e-5 with
+    # layer-wise decay 0.9 (0.8 otherwise); SQuAD 2 epochs at 512 tokens.
+    (256, "classification", dict(peak_lr=3e-4, layer_decay=0.8, max_seq_len=128, epochs=3.0)),
+    (768, "classification", dict(peak_lr=1e-4, layer_decay=0.8, max_seq_len=128, epochs=3.0)),
+    (1024, "classification", dict(peak_lr=5e-5, layer_decay=0.9, max_seq_len=128)),
+    (768, "extractive_qa", dict(peak_lr=1e-4, layer_decay=0.8, max_seq_len=512, epochs=2.0)),
+    (128, "classification", dict(peak_lr=1e-4, layer_decay=0.8)),   # :runlocal width: base's
+])
+def test_an_electra_init_gets_electras_recipe(hidden, task_kind, expected):
+  recipe = cl.finetune_recipe(False, task_kind, "electra")
+  resolved = cl.resolve_finetune(load("task=glue/mrpc,init=x"), recipe, hidden=hidden)
+  flat = {**resolved.optimizer, **resolved.finetune}
+  assert {k: flat[k] for k in expected} == expected
+  # Any other family keeps BERT's recipe: no layer-wise decay.
+  bert = cl.resolve_finetune(load("task=glue/mrpc,init=x"),
+                             cl.finetune_recipe(False, task_kind, "mlm"), hidden=hidden)
+  assert bert.finetune.layer_decay == 1.0 and bert.optimizer.peak_lr in (5e-5, 3e-5)
+  given = load("task=glue/mrpc,init=x")
+  given.finetune.layer_decay = 1.0
+  assert cl.resolve_finetune(given, recipe, hidden=hidden).finetune.layer_decay == 1.0
+
+
 def test_runlocal_comes_first_and_given_values_are_kept():
   config = load("task=wordnet_supersense_t2t,init=x,runlocal")
   config.finetune.max_train_examples = 100
@@ -96,3 +119,13 @@ def test_one_parse_arg_for_every_config_file():
     cl.parse_arg("foo", task="", init="")
   with pytest.raises(ConfigError, match="Unknown config argument 'version'"):
     cl.parse_arg("version=1.1", size="base")
+
+
+def test_the_run_reads_the_family_from_the_pre_trained_config():
+  from bertfam_jax.finetune import run  # pylint: disable=import-outside-toplevel
+  electra = cl.load_config(os.path.join(_REPO, "configs", "electra.py"), "size=base")
+  resolved = run.resolved_config(load("task=wordnet_supersense,init=x"), electra)
+  assert (resolved.finetune.layer_decay, resolved.optimizer.peak_lr) == (0.8, 1e-4)
+  bert = cl.load_config(os.path.join(_REPO, "configs", "bert.py"), "size=base")
+  resolved = run.resolved_config(load("task=wordnet_supersense,init=x"), bert)
+  assert (resolved.finetune.layer_decay, resolved.optimizer.peak_lr) == (1.0, 5e-5)
