@@ -12,6 +12,12 @@ before a word). Layouts are BERT's (google-research/bert run_classifier.py, run_
 with <separator> = tokenizer.pair_separator_ids ([SEP] for BERT/ALBERT/ELECTRA, </s></s> for
 RoBERTa, whose <s> / </s> are cls_id / sep_id). Every function returns int32 arrays padded with
 pad_id (input_mask 0 there).
+
+XLNet's layout (`layout='xlnet'`, xlnet classifier_utils.py convert_single_example) for
+classification, regression and multiple choice: `A <sep> (B <sep>) <cls>` with segments 0, 1 and
+2 (SEG_ID_CLS), padded on the LEFT with segment 4 (SEG_ID_PAD), so that <cls>, the summary
+token, is always last. Tagging and QA rows keep BERT's layout for XLNet too (the reference's
+SQuAD puts the context first; not built).
 """
 
 from __future__ import annotations
@@ -45,16 +51,37 @@ def _put(inputs: dict[str, np.ndarray], row: int, ids: Sequence[int], length_a: 
   inputs["segment_ids"][row, length_a:len(ids)] = 1
 
 
+LAYOUTS = ("bert", "xlnet")
+XLNET_SEGMENT_CLS, XLNET_SEGMENT_PAD = 2, 4
+
+
+def _put_xlnet(inputs: dict[str, np.ndarray], row: int, segments: Sequence[Sequence[int]],
+               cls_id: int) -> None:
+  """Writes one XLNet row right-aligned: segment k's ids with segment id k, then <cls> (2); the
+  left padding keeps segment 4."""
+  ids = [i for segment in segments for i in segment] + [cls_id]
+  segment_ids = [k for k, segment in enumerate(segments) for _ in segment] + [XLNET_SEGMENT_CLS]
+  start = inputs["input_ids"].shape[1] - len(ids)
+  inputs["input_ids"][row, start:] = ids
+  inputs["input_mask"][row, start:] = 1
+  inputs["segment_ids"][row, :start] = XLNET_SEGMENT_PAD
+  inputs["segment_ids"][row, start:] = segment_ids
+
+
 def encode_pairs(tokenizer, texts: Sequence[str], seq_len: int,
-                 texts_b: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-  """BERT's `convert_single_example` for classification and regression.
+                 texts_b: Sequence[str] | None = None, layout: str = "bert"
+                 ) -> dict[str, np.ndarray]:
+  """BERT's `convert_single_example` for classification and regression (XLNet's with
+  `layout='xlnet'`: the module docstring).
 
   Single texts are cut to seq_len - 2 tokens; pairs lose tokens from the end of the longer
-  segment first (`truncated_pair_lengths`).
+  segment first (`truncated_pair_lengths`), to seq_len - 3 in both layouts.
 
   Returns:
     input_ids, input_mask, segment_ids: [examples, seq_len] int32.
   """
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout={layout!r}; choose one of {LAYOUTS}.")
   separator = [] if texts_b is None else list(tokenizer.pair_separator_ids)
   specials = 2 + len(separator)
   if seq_len <= specials:
@@ -65,6 +92,14 @@ def encode_pairs(tokenizer, texts: Sequence[str], seq_len: int,
   pieces_b = tokenizer.encode(texts_b) if texts_b is not None else [None] * len(pieces_a)
   inputs = _empty_inputs(len(pieces_a), seq_len, tokenizer.pad_id)
   for row, (a, b) in enumerate(zip(pieces_a, pieces_b)):
+    if layout == "xlnet":
+      kept_a, kept_b = ((min(len(a), seq_len - 2), 0) if b is None else
+                        truncated_pair_lengths(len(a), len(b), seq_len - specials))
+      segments = [[*a[:kept_a], tokenizer.sep_id]]
+      if b is not None:
+        segments.append([*b[:kept_b], tokenizer.sep_id])
+      _put_xlnet(inputs, row, segments, tokenizer.cls_id)
+      continue
     if b is None:
       ids = [tokenizer.cls_id, *a[:seq_len - 2], tokenizer.sep_id]
       length_a = len(ids)
@@ -76,9 +111,10 @@ def encode_pairs(tokenizer, texts: Sequence[str], seq_len: int,
   return inputs
 
 
-def choice_features(tokenizer, examples: Sequence[dict], seq_len: int) -> dict[str, np.ndarray]:
+def choice_features(tokenizer, examples: Sequence[dict], seq_len: int, layout: str = "bert"
+                    ) -> dict[str, np.ndarray]:
   """Multiple choice ({question, choices, label}) as BERT's SWAG recipe: one pair
-  `[CLS] question <separator> choice [SEP]` per choice.
+  `[CLS] question <separator> choice [SEP]` per choice (XLNet's RACE: its pair layout).
 
   Returns:
     input_ids, input_mask, segment_ids: [examples, choices, seq_len] int32; label [examples] int32.
@@ -88,7 +124,7 @@ def choice_features(tokenizer, examples: Sequence[dict], seq_len: int) -> dict[s
     raise ValueError(f"Every example needs the same number of choices; got {sorted(num_choices)}.")
   (choices,) = num_choices
   flat = encode_pairs(tokenizer, [e["question"] for e in examples for _ in e["choices"]], seq_len,
-                      [c for e in examples for c in e["choices"]])
+                      [c for e in examples for c in e["choices"]], layout)
   features = {k: v.reshape(len(examples), choices, seq_len) for k, v in flat.items()}
   features["label"] = np.asarray([e["label"] for e in examples], np.int32).reshape(-1)
   return features
@@ -325,21 +361,22 @@ def qa_predictions(start_logits, end_logits, features: dict[str, np.ndarray],
 # -------------------------------------------------------------------- per task kind (the runner)
 
 
-def featurize(task, tokenizer, examples: Sequence[dict], ft, training: bool
-              ) -> dict[str, np.ndarray]:
+def featurize(task, tokenizer, examples: Sequence[dict], ft, training: bool,
+              layout: str = "bert") -> dict[str, np.ndarray]:
   """A task's raw examples -> the arrays its kind trains on (`finetune.losses` batch keys).
 
   Args:
     task: a `finetune.tasks.Task`.
     ft: the `config.finetune` section (max_seq_len, doc_stride, max_query_len).
     training: QA drops examples whose answer_start misses the answer text (run_squad.py).
+    layout: 'bert', or 'xlnet' for an XLNet's classification, regression and multiple choice.
   """
   if task.kind in ("classification", "regression"):
     texts_b = [e["text_b"] for e in examples]
     if any(t is None for t in texts_b) and not all(t is None for t in texts_b):
       raise ValueError(f"Task {task.name!r} mixes single texts and pairs.")
     data = encode_pairs(tokenizer, [e["text"] for e in examples], ft.max_seq_len,
-                        None if all(t is None for t in texts_b) else texts_b)
+                        None if all(t is None for t in texts_b) else texts_b, layout)
     dtype = np.float32 if task.kind == "regression" else np.int32
     return dict(data, label=np.asarray([e["label"] for e in examples], dtype).reshape(-1))
   if task.kind == "token_classification":
@@ -348,7 +385,7 @@ def featurize(task, tokenizer, examples: Sequence[dict], ft, training: bool
     return qa_features(tokenizer, examples, ft.max_seq_len, ft.doc_stride, ft.max_query_len,
                        is_training=training)
   if task.kind == "multiple_choice":
-    return choice_features(tokenizer, examples, ft.max_seq_len)
+    return choice_features(tokenizer, examples, ft.max_seq_len, layout)
   raise ValueError(f"Unknown task kind {task.kind!r}.")
 
 

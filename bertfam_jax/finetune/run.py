@@ -264,7 +264,8 @@ def featurize(task, tokenizer, examples, config, training: bool) -> dict[str, np
   """`features.featurize`, then every array the train step does not read dropped from training
   data, and the segment ids zeroed for encoders with one token type (RoBERTa: its pairs are
   `<s> A </s></s> B </s>`, all type 0)."""
-  data = features.featurize(task, tokenizer, examples, config.finetune, training)
+  layout = "xlnet" if config.model.get("kind") == "xlnet" else "bert"
+  data = features.featurize(task, tokenizer, examples, config.finetune, training, layout)
   if config.model.get("type_vocab_size", 2) <= 1:  # XLNet's relative segments: A vs B matters
     data["segment_ids"] = np.zeros_like(data["segment_ids"])
   if training:

@@ -41,6 +41,9 @@ class XLNetContent(xlnet.XLNet):
 
 
 BACKBONES = {"encoder": encoder.Encoder, "xlnet": XLNetContent}
+# Where a backbone's rows keep the token a sequence summary reads: BERT's [CLS] first; XLNet's
+# <cls> last, its rows padded on the left (xlnet classifier_utils.py, summary_type='last').
+SUMMARY_POSITION = {"encoder": 0, "xlnet": -1}
 
 
 def backbone_for(config_model) -> str:
@@ -48,17 +51,20 @@ def backbone_for(config_model) -> str:
   return "xlnet" if config_model.get("kind") == "xlnet" else "encoder"
 
 
-# kind → (head module name, head(config_model, width, name), output width fixed by the kind or
-# None when `num_outputs` sets it). Every head maps [rows, length, hidden] → [rows, ...].
+# kind → (head module name, head(config_model, width, summary_position, name), output width
+# fixed by the kind or None when `num_outputs` sets it). Every head maps [rows, length, hidden] →
+# [rows, ...]; the sequence-level ones read the summary token at `summary_position`.
 KINDS = {
-    "classification": ("classification_head", heads.ClassificationHead, None),
+    "classification": ("classification_head", lambda c, width, at, name: heads.ClassificationHead(
+        c, width, summary_position=at, name=name), None),
     # One real value per example, in a head named as classification's so a pooler carries over.
-    "regression": ("classification_head", lambda c, _, name: heads.MultipleChoiceHead(c, name=name),
-                   1),
-    "token_classification": ("token_head", heads.TokenClassificationHead, None),
-    "extractive_qa": ("span_head", lambda c, _, name: heads.SpanHead(c, name=name), 2),
-    "multiple_choice": ("choice_head", lambda c, _, name: heads.MultipleChoiceHead(c, name=name),
-                        1),
+    "regression": ("classification_head", lambda c, _, at, name: heads.MultipleChoiceHead(
+        c, summary_position=at, name=name), 1),
+    "token_classification": ("token_head", lambda c, width, _, name: heads.TokenClassificationHead(
+        c, width, name=name), None),
+    "extractive_qa": ("span_head", lambda c, _, __, name: heads.SpanHead(c, name=name), 2),
+    "multiple_choice": ("choice_head", lambda c, _, at, name: heads.MultipleChoiceHead(
+        c, summary_position=at, name=name), 1),
 }
 
 
@@ -115,5 +121,6 @@ class FineTuneModel(nn.Module):
       x_BLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
                        deterministic=deterministic)
     name, head, _ = KINDS[self.kind]
-    out = head(self.config, width, name=name)(x_BLD, deterministic=deterministic)
+    out = head(self.config, width, SUMMARY_POSITION[self.backbone], name=name)(
+        x_BLD, deterministic=deterministic)
     return out.reshape(batch_shape + out.shape[1:])  # multiple choice: [batch, choices]

@@ -131,18 +131,20 @@ class ReplacedTokenHead(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-  """BERT's run_classifier.py create_model on the pooled output: pooler (tanh dense on token 0,
-  named 'pooler' as in SentenceHead, so a pre-trained NSP pooler can be copied in), dropout
-  (`config.dropout`, run_classifier's keep_prob 0.9), dense → `num_outputs` ('classifier').
-  Returns [batch, num_outputs]."""
+  """BERT's run_classifier.py create_model on the pooled output: pooler (tanh dense on the token
+  at `summary_position`: BERT's [CLS] at 0, XLNet's <cls> at -1, its summarize_sequence with
+  summary_type 'last' and use_proj; named 'pooler' as in SentenceHead, so a pre-trained NSP
+  pooler can be copied in), dropout (`config.dropout`, run_classifier's keep_prob 0.9), dense →
+  `num_outputs` ('classifier'). Returns [batch, num_outputs]."""
   config: Any  # the `config.model` section
   num_outputs: int
+  summary_position: int = 0
 
   @nn.compact
   def __call__(self, x_BLD, *, deterministic: bool):
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    pooled_BD = nn.tanh(_pooler(c, dtype)(x_BLD[:, 0]))
+    pooled_BD = nn.tanh(_pooler(c, dtype)(x_BLD[:, self.summary_position]))
     pooled_BD = nn.Dropout(c.dropout)(pooled_BD, deterministic=deterministic)
     return _classifier(c, dtype, self.num_outputs, "embed_out")(pooled_BD)
 

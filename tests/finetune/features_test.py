@@ -61,6 +61,32 @@ def test_encode_pairs_layout(tokenizer):
   assert single["segment_ids"].sum() == 0
 
 
+def test_xlnet_layout_puts_cls_last_and_pads_on_the_left(tokenizer):
+  """xlnet classifier_utils.py convert_single_example: A <sep> B <sep> <cls>, segments 0 / 1 / 2
+  (SEG_ID_CLS), left padding with segment 4 (SEG_ID_PAD) and input mask 0; pairs truncated to
+  seq_len - 3 as BERT's, single texts to seq_len - 2."""
+  a, b = tokenizer.encode(["the cat sat on the mat", "a dog ran"])
+  cls, sep, pad = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
+  out = features.encode_pairs(tokenizer, ["the cat sat on the mat"], 40, ["a dog ran"], "xlnet")
+  real = [*a, sep, *b, sep, cls]
+  padding = 40 - len(real)
+  np.testing.assert_array_equal(out["input_ids"][0], [pad] * padding + real)
+  np.testing.assert_array_equal(out["input_mask"][0], [0] * padding + [1] * len(real))
+  np.testing.assert_array_equal(out["segment_ids"][0], [4] * padding + [0] * (len(a) + 1)
+                                + [1] * (len(b) + 1) + [2])
+  short = features.encode_pairs(tokenizer, ["the cat sat on the mat"], len(b) + 6, ["a dog ran"],
+                                "xlnet")
+  kept_a, kept_b = features.truncated_pair_lengths(len(a), len(b), len(b) + 3)
+  np.testing.assert_array_equal(short["input_ids"][0],
+                                [*a[:kept_a], sep, *b[:kept_b], sep, cls])
+  single = features.encode_pairs(tokenizer, ["the cat sat on the mat"], 5, layout="xlnet")
+  np.testing.assert_array_equal(single["input_ids"][0], [*a[:3], sep, cls])
+  np.testing.assert_array_equal(single["segment_ids"][0], [0, 0, 0, 0, 2])
+  choices = features.choice_features(
+      tokenizer, [dict(question="the cat", choices=["sat", "ran"], label=1)], 16, "xlnet")
+  assert (choices["input_ids"][0, :, -1] == cls).all() and (choices["input_mask"][0, :, 0] == 0).all()
+
+
 def test_encode_pairs_roberta_separator_and_truncation(tokenizer):
   roberta = _TwoSeparators(tokenizer)
   a, b = tokenizer.encode(["the cat sat on the mat quickly", "a dog"])

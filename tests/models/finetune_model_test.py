@@ -299,3 +299,16 @@ def test_kinds_and_widths_are_checked():
   for kind, width in [("ranking", 2), ("classification", 0), ("extractive_qa", 3)]:
     with pytest.raises(ConfigError, match=kind):
       abstract(finetune.FineTuneModel(tiny_config(), kind, width))
+
+
+def test_xlnet_classification_reads_the_last_position():
+  """An XLNet's rows end with <cls> (left padding): its classification head pools the last
+  position, BERT's the first."""
+  assert finetune.SUMMARY_POSITION == {"encoder": 0, "xlnet": -1}
+  config = tiny.xlnet()
+  x = jax.random.normal(jax.random.key(0), (2, 6, config.hidden))
+  head = heads.ClassificationHead(config, 3, summary_position=-1)
+  params = head.init(jax.random.key(1), x, deterministic=True)
+  out = head.apply(params, x, deterministic=True)
+  np.testing.assert_allclose(head.apply(params, x.at[:, :-1].set(0.0), deterministic=True), out)
+  assert not jnp.allclose(head.apply(params, x.at[:, -1].set(0.0), deterministic=True), out)
