@@ -167,6 +167,8 @@ def base_config() -> ml_collections.ConfigDict:
       # its learning-rate schedule).
       init_state="params",
       stop_step=0,            # stop here (0: total_steps); the schedule still spans total_steps
+      rng_impl="threefry",    # the step's random bits (dropout, sampling): threefry | rbg |
+                              # unsafe_rbg (RNG_IMPLS; train/step.py SeededStep)
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   return c
@@ -590,6 +592,8 @@ AT_LEAST_1 = Range(1)
 AT_LEAST_0 = Range(0)
 POSITIVE = Range(0, low_open=True)
 PROBABILITY = Range(0, 1)
+# The train step's random-bit generators (train/step.py SeededStep).
+RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 RATE = Range(0, 1, high_open=True)      # a dropout rate, a held-out fraction, Adam's betas
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
@@ -668,6 +672,7 @@ FIELD_RULES = {
     "train.batch_size": AT_LEAST_1,
     "train.total_steps": AT_LEAST_1,
     "train.stop_step": AT_LEAST_0,
+    "train.rng_impl": RNG_IMPLS,
     "train.init_state": ("params", "all"),
     "train.grad_accum_steps": AT_LEAST_1,
     "train.log_every": AT_LEAST_1,

@@ -160,16 +160,23 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
   jitted = with_mesh_context(jax.jit(step, in_shardings=(state_shardings, batch_sh, replicated),
                                      out_shardings=(state_shardings, replicated),
                                      donate_argnums=(0,)), mesh)
-  return SeededStep(jitted, config.seed)
+  return SeededStep(jitted, config.seed, config.train.get("rng_impl", "threefry"))
 
 
 class SeededStep:
   """`step(state, batch) -> (state, metrics)`: a jitted `fn(state, batch, key)` with the key of
-  `seed` bound (`make_train_step`); `lower(state, batch)` lowers it ahead of time."""
+  `seed` bound (`make_train_step`); `lower(state, batch)` lowers it ahead of time.
 
-  def __init__(self, jitted, seed: int):
-    self.jitted, self.seed = jitted, seed
-    self.key = jax.random.key(seed + 1)
+  `impl` (`train.rng_impl`, config_lib.RNG_IMPLS) is the generator of the step's random bits:
+  JAX's threefry2x32 (the default: ~20 rounds of 32-bit work per word drawn), or XLA's
+  RngBitGenerator ('rbg': Philox where the backend has it, the bits still a pure function of
+  the key; 'unsafe_rbg': also its fold_in and split without threefry's mixing). Dropout masks
+  and ELECTRA's sampling keep their distribution; the streams, hence the runs, differ by
+  generator."""
+
+  def __init__(self, jitted, seed: int, impl: str = "threefry"):
+    self.jitted, self.seed, self.impl = jitted, seed, impl
+    self.key = jax.random.key(seed + 1, impl="threefry2x32" if impl == "threefry" else impl)
 
   def __call__(self, state, batch):
     return self.jitted(state, batch, self.key)
@@ -178,7 +185,7 @@ class SeededStep:
     return self.jitted.lower(state, batch, self.key)
 
   def with_seed(self, seed: int) -> "SeededStep":
-    return SeededStep(self.jitted, seed)
+    return SeededStep(self.jitted, seed, self.impl)
 
 
 def make_eval_step(model, loss_fn: Callable, config, state_shardings, mesh):
