@@ -14,8 +14,9 @@ import numpy as np
 from bertfam_jax import objectives
 from bertfam_jax.data import pipeline, sources, tokenizers
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-_TRAIN_BATCHES = flags.DEFINE_integer("train_batches", 200, "Training batches to count.")
+if __name__ == "__main__":  # flags of the script only, so that others can import the function
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+  _TRAIN_BATCHES = flags.DEFINE_integer("train_batches", 200, "Training batches to count.")
 
 
 def unigram_baseline(config, train_batches: int) -> dict[str, float]:

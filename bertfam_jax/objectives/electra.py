@@ -152,7 +152,10 @@ def _ratio(metrics, name, numerator, denominator):
 
 
 def _detection_loss(logits_BL, replaced_BL, weights_BL, metrics):
-  """Σ w·sigmoid-CE / (Σ w + 1e-6), with accuracy, precision and recall of 'replaced'."""
+  """Σ w·sigmoid-CE / (Σ w + 1e-6), with accuracy, precision and recall of 'replaced', and the
+  replaced share of the detected positions (1 − it is the accuracy of a detector that always
+  says 'original'; the sampler's `replaced_fraction` over the real tokens, the same number
+  where every real token is detected, not for the masked-only variant)."""
   logits = logits_BL.astype(jnp.float32)
   labels = replaced_BL.astype(jnp.float32)
   weights = weights_BL.astype(jnp.float32)
@@ -164,6 +167,7 @@ def _detection_loss(logits_BL, replaced_BL, weights_BL, metrics):
   _ratio(metrics, "discriminator_accuracy", (predicted == replaced_BL) * weights, weights)
   _ratio(metrics, "discriminator_precision", predicted & actual, predicted)
   _ratio(metrics, "discriminator_recall", predicted & actual, actual)
+  _ratio(metrics, "replaced_share", actual, weights > 0)
   return total / (count + DENOMINATOR_EPS)
 
 

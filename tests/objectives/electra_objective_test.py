@@ -285,6 +285,7 @@ def test_detection_metrics_count_replaced_tokens():
   assert ratio(metrics, "discriminator_accuracy") == 0.5     # right on tokens 0 and 3
   assert ratio(metrics, "discriminator_precision") == 0.5    # predicted 0, 2; replaced 0
   assert ratio(metrics, "discriminator_recall") == 0.5       # replaced 0, 1; found 0
+  assert ratio(metrics, "replaced_share") == 0.5             # 2 of the 4 weighted tokens
 
 
 # -- training ---------------------------------------------------------------------------------
