@@ -488,7 +488,9 @@ def shrink_for_local(c: ml_collections.ConfigDict) -> None:
   c.model.max_positions = 128
   if "max_predictions" in c.objective:
     c.objective.max_predictions = 20
-  c.optimizer.peak_lr = 2e-3  # a 2-layer model on 2k steps: above the papers' rates
+  # A 2-layer model on 2k steps: above the papers' rates, but not 2e-3, where BERT's stayed at
+  # the unigram (4.2% held-out MLM accuracy at step 650) while 1e-3 reached 10% by step 450.
+  c.optimizer.peak_lr = 1e-3
   c.optimizer.warmup_steps = 200
   c.train.batch_size = 32
   c.train.total_steps = 2000
