@@ -44,10 +44,11 @@ def family_config(family: str):
 def comparisons(family: str, final: dict[str, float], baseline: dict[str, float]
                 ) -> list[tuple[str, float, float, bool]]:
   """(metric, model, baseline, model beats baseline) of one run's final held-out evaluation."""
-  rows = [("mlm_accuracy", final["mlm_accuracy"], baseline["unigram_accuracy"],
-           final["mlm_accuracy"] > baseline["unigram_accuracy"]),
-          ("mlm_loss", final["mlm_loss"], baseline["unigram_cross_entropy"],
-           final["mlm_loss"] < baseline["unigram_cross_entropy"])]
+  mlm = "generator_mlm" if family == "electra" else "mlm"
+  rows = [(f"{mlm}_accuracy", final[f"{mlm}_accuracy"], baseline["unigram_accuracy"],
+           final[f"{mlm}_accuracy"] > baseline["unigram_accuracy"]),
+          (f"{mlm}_loss", final[f"{mlm}_loss"], baseline["unigram_cross_entropy"],
+           final[f"{mlm}_loss"] < baseline["unigram_cross_entropy"])]
   if family == "electra":
     base_rate = 1 - final["replaced_share"]
     rows.append(("discriminator_accuracy", final["discriminator_accuracy"], base_rate,

@@ -26,7 +26,7 @@ def test_an_mlm_run_must_beat_the_unigram_on_both_metrics():
 
 
 def test_an_electra_discriminator_must_beat_its_base_rate():
-  final = dict(mlm_accuracy=0.2, mlm_loss=5.0, replaced_share=0.13)
+  final = dict(generator_mlm_accuracy=0.2, generator_mlm_loss=5.0, replaced_share=0.13)
   collapsed = runlocal_check.comparisons("electra", dict(final, discriminator_accuracy=0.87),
                                          UNIGRAM)
   assert collapsed[-1][0] == "discriminator_accuracy"
