@@ -60,4 +60,10 @@ def get_config(arg=None):
     cl.shrink_for_local(config)
     config.model.embedding_size = 0  # the mini discriminator is only 128 wide
     config.objective.max_predictions = cl.electra_max_predictions(128, mask_rate)
+    # A runlocal-only deviation: the generator samples at temperature 3, not 1. At 1 the 2-layer,
+    # 128-wide discriminator stays at the base rate for all 2,000 steps (held-out accuracy
+    # 0.8798 = 1 − replaced share 0.1202, recall 0); at 3 its replacements, less plausible, are
+    # detected (held-out 0.8675 against a base rate of 0.8625 at step 1,000, recall 19%).
+    # Temperatures between 1 and 3 were not tried.
+    config.objective.temperature = 3.0
   return config
