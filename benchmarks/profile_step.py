@@ -282,8 +282,8 @@ def op_events(trace: dict, ops, computations=None) -> list[dict]:
   selected = sorted((e for e in trace["traceEvents"]
                      if e.get("ph") == "X" and wanted((e["pid"], e["tid"]))),
                     key=lambda e: float(e["ts"]))
-  names_are_ops = not (devices and not xla_ops)
-  if not names_are_ops:
+  kernels = bool(devices) and not xla_ops  # a device's kernels, not its "XLA Ops" line
+  if kernels:
     names = kernel_ops(selected, ops, computations)
   else:
     lookup = _op_lookup(ops)
@@ -291,7 +291,7 @@ def op_events(trace: dict, ops, computations=None) -> list[dict]:
   # Kernels never nest (those of a CUDA graph may overlap their neighbours by a few ns, which
   # must not count as nesting): each is a thread of its own for self_times.
   events = [dict(name=name, ts=float(e["ts"]), dur=float(e.get("dur", 0.0)),
-                 thread=(e["pid"], e["tid"]) if names_are_ops else (e["pid"], e["tid"], i))
+                 thread=(e["pid"], e["tid"], i) if kernels else (e["pid"], e["tid"]))
             for i, (e, name) in enumerate(zip(selected, names)) if name]
   if not events:
     lines = sorted(f"{processes.get(pid, pid)} / {name}" for (pid, _), name in threads.items())
@@ -360,10 +360,8 @@ def kernel_ops(kernels: list[dict], ops, computations=None) -> list[str]:
   positions_of = collections.defaultdict(list)
   for i, name in enumerate(order):
     positions_of[group[name]].append(i)
-  runs_as = {}  # {an op's name as a trace may give it: the positions of its group}
-  for name in order:
-    for alias in (name, re.sub(r"[.\-]", "_", name)):
-      runs_as[alias] = positions_of[group[name]]
+  # {an op's name as a trace may give it: the positions of its group}
+  runs_as = {alias: positions_of[group[name]] for alias, name in _op_lookup(order).items()}
   cursor, run = -1, None  # schedule position of the last op seen; library of the current run
 
   def first_after(positions):

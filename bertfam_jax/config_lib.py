@@ -892,7 +892,6 @@ FINETUNE_RUNLOCAL = {
     "extractive_qa": dict(optimizer=dict(peak_lr=5e-4),
                           finetune=dict(max_train_examples=4000, max_eval_examples=1000,
                                         max_seq_len=128, doc_stride=64, max_query_len=32)),
-    "electra": None, "electra_qa": None,  # set below: the encoder's, the QA's
     "text_to_text": dict(optimizer=dict(peak_lr=1e-2),
                          finetune=dict(max_train_examples=4000, max_eval_examples=500,
                                        max_seq_len=128),
@@ -900,6 +899,7 @@ FINETUNE_RUNLOCAL = {
 }
 
 
+# ELECTRA's runlocal slices are the encoder's and the QA's.
 FINETUNE_RUNLOCAL.update(electra=FINETUNE_RUNLOCAL["encoder"],
                          electra_qa=FINETUNE_RUNLOCAL["extractive_qa"])
 
