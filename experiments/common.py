@@ -1,14 +1,18 @@
-"""Machinery shared by the pre-train → fine-tune experiments (masking_schemes, electra_ablation).
+"""Machinery shared by the encoder pre-train → fine-tune experiments (masking_schemes,
+electra_ablation), in the protocol of EXPERIMENTS.md and the report of `experiments/report.py`.
 
 An experiment is a list of rows (name, spec), a dict of scales and a `run_row(name, spec, seed)`
-that returns one result dict; this module provides the rest:
+that returns one results.jsonl record; this module provides the rest:
 
   supersense_task(scale)            the offline downstream task at the scale's size
   pretrain_and_score(...)           pre-train a config in a workdir (or not: the floor), then
-                                    fine-tune and probe its encoder on the task
+                                    fine-tune and probe its encoder on the task: scores and
+                                    per-example correctness and gold-label loss, token cosine,
+                                    degenerate flags, the pre-training curve
   run_sweep(...)                    seeds × rows, appending to results.jsonl, skipping finished rows
   define_sweep_flags / sweep_dirs   the flags every experiment takes and the directories they name
-  summarise / mean_std / plot       mean ± sample std over seeds, table cells and the bar chart
+  columns / write_report            the report's columns and its files (table.md, meta.json,
+                                    plot.png, curves.png)
 
 A scale is a dict with at least finetune_train / finetune_eval (examples kept per split, None for
 all), finetune_seq_len, finetune_epochs and finetune_lr.
@@ -16,6 +20,7 @@ all), finetune_seq_len, finetune_epochs and finetune_lr.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -34,6 +39,7 @@ from bertfam_jax.finetune import features, probe
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.models import encoder as encoder_lib
 from bertfam_jax.train import train
+from experiments import report
 
 NO_PRETRAINING = "No pre-training"
 # Reported scores: fine-tuned, and a linear probe on frozen mean-pooled features.
@@ -41,6 +47,15 @@ SCORES = ("accuracy", "macro_f1", "mcc", "probe_accuracy", "probe_macro_f1")
 
 
 # ------------------------------------------------------------------------------- downstream task
+
+
+SUPERSENSE = "wordnet_supersense"
+PROBE = "probe"       # the linear probe on frozen features, scored on the supersense examples
+# A model with at most this many distinct predictions on the evaluation examples emits a
+# constant, not an answer; an encoder whose token vectors have at least this mean cosine has
+# collapsed (EXPERIMENTS.md §2).
+DEGENERATE = 3
+COLLAPSED_COSINE = 0.95
 
 
 def head(examples: wordnet.Examples, limit: int | None) -> wordnet.Examples:
@@ -76,9 +91,6 @@ def finetune_config(scale: dict, seed: int):
   return config
 
 
-SUPERSENSE = "wordnet_supersense"
-
-
 def random_encoder(model_config, seq_len: int, seed: int):
   """The 'encoder' parameters of a fresh initialisation from `seed`: what the floor fine-tunes
   and probes."""
@@ -87,10 +99,29 @@ def random_encoder(model_config, seq_len: int, seed: int):
       jax.random.key(seed), ids, np.ones_like(ids), ids, deterministic=True)))()["params"]
 
 
+def token_cosine(model_config, encoder_params, tokenizer, texts: Sequence[str], seq_len: int, *,
+                 examples: int = 256, pairs: int = 2000) -> float:
+  """Mean cosine similarity between the encoder's last-layer vectors of random pairs of distinct
+  real tokens of the first `examples` texts: ≈ 0.35-0.4 at random initialisation on glosses of
+  32 tokens, 1.0 when every token maps to one vector (a collapsed encoder: nothing left to
+  fine-tune from)."""
+  data = features.encode_pairs(tokenizer, list(texts[:examples]), seq_len)
+  x_NLD = jax.jit(lambda ids, mask, segments: encoder_lib.Encoder(model_config).apply(
+      {"params": encoder_params}, ids, mask, segments, deterministic=True))(
+          data["input_ids"], data["input_mask"], data["segment_ids"])
+  x_TD = np.asarray(x_NLD, np.float64)[data["input_mask"] > 0]
+  rng = np.random.default_rng(0)
+  first = rng.integers(0, len(x_TD), pairs)
+  second = (first + rng.integers(1, len(x_TD), pairs)) % len(x_TD)  # never the same token
+  a_PD, b_PD = x_TD[first], x_TD[second]
+  return float(np.mean(np.sum(a_PD * b_PD, 1) /
+                       (np.linalg.norm(a_PD, axis=1) * np.linalg.norm(b_PD, axis=1) + 1e-12)))
+
+
 def downstream_scores(init_config, params, tokenizer, task: wordnet.ClassificationTask,
-                      scale: dict, seed: int) -> dict:
+                      scale: dict, seed: int) -> tuple[dict, dict]:
   """Fine-tunes (`finetune.run.fine_tune`: the one train loop, BERT's classifier recipe) and
-  linearly probes an encoder on `task`.
+  linearly probes an encoder on `task`, and measures its token cosine.
 
   Args:
     init_config: the pre-trained run's config (its model, tokenizer and objective sections).
@@ -100,10 +131,14 @@ def downstream_scores(init_config, params, tokenizer, task: wordnet.Classificati
     task: the classification task (texts and labels [examples] per split), cut to the scale's
       size as `finetune_config` cuts the fine-tuning task.
     scale: the experiment's scale (fine-tuning length, rate, sequence length).
-    seed: fine-tuning initialisation, dropout and data order; the floor's probed encoder.
+    seed: fine-tuning initialisation, dropout and data order; the floor's encoder.
 
   Returns:
-    SCORES (fractions in [0, 1], validation split) and finetune_steps.
+    metrics: {SUPERSENSE/ and PROBE/ + accuracy, macro_f1, target_loss (the gold label's mean
+      negative log-probability, nats), distinct (distinct predictions); finetune_steps;
+      token_cosine};
+    examples: {SUPERSENSE, PROBE: {accuracy: [examples] 0/1, target_nll: [examples] nats}} on
+      the validation examples, the same for every row: what the paired bootstrap resamples.
   """
   config = finetune_run.resolved_config(finetune_config(scale, seed), init_config)
   config.finetune.from_scratch = params is None
@@ -115,33 +150,133 @@ def downstream_scores(init_config, params, tokenizer, task: wordnet.Classificati
                     if params is None else params["encoder"])
   probed = probe.linear_probe(init_config.model, encoder_params, encode(task.train),
                               encode(task.validation), num_classes=len(task.label_names))
-  scores = result["scores"]
-  return dict(accuracy=scores["accuracy"], macro_f1=scores["macro_f1"], mcc=scores["mcc"],
-              probe_accuracy=probed["accuracy"], probe_macro_f1=probed["macro_f1"],
-              finetune_steps=result["step"])
+  tuned = result["predictions"]
+  labels = np.asarray(task.validation.labels)
+  per_task = {
+      SUPERSENSE: (np.array([p["prediction"] for p in tuned]),
+                   np.array([p["gold_nll"] for p in tuned]), result["scores"]["macro_f1"]),
+      PROBE: (probed["predictions"], probed["gold_nll"], probed["macro_f1"])}
+  metrics, examples = {}, {}
+  for name, (predictions, nll, macro_f1) in per_task.items():
+    correct = (predictions == labels).astype(float)
+    metrics.update({f"{name}/accuracy": float(correct.mean()), f"{name}/macro_f1": macro_f1,
+                    f"{name}/target_loss": float(nll.mean()),
+                    f"{name}/distinct": len(set(predictions.tolist()))})
+    examples[name] = {"accuracy": correct.astype(int).tolist(),
+                      "target_nll": [round(float(x), 4) for x in nll]}
+  metrics["finetune_steps"] = result["step"]
+  metrics["token_cosine"] = token_cosine(init_config.model, encoder_params, tokenizer,
+                                         task.validation.texts, scale["finetune_seq_len"])
+  return metrics, examples
+
+
+def degenerate_flags(metrics: dict, pretrain_loss: float | None) -> list[str]:
+  """What makes a run not a result (EXPERIMENTS.md §2): a task whose predictions take at most
+  DEGENERATE values, 'collapse' (mean token cosine ≥ COLLAPSED_COSINE), 'nonfinite' (a
+  non-finite pre-training loss)."""
+  flags_ = [task for task in (SUPERSENSE, PROBE) if metrics[f"{task}/distinct"] <= DEGENERATE]
+  if metrics["token_cosine"] >= COLLAPSED_COSINE:
+    flags_.append("collapse")
+  if pretrain_loss is not None and not np.isfinite(pretrain_loss):
+    flags_.append("nonfinite")
+  return flags_
 
 
 def pretrain_and_score(name: str, config, seed: int, scale: dict, workdir: str | None,
-                       task: wordnet.ClassificationTask) -> dict:
+                       task: wordnet.ClassificationTask, eval_keys: Sequence[str]) -> dict:
   """Pre-trains `config` in `workdir` (resuming a checkpoint there), then fine-tunes and probes
   the checkpoint's encoder on `task`. With `workdir` None nothing is pre-trained: the encoder of
   `config.model` starts from a random initialisation, with the tokenizer `config` would train.
 
+  Args:
+    eval_keys: the held-out pre-training metrics that are the row's own-target accuracy, in
+      order of preference (the first one the run logs; e.g. 'mlm_accuracy').
+
   Returns:
-    row, seed, SCORES, finetune_steps, pretrain_seconds (setup, compile and training),
-    total_seconds.
+    The results.jsonl record (`experiments/report.py`): row, seed, scale, commit, metrics,
+    examples, degenerate, input_tokens (pre-training positions seen), pretrain {eval (the last
+    held-out metrics), eval_accuracy, tokens_per_sec, curve}, pretrain_seconds (setup, compile
+    and training) and total_seconds.
   """
   start = time.time()
   if workdir is not None:
     train.run(config, workdir)
     config, tokenizer, params = workdir_lib.load(workdir)
+    pretrain = pretrain_record(workdir, eval_keys)
+    input_tokens = config.train.total_steps * config.train.batch_size * config.data.seq_len
   else:  # the floor uses the same tokenizer as the pre-trained rows
-    params = None
+    params, pretrain, input_tokens = None, {}, 0
     tokenizer = tokenizers.load_or_train(config, sources.get_documents(config.data, "train"))
   pretrain_seconds = time.time() - start
-  scores = downstream_scores(config, params, tokenizer, task, scale, seed)
-  return dict(row=name, seed=seed, **scores, pretrain_seconds=round(pretrain_seconds, 1),
-              total_seconds=round(time.time() - start, 1))
+  metrics, examples = downstream_scores(config, params, tokenizer, task, scale, seed)
+  last_loss = (pretrain.get("curve") or {}).get("loss", [None])[-1:] or [None]
+  return dict(row=name, seed=seed, scale=scale.get("name"), commit=commit(), metrics=metrics,
+              degenerate=degenerate_flags(metrics, last_loss[0]), input_tokens=input_tokens,
+              pretrain=pretrain, pretrain_seconds=round(pretrain_seconds, 1),
+              total_seconds=round(time.time() - start, 1), examples=examples)
+
+
+def pretrain_record(workdir: str, eval_keys: Sequence[str]) -> dict:
+  """A pre-training workdir's summary from its metrics.jsonl: the last held-out metrics, the
+  own-target accuracy (the first of `eval_keys` logged), the median throughput and the curve
+  (training loss at each logged step, the accuracy at each evaluation)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  last = final_eval_metrics(workdir)
+  key = next((k for k in eval_keys if k in last), None)
+  evals = [r for r in records if key is not None and f"eval_{key}" in r]
+  train_records = [r for r in records if "loss" in r]
+  return dict(eval=last, eval_accuracy=last.get(key), tokens_per_sec=median_throughput(workdir),
+              curve=dict(steps=[r["step"] for r in train_records],
+                         loss=[round(r["loss"], 4) for r in train_records],
+                         eval_steps=[r["step"] for r in evals],
+                         eval_accuracy=[round(r[f"eval_{key}"], 4) for r in evals]))
+
+
+def constant_scores(task: wordnet.ClassificationTask) -> dict[str, float]:
+  """{SUPERSENSE, PROBE: the majority training class's accuracy on the validation examples}."""
+  majority = collections.Counter(task.train.labels).most_common(1)[0][0]
+  accuracy = float(np.mean(np.asarray(task.validation.labels) == majority))
+  return {SUPERSENSE: accuracy, PROBE: accuracy}
+
+
+# Our columns, every one higher-is-better; `paper` names the paper column each stands in for.
+def columns(paper_column: str | None) -> tuple:
+  """Fine-tuned and probed supersense accuracy and gold-label log-likelihood; the fine-tuned
+  ones stand in for `paper_column`."""
+  return (report.Column("Supersense acc", SUPERSENSE, "accuracy", paper_column),
+          report.Column("Probe acc", PROBE, "accuracy"),
+          report.Column("Supersense log-lik", SUPERSENSE, "target_nll", paper_column),
+          report.Column("Probe log-lik", PROBE, "target_nll"))
+
+
+PRIMARY = f"{SUPERSENSE}/target_loss"
+
+
+def write_report(results: list[dict], out: str, comparison: report.Comparison, setup: str,
+                 task: wordnet.ClassificationTask, scale: dict) -> str:
+  """OUT/table.md, meta.json, plot.png and curves.png of an encoder comparison
+  (`experiments/report.py`); returns the markdown."""
+  constants = constant_scores(task)
+  degenerate = {}
+  for r in results:
+    degenerate.setdefault(r["row"], set()).update(r.get("degenerate", ()))
+  markdown = report.markdown(results, comparison, setup=setup, constants=constants,
+                             degenerate=degenerate)
+  with open(os.path.join(out, "table.md"), "w") as fh:
+    fh.write(markdown)
+  meta = dict(primary_metric=f"−{comparison.primary.key} ({comparison.primary.label})",
+              higher_is_better=True, paper_column=comparison.primary.paper,
+              evaluation_examples={t: len(results[0]["examples"][t]["target_nll"])
+                                   for t in (SUPERSENSE, PROBE)},
+              constant_output=constants, seeds=sorted({r["seed"] for r in results}),
+              commits=sorted({r.get("commit", "?") for r in results}),
+              scale={k: v for k, v in scale.items() if k != "config_overrides"})
+  with open(os.path.join(out, "meta.json"), "w") as fh:
+    json.dump(meta, fh, indent=1, ensure_ascii=False)
+  report.plot(results, comparison, constants, os.path.join(out, "plot.png"))
+  report.curves(results, comparison, os.path.join(out, "curves.png"))
+  return markdown
 
 
 # ------------------------------------------------------------------------------ command line
@@ -261,67 +396,3 @@ def median_throughput(workdir: str) -> float | None:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     values = [r["tokens_per_sec"] for r in map(json.loads, f) if r.get("tokens_per_sec")]
   return float(np.median(values)) if values else None
-
-
-# ------------------------------------------------------------------------------ summary and plot
-
-
-def summarise(results: list[dict], row_names: Sequence[str],
-              scores: Sequence[str] = SCORES) -> list[dict]:
-  """Per row in `row_names` order (rows without results left out): row, seeds, and for each
-  score (mean, sample standard deviation) over seeds, ×100; the deviation is NaN for one seed."""
-  table = []
-  for name in row_names:
-    runs = [r for r in results if r["row"] == name]
-    if not runs:
-      continue
-    row = dict(row=name, seeds=len(runs))
-    for key in scores:
-      values = np.array([r[key] for r in runs]) * 100
-      row[key] = (values.mean(), values.std(ddof=1) if len(values) > 1 else float("nan"))
-    table.append(row)
-  return table
-
-
-def mean_std(value: tuple[float, float]) -> str:
-  """A table cell: '20.1 ± 3.6'."""
-  return f"{value[0]:.1f} ± {value[1]:.1f}"
-
-
-def plot(table: list[dict], path: str, title: str,
-         paper: tuple[str, dict[str, float]] | None = None) -> None:
-  """Bars of fine-tuned and probe accuracy per row (mean, error bars one std over seeds). With
-  `paper` = (label, {row: score}), a side panel shows those scores for the rows that have one
-  (none when no row has one, e.g. a one-row job of the floor)."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  names = [row["row"] for row in table]
-  quoted = [name for name in names if paper is not None and name in paper[1]]
-  if not quoted:
-    fig, ax = plt.subplots(figsize=(8, 4))
-  else:
-    fig, (ax, side) = plt.subplots(1, 2, figsize=(12, 4.5), width_ratios=(3, 2))
-  x = np.arange(len(names))
-  for offset, key in ((-0.2, "accuracy"), (0.2, "probe_accuracy")):
-    ax.bar(x + offset, [row[key][0] for row in table], 0.4,
-           yerr=[np.nan_to_num(row[key][1]) for row in table], capsize=3,
-           label=key.replace("_", " ").replace("accuracy", "accuracy (fine-tuned)"
-                                               if key == "accuracy" else "accuracy"))
-  ax.set_xticks(x, names, rotation=20, ha="right")
-  ax.set_ylabel("supersense validation (×100)")
-  ax.set_title(title)
-  ax.legend()
-  if quoted:
-    label, scores = paper
-    values = [scores[name] for name in quoted]
-    side.bar(np.arange(len(quoted)), values, 0.6, color="tab:gray")
-    for i, value in enumerate(values):
-      side.annotate(f"{value:.1f}", (i, value), ha="center", va="bottom", fontsize=8)
-    side.set_xticks(np.arange(len(quoted)), quoted, rotation=20, ha="right")
-    side.set_ylim(min(values) - 2, max(values) + 1)
-    side.set_ylabel(label)
-    side.set_title("paper")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)

@@ -69,6 +69,7 @@ class Comparison:
   paper: Mapping[str, Mapping[str, float]]         # row -> paper column -> value
   paper_columns: Sequence[str]
   paper_source: str
+  row_label: str = "Objective"                     # what a row is, the tables' first header
 
   @property
   def primary(self) -> Column:
@@ -220,7 +221,7 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
 
 
 def _results_table(results, table, comparison: Comparison, degenerate) -> list[str]:
-  header = (["Objective"] + [c.label for c in comparison.columns] + ["pre-train acc"]
+  header = ([comparison.row_label] + [c.label for c in comparison.columns] + ["pre-train acc"]
             + [f"paper {c}" for c in comparison.paper_columns])
   lines = ["## Results", "", f"Paper: {comparison.paper_source}.", "",
            "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -238,9 +239,13 @@ def _results_table(results, table, comparison: Comparison, degenerate) -> list[s
       cells.append(f"{100 * np.mean(accuracy):.1f}" if accuracy else "—")
       paper = comparison.paper.get(name, {})
       cells += [f"{paper[c]:.2f}" if c in paper else "—" for c in comparison.paper_columns]
-      lines.append(f"| {name} | " + " | ".join(cells) + " |")
+      marks = "".join(mark for flag, mark in (("collapse", "‡"), ("nonfinite", "§"))
+                      if flag in degenerate.get(name, ()))
+      lines.append(f"| {name}{marks} | " + " | ".join(cells) + " |")
   lines += ["", "† degenerate: in some seed the fine-tuned model emitted at most a few distinct "
-                "texts on the evaluation examples (a constant output), not a result.",
+                "predictions on the evaluation examples (a constant output), not a result. "
+                "‡ collapsed: in some seed the pre-trained encoder's token vectors have a mean "
+                "cosine near 1. § a non-finite pre-training loss in some seed.",
             "pre-train acc: the held-out accuracy on the row's own pre-training targets (rows "
             "differ in what they predict: comparable within a row's curve, not across rows).",
             ""]
@@ -251,7 +256,7 @@ def _differences_table(boot, comparison: Comparison, rows) -> list[str]:
   base = comparison.baseline
   if base not in rows:
     return []
-  header = ["Objective"] + [f"Δ {c.label}" for c in comparison.columns]
+  header = [comparison.row_label] + [f"Δ {c.label}" for c in comparison.columns]
   lines = [f"## Differences against {base}", "",
            "Mean difference [95% paired bootstrap interval].",
            "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -278,7 +283,7 @@ def _ranks_table(boot, table, comparison: Comparison, rows) -> list[str]:
   ours = stats.ranks([table[name][primary.key][0] for name in quoted])
   theirs = stats.ranks([comparison.paper[n][paper_column] for n in quoted])
   lines = [f"## Ranks on {primary.label} (1 = best, among the rows run that the paper has)",
-           "", f"| Objective | ours | our rank [95% bootstrap] | paper {paper_column} | "
+           "", f"| {comparison.row_label} | ours | our rank [95% bootstrap] | paper {paper_column} | "
            "paper rank |", "|---|---|---|---|---|"]
   for i, name in enumerate(quoted):
     low, high = stats.percentile_interval(sampled_ranks[:, i], method="nearest")
@@ -318,21 +323,25 @@ def _agreement_lines(boot, table, comparison: Comparison, rows) -> list[str]:
   return lines + [""]
 
 
-_SEEN = (("input_tokens", "input tokens", "{:,.0f}"), ("target_tokens", "target tokens",
+_SEEN = (("pretrain_steps", "pre-train steps", "{:,.0f}"),
+         ("input_tokens", "input tokens", "{:,.0f}"), ("target_tokens", "target tokens",
                                                       "{:,.0f}"),
+         ("train_flops", "train FLOPs", "{:.3g}"),
          ("targets_length", "targets length", "{:.0f}"),
          ("targets_cut_share", "targets cut", "{:.2%}"),
          ("pretrain_seconds", "pre-train s", "{:.0f}"), ("total_seconds", "total s", "{:.0f}"))
 
 
 def _seen_table(results, comparison: Comparison, rows) -> list[str]:
-  """Per row, the mean over seeds of what it saw and took (fair rows: EXPERIMENTS.md §4)."""
-  header = ["Objective"] + [label for _, label, _ in _SEEN]
+  """Per row, the mean over seeds of what it saw and took (fair rows: EXPERIMENTS.md §4); the
+  quantities that no record has are left out."""
+  shown = [item for item in _SEEN if any(r.get(item[0]) is not None for r in results)]
+  header = [comparison.row_label] + [label for _, label, _ in shown]
   lines = ["## What each row saw (mean over seeds)", "",
            "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for name in rows:
     cells = []
-    for key, _, form in _SEEN:
+    for key, _, form in shown:
       values = [r[key] for r in runs(results, name) if r.get(key) is not None]
       cells.append(form.format(np.mean(values)) if values else "—")
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -374,7 +383,8 @@ def plot(results: Sequence[dict], comparison: Comparison, constants: Mapping[str
       ax.set_xlabel(f"ours: {c.label} (×100)")
     ax.set_yticks(y, names if c is columns[0] else [""] * len(names))
     ax.invert_yaxis()
-    ax.legend(loc="best", fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(loc="best", fontsize=7)
     if c.paper is None or c.loglik:
       paper_ax.set_axis_off()
       continue
@@ -412,7 +422,8 @@ def curves(results: Sequence[dict], comparison: Comparison, path: str) -> None:
   loss_ax.set(xlabel="input tokens seen", ylabel="training loss", ylim=(0, None))
   accuracy_ax.set(xlabel="input tokens seen", ylabel="held-out accuracy (own targets)",
                   ylim=(0, 1))
-  accuracy_ax.legend(fontsize=7)
+  if accuracy_ax.get_legend_handles_labels()[0]:
+    accuracy_ax.legend(fontsize=7)
   fig.suptitle(f"{comparison.title}: pre-training")
   fig.tight_layout()
   fig.savefig(path, dpi=100)

@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.finetune import metrics
 
 
 def truncated_pair_lengths(length_a: int, length_b: int, max_tokens: int) -> tuple[int, int]:
@@ -412,3 +413,17 @@ def decode_predictions(task, outputs: np.ndarray, data: dict[str, np.ndarray],
                              ft.max_answer_len, ft.null_threshold, task.version_2)
     return [answers[e["id"]] for e in examples]
   return [int(x) for x in outputs.argmax(-1)]
+
+
+def gold_nll(task, outputs: np.ndarray, data: dict[str, np.ndarray]) -> list[float] | None:
+  """The gold label's negative log-probability per example (nats; the softmax over classes or
+  choices), for classification and multiple choice; None for the other kinds. What moves long
+  before accuracy does (EXPERIMENTS.md §2).
+
+  Args:
+    outputs: [rows, classes] or [rows, choices], one row per example.
+    data: the features, with `label` [rows].
+  """
+  if task.kind not in ("classification", "multiple_choice"):
+    return None
+  return [float(x) for x in metrics.gold_nll(outputs, data["label"])]

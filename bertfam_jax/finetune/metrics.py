@@ -62,6 +62,15 @@ def matthews_corrcoef(labels, predictions, num_classes: int) -> float:
   return float((correct * total - predicted @ true) / np.sqrt(denominator))
 
 
+def gold_nll(logits, labels) -> np.ndarray:
+  """The gold label's negative log-probability under a softmax: logits [n, classes], labels [n]
+  int -> [n] float64 nats."""
+  logits = np.asarray(logits, np.float64)
+  shifted = logits - logits.max(-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  return -np.take_along_axis(log_probs, np.asarray(labels)[:, None], -1)[:, 0]
+
+
 def classification_metrics(labels, predictions, num_classes: int) -> dict[str, float]:
   """{'accuracy', 'macro_f1', 'mcc'}."""
   return dict(accuracy=accuracy(labels, predictions),

@@ -63,7 +63,8 @@ def linear_probe(config_model, encoder_params, train_data: dict[str, np.ndarray]
     steps, learning_rate, l2: the regression's optimisation.
 
   Returns:
-    accuracy, macro_f1, mcc on eval_data and predictions [eval examples] int32.
+    accuracy, macro_f1, mcc on eval_data, predictions [eval examples] int32 and gold_nll [eval
+    examples] float64: the gold label's negative log-probability (nats).
   """
   train_x = mean_pooled_features(config_model, encoder_params, train_data)
   eval_x = mean_pooled_features(config_model, encoder_params, eval_data)
@@ -89,7 +90,7 @@ def linear_probe(config_model, encoder_params, train_data: dict[str, np.ndarray]
     return p
 
   params = fit(params)
-  predictions = np.asarray(jnp.argmax(jnp.asarray(eval_x) @ params["w"] + params["b"][None, :], -1),
-                           np.int32)
-  return dict(predictions=predictions,
+  logits = np.asarray(jnp.asarray(eval_x) @ params["w"] + params["b"][None, :])
+  predictions = logits.argmax(-1).astype(np.int32)
+  return dict(predictions=predictions, gold_nll=metrics.gold_nll(logits, eval_data["label"]),
               **metrics.classification_metrics(eval_data["label"], predictions, num_classes))

@@ -343,16 +343,19 @@ def evaluate(task, predict, params, *, eval_data, eval_examples, tokenizer, conf
   """Predicts the evaluation split and scores it with the task's metrics.
 
   Returns: task, split, examples, scores {metric: value}, main_metric, predictions (one dict per
-  example: its index (and id where the task has one), prediction, gold label)."""
+  example: its index (and id where the task has one), prediction, gold label and, for
+  classification and multiple choice, gold_nll: the gold label's negative log-probability)."""
   ft = config.finetune
   outputs = recipe_lib.predict_all(predict, params, eval_data, config.train.eval_batch_size, mesh,
                                    INPUT_KEYS)
   predictions = features.decode_predictions(task, outputs, eval_data, eval_examples, tokenizer, ft)
   scores = task.score(eval_examples, predictions)
+  nll = features.gold_nll(task, outputs, eval_data)
   return dict(task=ft.task, split=ft.eval_split or task.eval_split, examples=len(eval_examples),
               main_metric=task.main_metric, scores=scores,
               predictions=[dict(index=i, **({"id": e["id"]} if "id" in e else {}),
-                                prediction=_jsonable(p), label=_jsonable(g))
+                                prediction=_jsonable(p), label=_jsonable(g),
+                                **({} if nll is None else {"gold_nll": nll[i]}))
                            for i, (e, p, g) in enumerate(zip(eval_examples, predictions,
                                                              task.gold(eval_examples)))])
 

@@ -36,7 +36,7 @@ def test_bad_overrides_name_the_field(item, message):
 
 
 def test_a_bad_override_stops_the_sweep_before_any_row():
-  scale = dict(masking_schemes.SCALES["runlocal"], config_overrides=["model.bogus=1"])
+  scale = dict(masking_schemes.SCALES["cpu"], config_overrides=["model.bogus=1"])
   with pytest.raises(app.UsageError, match="row 'Whole Words': override 'model.bogus=1'"):
     common.check_rows(["Whole Words"], masking_schemes.ROWS,
                       lambda spec: masking_schemes.pretrain_config(scale, spec, 0))

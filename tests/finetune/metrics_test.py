@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bertfam_jax.finetune import metrics
+from bertfam_jax.finetune import features, metrics
 
 # Two classes: TP 3, FN 1, FP 1, TN 3.
 BINARY_LABELS = [1, 1, 1, 0, 0, 0, 0, 1]
@@ -176,3 +176,19 @@ def test_generation_metrics_reject_bad_references():
     metrics.bleu(["a"], ["a"])
   with pytest.raises(ValueError, match="predictions for"):
     metrics.rouge(["a", "b"], [["a"]])
+
+
+def test_gold_nll_is_the_softmax_cross_entropy():
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(50, 7)) * 30 + 500      # large logits: computed stably
+  labels = rng.integers(0, 7, 50)
+  expected = optax.softmax_cross_entropy_with_integer_labels(jnp.asarray(logits, jnp.float32) -
+                                                             500, jnp.asarray(labels))
+  np.testing.assert_allclose(metrics.gold_nll(logits, labels), expected, rtol=1e-4, atol=1e-4)
+  task = type("Task", (), {"kind": "multiple_choice"})
+  assert features.gold_nll(task, logits, {"label": labels}) == pytest.approx(
+      list(metrics.gold_nll(logits, labels)))
+  task.kind = "extractive_qa"
+  assert features.gold_nll(task, logits, {"label": labels}) is None
