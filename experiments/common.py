@@ -42,8 +42,6 @@ from bertfam_jax.train import train
 from experiments import report
 
 NO_PRETRAINING = "No pre-training"
-# Reported scores: fine-tuned, and a linear probe on frozen mean-pooled features.
-SCORES = ("accuracy", "macro_f1", "mcc", "probe_accuracy", "probe_macro_f1")
 
 
 # ------------------------------------------------------------------------------- downstream task
@@ -79,13 +77,15 @@ def workdir_name(name: str, seed: int) -> str:
 
 def finetune_config(scale: dict, seed: int):
   """BERT's classifier recipe (run_classifier.py: batch 32, 10% warmup, AdamW with weight decay
-  0.01) on the supersense task at the scale's size, length, epochs and rate."""
+  0.01, no layer-wise decay) on the supersense task at the scale's size, length, epochs and rate,
+  for every row: an ELECTRA checkpoint's own recipe (layer-wise decay 0.8) is not applied, so
+  that rows differ in their encoder only."""
   config = config_lib.finetune_config()
   config.seed = seed
   config.finetune.update(
       task=SUPERSENSE, max_train_examples=scale["finetune_train"] or 0,
       max_eval_examples=scale["finetune_eval"] or 0, max_seq_len=scale["finetune_seq_len"],
-      epochs=float(scale["finetune_epochs"]))
+      epochs=float(scale["finetune_epochs"]), layer_decay=1.0)
   config.optimizer.peak_lr = scale["finetune_lr"]
   config.train.update(log_every=10_000)
   return config
@@ -152,6 +152,9 @@ def downstream_scores(init_config, params, tokenizer, task: wordnet.Classificati
                               encode(task.validation), num_classes=len(task.label_names))
   tuned = result["predictions"]
   labels = np.asarray(task.validation.labels)
+  if [p["label"] for p in tuned] != labels.tolist():
+    raise ValueError("The fine-tuning run scored other validation examples than the probe's "
+                     f"{len(labels)}: check finetune.max_eval_examples and the task's split.")
   per_task = {
       SUPERSENSE: (np.array([p["prediction"] for p in tuned]),
                    np.array([p["gold_nll"] for p in tuned]), result["scores"]["macro_f1"]),
@@ -210,7 +213,8 @@ def pretrain_and_score(name: str, config, seed: int, scale: dict, workdir: str |
   pretrain_seconds = time.time() - start
   metrics, examples = downstream_scores(config, params, tokenizer, task, scale, seed)
   last_loss = (pretrain.get("curve") or {}).get("loss", [None])[-1:] or [None]
-  return dict(row=name, seed=seed, scale=scale.get("name"), commit=commit(), metrics=metrics,
+  return dict(row=name, seed=seed, scale=scale.get("name"), commit=commit(),
+              config_overrides=list(scale.get("config_overrides", ())), metrics=metrics,
               degenerate=degenerate_flags(metrics, last_loss[0]), input_tokens=input_tokens,
               pretrain=pretrain, pretrain_seconds=round(pretrain_seconds, 1),
               total_seconds=round(time.time() - start, 1), examples=examples)
@@ -234,10 +238,19 @@ def pretrain_record(workdir: str, eval_keys: Sequence[str]) -> dict:
 
 
 def constant_scores(task: wordnet.ClassificationTask) -> dict[str, float]:
-  """{SUPERSENSE, PROBE: the majority training class's accuracy on the validation examples}."""
-  majority = collections.Counter(task.train.labels).most_common(1)[0][0]
-  accuracy = float(np.mean(np.asarray(task.validation.labels) == majority))
-  return {SUPERSENSE: accuracy, PROBE: accuracy}
+  """The best constant outputs on the validation examples: {SUPERSENSE, PROBE: the majority
+  training class's accuracy; SUPERSENSE/target_nll, PROBE/target_nll: the mean negative
+  log-probability of the gold label under the training classes' frequencies (add-one
+  smoothed)}."""
+  counts = collections.Counter(task.train.labels)
+  majority = counts.most_common(1)[0][0]
+  validation = np.asarray(task.validation.labels)
+  accuracy = float(np.mean(validation == majority))
+  prior = {label: (counts[label] + 1) / (len(task.train.labels) + len(task.label_names))
+           for label in range(len(task.label_names))}
+  nll = float(np.mean([-np.log(prior[label]) for label in validation.tolist()]))
+  return {SUPERSENSE: accuracy, PROBE: accuracy, f"{SUPERSENSE}/target_nll": nll,
+          f"{PROBE}/target_nll": nll}
 
 
 # Our columns, every one higher-is-better; `paper` names the paper column each stands in for.
@@ -256,7 +269,17 @@ PRIMARY = f"{SUPERSENSE}/target_loss"
 def write_report(results: list[dict], out: str, comparison: report.Comparison, setup: str,
                  task: wordnet.ClassificationTask, scale: dict) -> str:
   """OUT/table.md, meta.json, plot.png and curves.png of an encoder comparison
-  (`experiments/report.py`); returns the markdown."""
+  (`experiments/report.py`); returns the markdown. `setup` describes `scale`, the scale the
+  records were run at; settings overridden on the command line are listed from the records."""
+  if not results:
+    raise ValueError(f"No results to report in {out}.")
+  old = sorted({r["row"] for r in results if "examples" not in r})
+  if old:
+    raise ValueError(f"the records of rows {old} hold no per-example scores (an older version's "
+                     "format); rerun those rows into a fresh --out.")
+  overrides = sorted({o for r in results for o in r.get("config_overrides", ())})
+  if overrides:
+    setup += f" Overrides for every row: {', '.join(overrides)}."
   constants = constant_scores(task)
   degenerate = {}
   for r in results:
@@ -271,7 +294,7 @@ def write_report(results: list[dict], out: str, comparison: report.Comparison, s
                                    for t in (SUPERSENSE, PROBE)},
               constant_output=constants, seeds=sorted({r["seed"] for r in results}),
               commits=sorted({r.get("commit", "?") for r in results}),
-              scale={k: v for k, v in scale.items() if k != "config_overrides"})
+              scale=scale, config_overrides=overrides)
   with open(os.path.join(out, "meta.json"), "w") as fh:
     json.dump(meta, fh, indent=1, ensure_ascii=False)
   report.plot(results, comparison, constants, os.path.join(out, "plot.png"))

@@ -245,7 +245,7 @@ def main(argv):
   results = common.run_sweep(
       ROWS, f.rows, list(map(int, f.seeds)), os.path.join(out, "results.jsonl"),
       lambda name, overrides, seed: run_row(name, overrides, seed, scale, workdirs, task))
-  print(write_summary(results, out, f.scale))
+  print(common.write_report(results, out, COMPARISON, setup_text(f.scale, scale), task, scale))
 
 
 if __name__ == "__main__":

@@ -347,9 +347,11 @@ def launch_tpu(args: argparse.Namespace, todo: Sequence[Job], command: dict,
 
 
 def summary(args: argparse.Namespace) -> int:
-  """Merges the finished jobs into OUT/results.jsonl and writes the experiment's table.md and
-  plot.png there; prints the table and the rows still missing."""
+  """Merges the finished jobs into OUT/results.jsonl and writes the experiment's report there
+  (table.md, meta.json, plot.png, curves.png); prints the table and the rows still missing."""
   module = load_sweep(args.sweep)
+  if args.scale not in module.SCALES:
+    raise LaunchError(f"unknown scale {args.scale!r}; {args.sweep} has {sorted(module.SCALES)}.")
   out = output_dir(args)
   results = merged_results(out)
   if not results:
@@ -361,7 +363,10 @@ def summary(args: argparse.Namespace) -> int:
   with open(path + ".tmp", "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in results)
   os.replace(path + ".tmp", path)
-  print(module.write_summary(results, out, args.scale))
+  try:
+    print(module.write_summary(results, out, args.scale))
+  except ValueError as e:   # records the experiment cannot report, e.g. an older format's
+    raise LaunchError(f"{out}: {e}") from None
   have = {r["row"] for r in results}
   print(f"{len(results)} results in {path}; rows without any: "
         f"{[r for r in rows if r not in have] or 'none'}.")

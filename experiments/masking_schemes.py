@@ -144,11 +144,12 @@ COMPARISON = report.Comparison(
 def setup_text(scale_name: str, scale: dict) -> str:
   """The scale as a paragraph of table.md."""
   pretrain = scale["pretrain"]
+  seq_len = pretrain_config(scale, dict(ROWS)[BASELINE], 0).data.seq_len
   model = ", ".join(f"{k} {v}" for k, v in scale.get("model", {}).items())
   return (f"Scale `{scale_name}`: configs/spanbert.py:{scale['config_arg']}"
           f"{' (' + model + ')' if model else ''}, sentence pairs with NSP, no "
           f"SBO, 15% masked; every row pre-trains {pretrain['total_steps']:,} steps × "
-          f"{pretrain['batch_size']} sequences × 128 tokens (peak rate {scale['peak_lr']}, "
+          f"{pretrain['batch_size']} sequences × {seq_len} tokens (peak rate {scale['peak_lr']}, "
           f"{scale['warmup_steps']} warm-up steps; data: the embedded Wikipedia sample and the "
           f"glosses of WordNet's training synsets), then fine-tunes {scale['finetune_epochs']} "
           f"epochs on {scale['finetune_train'] or 'all'} training glosses (rate "
@@ -178,7 +179,7 @@ def main(argv):
   results = common.run_sweep(
       ROWS, f.rows, list(map(int, f.seeds)), os.path.join(out, "results.jsonl"),
       lambda name, overrides, seed: run_row(name, overrides, seed, scale, workdirs, task))
-  print(write_summary(results, out, f.scale))
+  print(common.write_report(results, out, COMPARISON, setup_text(f.scale, scale), task, scale))
 
 
 if __name__ == "__main__":

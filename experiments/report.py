@@ -130,14 +130,18 @@ def resample(results: Sequence[dict], comparison: Comparison,
 
 
 def constant_output(scores: Mapping[str, float], column: Column) -> float | None:
-  """The constant-output score of the column's task as shown (None for log-likelihoods)."""
-  value = scores.get(column.task)
-  return None if value is None or column.loglik else column.shown(value)
+  """The constant-output score of the column as shown: `scores[task]` for a score,
+  `scores['task/target_nll']` (a constant distribution's loss) for a log-likelihood; None where
+  `scores` has none."""
+  value = scores.get(f"{column.task}/target_nll" if column.loglik else column.task)
+  return None if value is None else column.shown(value)
 
 
-def floor_check(table: Mapping[str, dict], comparison: Comparison) -> tuple[bool, list[str]]:
+def floor_check(table: Mapping[str, dict], comparison: Comparison,
+                constants: Mapping[str, float] | None = None) -> tuple[bool, list[str]]:
   """(every pre-trained row's primary interval entirely above the floor's, one line per
-  column saying which rows' intervals overlap the floor's)."""
+  column saying which rows' intervals overlap the floor's and where the floor stands against
+  the constant output, when `constants` has the column's)."""
   if comparison.floor not in table:
     return False, ["The floor was not run: no row can be ranked (EXPERIMENTS.md §1)."]
   pretrained = [r for r in table if r != comparison.floor]
@@ -154,6 +158,11 @@ def floor_check(table: Mapping[str, dict], comparison: Comparison) -> tuple[bool
       valid = valid and not overlapping
     verdict = ("every pre-trained row better, intervals apart" if not overlapping else
                f"not separated from the floor: {', '.join(overlapping)}")
+    constant = constant_output(constants or {}, column)
+    if constant is not None:
+      side = "above" if floor_mean - np.nan_to_num(floor_half) > constant else "not above"
+      verdict += (f"; the floor is {side} the constant output "
+                  f"({constant:.{column.digits}f})")
     lines.append(f"- {column.label}: floor {_interval(column, table[comparison.floor])}; "
                  f"{verdict}.")
   return valid, lines
@@ -184,7 +193,8 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
     comparison: the layout.
     setup: a paragraph on the scale (model, data, budgets, evaluation sizes).
     constants: {task: the best constant output's score in [0, 1]} (majority class, most common
-      answer, most common target).
+      answer, most common target) and, optionally, {task/target_nll: a constant distribution's
+      mean loss} (the training labels' frequencies).
     degenerate: {row: tasks where some seed's model was degenerate}; those cells are marked †.
     resamples: bootstrap draws.
   """
@@ -192,12 +202,12 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
   boot = resample(results, comparison, resamples)
   rows = list(table)
   seeds = sorted({r["seed"] for r in results})
-  valid, floor_lines = floor_check(table, comparison)
+  valid, floor_lines = floor_check(table, comparison, constants)
   lines = [f"# {comparison.title}", "", setup, "",
            f"Rows × seeds: {len(results)} runs, seeds {seeds}. Cells: mean ± 95% t-interval "
            "over seeds, conditional on the evaluation examples (scores ×100; log-lik: the gold "
-           "targets' log-likelihood under teacher forcing, nats per token averaged over "
-           "examples, i.e. −loss); every column higher-is-better; "
+           "targets' log-likelihood under teacher forcing, nats per target token averaged over "
+           "examples, i.e. −loss; a class label is one token); every column higher-is-better; "
            f"bootstrap intervals: {resamples:,} paired resamples of the evaluation examples, "
            "each row with its seed error added (`experiments/stats.py`: wider than the "
            "t-intervals, which hold the examples fixed).", "",
@@ -208,8 +218,9 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
             f"primary metric ({comparison.primary.label}) with non-overlapping 95% intervals; "
             "the rankings below rank noise where they rank those rows."), "",
            *floor_lines,
-           "- Constant output (the most common training target, on the same examples): " +
-           "; ".join(f"{c.label} {constant_output(constants, c):.1f}"
+           "- Constant output (the most common training target, on the same examples; for a "
+           "log-likelihood, the training targets' frequencies where given): " +
+           "; ".join(f"{c.label} {constant_output(constants, c):.{c.digits}f}"
                      for c in comparison.columns if constant_output(constants, c) is not None)
            + ".", ""]
   lines += _results_table(results, table, comparison, degenerate)
@@ -376,7 +387,7 @@ def plot(results: Sequence[dict], comparison: Comparison, constants: Mapping[str
     if constant is not None:
       ax.axvline(constant, color="black", lw=1, ls="--", label="constant output")
     if c.loglik:
-      ax.set_xlim(np.nanmin(means - halves) * 1.1, 0)
+      ax.set_xlim(min(np.nanmin(means - halves), constant or 0) * 1.1, 0)
       ax.set_xlabel(f"ours: {c.label} (nats/token)")
     else:
       ax.set_xlim(0, max(np.nanmax(means + halves), constant or 0) * 1.15 or 1)

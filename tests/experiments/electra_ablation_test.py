@@ -94,3 +94,16 @@ def test_floor_row_records_no_flops(monkeypatch):
   record = ea.run_row(common.NO_PRETRAINING, None, 0, ea.SCALES["cpu"], "/nonexistent", None)
   assert calls == [(common.NO_PRETRAINING, "electra", None, ())]
   assert (record["pretrain_steps"], record["train_flops"]) == (0, 0.0)
+
+
+def test_every_row_fine_tunes_with_the_same_recipe(configs):
+  """An ELECTRA checkpoint's own recipe (layer-wise decay 0.8) would give the detection rows
+  another fine-tuning than BERT's: every row, the floor included, gets the same settings."""
+  from bertfam_jax.finetune import run as finetune_run  # pylint: disable=import-outside-toplevel
+  scale = ea.SCALES["cpu"]
+  settings = []
+  for config in [*configs.values(), ea.base_config(scale, 3)]:
+    resolved = finetune_run.resolved_config(common.finetune_config(scale, 0), config)
+    settings.append({k: resolved[k].to_dict() for k in ("finetune", "optimizer", "train")})
+  assert all(s == settings[0] for s in settings)
+  assert settings[0]["finetune"]["layer_decay"] == 1.0

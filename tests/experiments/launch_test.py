@@ -209,3 +209,12 @@ def test_the_experiments_are_sweeps(tmp_path, capsys):
                                             str(floor), "cpu")
   assert (floor / "plot.png").stat().st_size > 0
   assert "| No pre-training | 20.0 |" in (floor / "table.md").read_text()
+  # Records of an older format (no per-example scores): one line naming the fix.
+  stale = tmp_path / "stale"
+  stale.mkdir()
+  (stale / "results.jsonl").write_text(json.dumps(dict(row="BERT", seed=0, accuracy=0.2)) + "\n")
+  assert launch.main(["summary", "--sweep=electra_ablation", "--scale=cpu", f"--out={stale}"]) == 1
+  assert "hold no per-example scores" in capsys.readouterr().err
+  assert launch.main(["summary", "--sweep=electra_ablation", "--scale=runlocal",
+                      f"--out={stale}"]) == 1
+  assert "unknown scale 'runlocal'" in capsys.readouterr().err

@@ -124,8 +124,6 @@ def test_a_tiny_sweep_end_to_end(tmp_path):
   assert geometric["input_tokens"] == 4 * 8 * 64
   assert geometric["pretrain"]["curve"]["steps"][-1] == 4
   assert geometric["pretrain"]["eval_accuracy"] is not None
-  # Same seed, same fine-tuning examples and order: only the encoder differs between rows.
-  assert results[0]["metrics"]["finetune_steps"] == floor["metrics"]["finetune_steps"]
 
   markdown = ms.write_summary(results, str(tmp_path), "cpu")
   assert markdown.startswith("# SpanBERT masking schemes")
@@ -156,3 +154,21 @@ def test_collapse_is_marked_in_the_table():
                              degenerate={"Whole Words": {"collapse"}}, resamples=200)
   assert "| Whole Words‡ |" in markdown and "| Subword Tokens |" in markdown
   assert "‡ collapsed" in markdown
+
+
+def test_constant_outputs_and_the_floor_against_them():
+  task = common.supersense_task(dict(finetune_train=4000, finetune_eval=2000))
+  constants = common.constant_scores(task)
+  labels = np.asarray(task.validation.labels)
+  majority = np.bincount(task.train.labels).argmax()
+  assert constants[common.SUPERSENSE] == pytest.approx(np.mean(labels == majority))
+  # The training frequencies beat the uniform distribution and lose to a perfect model.
+  assert 0 < constants[f"{common.SUPERSENSE}/target_nll"] < np.log(len(task.label_names))
+  table = {"Subword Tokens": {k: (0.0, 1.0) for k in [c.key for c in ms.COMPARISON.columns]},
+           common.NO_PRETRAINING: {k: (-10.0, 1.0) for k in [c.key for c in
+                                                             ms.COMPARISON.columns]}}
+  valid, lines = report.floor_check(table, ms.COMPARISON, {
+      common.SUPERSENSE: 0.05, f"{common.SUPERSENSE}/target_nll": 20.0})
+  assert valid
+  assert "the floor is above the constant output (-20.000)" in lines[2]   # log-lik
+  assert "the floor is not above the constant output (5.0)" in lines[0]  # accuracy ×100

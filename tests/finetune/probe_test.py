@@ -55,9 +55,11 @@ def test_probe_reads_a_linearly_present_signal_and_is_deterministic():
   blind = probe.linear_probe(model, params, data(800, 1, marker=20), data(400, 2, marker=21),
                              num_classes=2, steps=200)
   assert blind["accuracy"] < 0.65
-  # The gold label's loss per example: low where the probe reads the signal, ~log 2 at chance,
-  # and above log 2 exactly where the prediction is wrong (two classes).
+  # The gold label's loss per example: low where the probe reads the signal, no better than
+  # the uniform prior's log 2 on noise (where the probe overfits), and above log 2 exactly where
+  # the prediction is wrong (two classes).
   assert first["gold_nll"].shape == (400,)
-  assert first["gold_nll"].mean() < 0.3 < abs(blind["gold_nll"].mean() - np.log(2)) + 0.3
+  assert first["gold_nll"].mean() < 0.3
+  assert blind["gold_nll"].mean() > np.log(2)
   wrong = first["predictions"] != evaluation["label"]
   np.testing.assert_array_equal(first["gold_nll"] > np.log(2), wrong)
