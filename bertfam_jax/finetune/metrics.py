@@ -9,12 +9,35 @@ normalisation, exact match and token F1. Tagging: seqeval's exact BIO spans and 
 from __future__ import annotations
 
 import collections
+import importlib
 import re
 import string
 from typing import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
+
+from bertfam_jax.config_lib import ConfigError
+
+# The packages of the generation scores, in the [t5] extra: (module, pip name, what needs it).
+GENERATION_PACKAGES = (("rouge_score", "rouge-score", "ROUGE"), ("sacrebleu", "sacrebleu", "BLEU"))
+
+
+def require(module: str):
+  """Imports one of GENERATION_PACKAGES' modules; raises ConfigError naming the [t5] extra (one
+  line, before any training when called from a recipe) when it is not installed."""
+  _, package, what = next(p for p in GENERATION_PACKAGES if p[0] == module)
+  try:
+    return importlib.import_module(module)
+  except ImportError:
+    raise ConfigError(f"{what} needs the {package} package: pip install 'bertfam_jax[t5]' (or "
+                      f"pip install {package}).") from None
+
+
+def require_generation_scores() -> None:
+  """Raises ConfigError (`require`) unless ROUGE's and BLEU's packages import."""
+  for module, _, _ in GENERATION_PACKAGES:
+    require(module)
 
 
 def confusion_matrix(labels, predictions, num_classes: int) -> np.ndarray:
@@ -287,6 +310,7 @@ def rouge_per_example(predictions: Sequence[str], references: Sequence[Sequence[
                       rouge_types: Sequence[str] = ROUGE_TYPES) -> dict[str, np.ndarray]:
   """{rouge_type: [examples] F-measure in [0, 1]}, each example against its best reference
   (`rouge_scorer.score_multi`); what `rouge` averages, and what a paired bootstrap resamples."""
+  require("rouge_score")
   from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
   _check_references(predictions, references)
   scorer = rouge_scorer.RougeScorer(list(rouge_types), use_stemmer=False)
@@ -305,7 +329,7 @@ def bleu(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> flo
     references: [examples] lists of reference translations; examples may have different numbers
       of references (the missing ones are passed to sacrebleu as None).
   """
-  import sacrebleu  # pylint: disable=g-import-not-at-top
+  sacrebleu = require("sacrebleu")
   _check_references(predictions, references)
   streams = max(len(golds) for golds in references)
   reference_streams = [[golds[k] if k < len(golds) else None for golds in references]

@@ -39,6 +39,7 @@ from flax import traverse_util
 
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import decoding
+from bertfam_jax.finetune import metrics as metrics_lib
 from bertfam_jax.finetune import optim
 from bertfam_jax.finetune import recipe as recipe_lib
 from bertfam_jax.finetune import text_tasks
@@ -135,6 +136,8 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   (decoding batches), total_steps (0 = from epochs)}."""
   ft = config.finetune
   task = text_tasks.get(ft.task)
+  if task.kind == "generation":   # scored with ROUGE and BLEU: fail now, not after training
+    metrics_lib.require_generation_scores()
   start = time.time()
   batch_size = config.train.batch_size
   targets_length = ft.targets_length or task.max_target_tokens

@@ -1,5 +1,7 @@
 """Classification metrics against values computed by hand."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -192,3 +194,23 @@ def test_gold_nll_is_the_softmax_cross_entropy():
       list(metrics.gold_nll(logits, labels)))
   task.kind = "extractive_qa"
   assert features.gold_nll(task, logits, {"label": labels}) is None
+
+
+@pytest.mark.parametrize("module, package", [("rouge_score", "rouge-score"),
+                                             ("sacrebleu", "sacrebleu")])
+def test_missing_generation_scores_name_the_extra(monkeypatch, module, package):
+  """Without the [t5] extra, ROUGE / BLEU and a generation task's recipe stop with one line that
+  names it, before any data is read or any step is trained."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from bertfam_jax.config_lib import ConfigError  # pylint: disable=import-outside-toplevel
+  from bertfam_jax.finetune import seq2seq  # pylint: disable=import-outside-toplevel
+  monkeypatch.setitem(sys.modules, module, None)      # `import module` raises ImportError
+  if module == "rouge_score":
+    monkeypatch.delitem(sys.modules, "rouge_score.rouge_scorer", raising=False)
+  message = rf"needs the {package} package: pip install 'bertfam_jax\[t5\]'"
+  score = metrics.rouge if module == "rouge_score" else metrics.bleu
+  with pytest.raises(ConfigError, match=message):
+    score(["a cat"], [["a cat"]])
+  config = ml_collections.ConfigDict(dict(finetune=dict(task="wordnet_define")))
+  with pytest.raises(ConfigError, match=message):
+    seq2seq.make_recipe(config, tokenizer=None, params=None, mesh=None)
