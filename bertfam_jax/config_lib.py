@@ -107,6 +107,56 @@ def default_cache_dir() -> str:
   return os.environ.get("BERTFAM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "bertfam_jax"))
 
 
+# Where a run's records go besides WORKDIR/metrics.jsonl (train/metrics.py), and a profiler trace
+# inside a real run (train/loop.py Profiler): the train section of pre-training and fine-tuning.
+RUN_TRACKING = dict(
+    metric_writers="tensorboard",   # comma-separated: tensorboard, wandb ([wandb] extra); '' none
+    wandb_project="bertfam_jax",
+    wandb_mode="offline",           # offline: files in WORKDIR/wandb (`wandb sync` them) | online
+    profile_steps="",               # 'a:b': a jax.profiler trace of steps a+1..b in WORKDIR/profile
+)
+
+
+METRIC_WRITERS = ("tensorboard", "wandb")
+
+
+def parse_metric_writers(value: str) -> tuple[str, ...]:
+  """`train.metric_writers` ('tensorboard,wandb'; '' for metrics.jsonl alone) as a tuple;
+  ConfigError naming the field for an unknown writer, or for wandb when it is not installed."""
+  names = tuple(n.strip() for n in value.split(",") if n.strip())
+  unknown = [n for n in names if n not in METRIC_WRITERS]
+  if unknown:
+    raise ConfigError(f"train.metric_writers={value!r}: unknown {unknown}; choose from "
+                      f"{list(METRIC_WRITERS)} (comma-separated; metrics.jsonl is always "
+                      f"written).")
+  if "wandb" in names and importlib.util.find_spec("wandb") is None:
+    raise ConfigError("train.metric_writers names wandb, which is not installed: pip install "
+                      "'bertfam_jax[wandb]', or drop wandb from --config.train.metric_writers.")
+  return names
+
+
+def parse_profile_steps(value: str) -> tuple[int, int] | None:
+  """`train.profile_steps` 'a:b' as (a, b) with 0 <= a < b: trace the steps after the a-th up to
+  the b-th; '' (no trace) as None."""
+  if not value:
+    return None
+  first, sep, last = value.partition(":")
+  try:
+    bounds = (int(first), int(last)) if sep else None
+  except ValueError:
+    bounds = None
+  if bounds is None or not 0 <= bounds[0] < bounds[1]:
+    raise ConfigError(f"train.profile_steps={value!r}: write 'a:b' with 0 <= a < b (the trace "
+                      f"covers steps a+1..b), e.g. --config.train.profile_steps=10:15.")
+  return bounds
+
+
+def validate_tracking(t: ml_collections.ConfigDict) -> None:
+  """The train section's RUN_TRACKING fields (pre-training and fine-tuning)."""
+  parse_metric_writers(t.get("metric_writers", ""))
+  parse_profile_steps(t.get("profile_steps", ""))
+
+
 def base_config() -> ml_collections.ConfigDict:
   """Fields shared by every paper; each paper file overrides what differs."""
   c = ml_collections.ConfigDict()
@@ -169,6 +219,7 @@ def base_config() -> ml_collections.ConfigDict:
       stop_step=0,            # stop here (0: total_steps); the schedule still spans total_steps
       rng_impl="threefry",    # the step's random bits (dropout, sampling): threefry | rbg |
                               # unsafe_rbg (RNG_IMPLS; train/step.py SeededStep)
+      **RUN_TRACKING,
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   return c
@@ -512,6 +563,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   `validate` (`objectives.validate` runs both)."""
   d, m, t = c.data, c.model, c.train
   check_fields(c, FIELD_RULES)
+  validate_tracking(t)
   if m.get("kind") in ("t5", "xlnet") and c.objective.get("name") != m.kind:
     raise ConfigError(f"model.kind={m.kind!r} trains with objective.name={m.kind!r}, not "
                       f"{c.objective.get('name')!r}.")
@@ -675,6 +727,7 @@ FIELD_RULES = {
     "train.total_steps": AT_LEAST_1,
     "train.stop_step": AT_LEAST_0,
     "train.rng_impl": RNG_IMPLS,
+    "train.wandb_mode": ("offline", "online"),
     "train.init_state": ("params", "all"),
     "train.grad_accum_steps": AT_LEAST_1,
     "train.log_every": AT_LEAST_1,
@@ -843,6 +896,7 @@ def finetune_config() -> ml_collections.ConfigDict:
       grad_accum_steps=1,
       log_every=50,
       keep_checkpoints=1,
+      **RUN_TRACKING,
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   return c
@@ -946,6 +1000,8 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the fix for a fine-tuning config that cannot run (after
   `resolve_finetune`: no field is None)."""
   f, t, o = c.finetune, c.train, c.optimizer
+  validate_tracking(t)
+  check_fields(c, {"train.wandb_mode": FIELD_RULES["train.wandb_mode"]})
   if f.method not in FINETUNE_METHODS:
     raise ConfigError(f"finetune.method={f.method!r}; choose one of {FINETUNE_METHODS}.")
   if f.features not in FINETUNE_FEATURES:

@@ -171,7 +171,8 @@ def train_and_evaluate(config, recipe: Recipe, mesh, workdir: str | None = None
     else:
       state = _fresh_state(recipe, config, compiled.shardings, mesh)
     if workdir is not None:
-      sinks.writer = metrics_lib.MetricsWriter(workdir, resume_step=latest)
+      sinks.writer = metrics_lib.MetricsWriter(workdir, resume_step=latest, config=config)
+      sinks.profiler = loop_lib.Profiler.of(config, workdir)
     results = {}
 
     def evaluate(step: int, params) -> dict[str, float]:

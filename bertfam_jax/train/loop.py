@@ -18,8 +18,10 @@ process agrees on) and exact resume.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import time
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -27,6 +29,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from bertfam_jax import config_lib
 from bertfam_jax import flops as flops_lib
 from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.train import metrics as metrics_lib
@@ -97,12 +100,50 @@ def local_rows(global_rows: np.ndarray) -> np.ndarray:
   return global_rows[jax.process_index() * share:(jax.process_index() + 1) * share]
 
 
+class Profiler:
+  """A jax.profiler trace of steps first+1..last (`train.profile_steps` 'first:last') in
+  `directory`, for TensorBoard's profile plugin or Perfetto. The trace starts before step
+  first+1 is dispatched and stops once step `last` has finished; a run resumed past `first`
+  takes no trace."""
+
+  def __init__(self, first: int, last: int, directory: str):
+    self.first, self.last, self.directory = first, last, directory
+    self.active = False
+
+  @classmethod
+  def of(cls, config, workdir: str) -> "Profiler | None":
+    """The profiler `config.train.profile_steps` asks for, writing to WORKDIR/profile."""
+    bounds = config_lib.parse_profile_steps(config.train.get("profile_steps", ""))
+    return None if bounds is None else cls(*bounds, os.path.join(workdir, "profile"))
+
+  def before(self, step: int) -> None:
+    """Called with the number of steps done, before the next is dispatched."""
+    if step == self.first:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after(self, step: int, state) -> None:
+    """Called with the number of steps done once the last one was dispatched."""
+    if self.active and step >= self.last:
+      self.stop(state)
+
+  def stop(self, state=None) -> None:
+    if self.active:
+      jax.block_until_ready(state)
+      jax.profiler.stop_trace()
+      self.active = False
+      metrics_lib.print_progress(f"Profiler trace of steps {self.first + 1}-{self.last} in "
+                                 f"{self.directory}.")
+
+
 @dataclasses.dataclass
 class Sinks:
-  """Where a run's records go: `writer` (metrics.jsonl + TensorBoard) and `checkpointer`
-  (`train.checkpoint.Checkpointer`), both None for an in-memory run (no workdir)."""
+  """Where a run's records go: `writer` (metrics.jsonl and the configured writers),
+  `checkpointer` (`train.checkpoint.Checkpointer`) and `profiler` (a trace of some steps), all
+  None for an in-memory run (no workdir)."""
   writer: metrics_lib.MetricsWriter | None = None
   checkpointer: Any = None
+  profiler: Profiler | None = None
 
 
 def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource, *, mesh,
@@ -125,14 +166,18 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
     return state, {}
   log = _Logger(sinks, step, total_steps, tokens_per_step, flops_per_token)
   window, last = None, {}
-  checkpointer = sinks.checkpointer
-  with preemption.Watch(enabled=checkpointer is not None) as preempted:
+  checkpointer, profiler = sinks.checkpointer, sinks.profiler
+  with preemption.Watch(enabled=checkpointer is not None) as preempted, _stopping(profiler):
     while step < total_steps:
+      if profiler is not None:
+        profiler.before(step)
       local = next(source)
       data_state = source.state()
       batch = pipeline_lib.make_global_batch(local, mesh, sharding_lib.BATCH_SPEC)
       state, metrics = train_step(state, batch)
       step += 1
+      if profiler is not None:
+        profiler.after(step, state)
       window = metrics if window is None else step_lib.accumulate_metrics(window, metrics)
       log.stepped(metrics)
       stop = preempted.reached(step)  # the same step on every process
@@ -155,6 +200,16 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
         log.exclude_pause()
   log.summary(step, last)
   return state, last
+
+
+@contextlib.contextmanager
+def _stopping(profiler: Profiler | None):
+  """Stops a trace still running when the loop ends early (a preemption, an error)."""
+  try:
+    yield
+  finally:
+    if profiler is not None:
+      profiler.stop()
 
 
 # The ETA's step time is smoothed exponentially, per step: a log window of n steps weighs

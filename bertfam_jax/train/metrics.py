@@ -1,57 +1,138 @@
-"""Metrics sinks: WORKDIR/metrics.jsonl (one object per logged step), TensorBoard events, and the
-progress line on stdout. Only process 0 writes."""
+"""Metrics sinks: WORKDIR/metrics.jsonl (one object per logged step, always: resume and the
+experiments read it), and the writers `train.metric_writers` names besides it: TensorBoard events
+(WORKDIR/tensorboard) and Weights & Biases (`[wandb]` extra; offline by default, files in
+WORKDIR/wandb); and the progress line on stdout. Only process 0 writes.
+
+A writer is anything with `write(step, record)` (record: {name: float or None}, the `step` key
+excluded) and `close()`; `MetricsWriter` sends each record to all of them."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
+import secrets
 import sys
+from typing import Any, Protocol
 
 import jax
 from absl import logging
 
-from bertfam_jax import errors
+from bertfam_jax import config_lib, errors
 from bertfam_jax.errors import ConfigError
+
+WANDB_RUN_FILE = "wandb_run.json"   # the W&B run id, so that a resumed run continues it
+
+
+class Writer(Protocol):
+  def write(self, step: int, record: dict[str, float | None]) -> None: ...
+  def close(self) -> None: ...
+
+
+class JsonlWriter:
+  """WORKDIR/metrics.jsonl, one JSON object per logged step; a disk that is full is one line."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def write(self, step: int, record: dict[str, float | None]) -> None:
+    try:
+      with open(self.path, "a") as f:
+        f.write(json.dumps({"step": step, **record}) + "\n")
+    except OSError as e:
+      if errors.no_space(e) is None:
+        raise
+      raise errors.no_space_error(e, os.path.dirname(self.path), self.path) from e
+
+  def close(self) -> None:
+    pass
+
+
+class TensorBoardWriter:
+  """TensorBoard event files (tensorboardX); the file is opened at the first record, so a run
+  that records nothing (re-run after it finished) adds none."""
+
+  def __init__(self, directory: str):
+    self.directory = directory
+    self._writer = None
+
+  def write(self, step: int, record: dict[str, float | None]) -> None:
+    if self._writer is None:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._writer = SummaryWriter(self.directory)
+    for name, value in record.items():
+      if value is not None:
+        self._writer.add_scalar(name, value, step)
+    self._writer.flush()
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+
+
+class WandbWriter:
+  """A Weights & Biases run in WORKDIR/wandb: `mode` offline (the default; `wandb sync
+  WORKDIR/wandb/offline-run-*` uploads it later) or online. The run's id is kept in
+  WORKDIR/wandb_run.json, so that a resumed run logs into the same W&B run; W&B keeps the first
+  value of a step that a resumed run logs again (the steps after the restored checkpoint)."""
+
+  def __init__(self, workdir: str, *, project: str, mode: str, run_config: dict[str, Any]):
+    wandb = importlib.import_module("wandb")   # installed: config_lib.parse_metric_writers
+    id_path = os.path.join(workdir, WANDB_RUN_FILE)
+    if os.path.exists(id_path):
+      with open(id_path) as f:
+        run_id = json.load(f)["id"]
+    else:
+      run_id = secrets.token_hex(6)   # W&B ids: letters and digits
+      with open(id_path + ".tmp", "w") as f:
+        json.dump({"id": run_id, "project": project}, f)
+      os.replace(id_path + ".tmp", id_path)
+    self.run = wandb.init(project=project, mode=mode, dir=workdir, id=run_id, resume="allow",
+                          name=os.path.basename(os.path.normpath(workdir)), config=run_config,
+                          settings=wandb.Settings(silent=True, console="off"))
+
+  def write(self, step: int, record: dict[str, float | None]) -> None:
+    self.run.log({k: v for k, v in record.items() if v is not None}, step=step)
+
+  def close(self) -> None:
+    self.run.finish()
 
 
 class MetricsWriter:
-  """metrics.jsonl and TensorBoard events (process 0 only). The events file is opened at the
-  first record, so a run that records nothing (re-run after it finished) adds none."""
+  """metrics.jsonl and the writers of `config.train.metric_writers` (TensorBoard when no config
+  is given), process 0 only."""
 
-  def __init__(self, workdir: str, *, resume_step: int | None):
+  def __init__(self, workdir: str, *, resume_step: int | None, config=None):
     self.enabled = jax.process_index() == 0
     self.workdir = workdir
     self.path = os.path.join(workdir, "metrics.jsonl")
-    self._tb_dir = os.path.join(workdir, "tensorboard")
-    self._tb = None
-    if self.enabled:   # a fresh start (None) drops what a start that never checkpointed logged
-      _truncate_after(self.path, resume_step or 0)
+    self.writers: list[Writer] = []
+    if not self.enabled:
+      return
+    train = config.train if config is not None else {}
+    names = config_lib.parse_metric_writers(train.get("metric_writers", "tensorboard"))
+    # A fresh start (None) drops what a start that never checkpointed logged.
+    _truncate_after(self.path, resume_step or 0)
+    self.writers.append(JsonlWriter(self.path))
+    if "tensorboard" in names:
+      self.writers.append(TensorBoardWriter(os.path.join(workdir, "tensorboard")))
+    if "wandb" in names:
+      self.writers.append(WandbWriter(
+          workdir, project=train.get("wandb_project", "bertfam_jax"),
+          mode=train.get("wandb_mode", "offline"), run_config=config.to_dict()))
 
   def write(self, step: int, scalars: dict[str, float], prefix: str = "") -> None:
     if not self.enabled:
       return
     # Non-finite values (e.g. throughput of a window holding only the compile step) become null.
-    record = {"step": step, **{prefix + k: (v if math.isfinite(v) else None)
-                               for k, v in scalars.items()}}
-    try:
-      with open(self.path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    except OSError as e:
-      if errors.no_space(e) is None:
-        raise
-      raise errors.no_space_error(e, os.path.dirname(self.path), self.path) from e
-    if self._tb is None:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(self._tb_dir)
-    for k, v in scalars.items():
-      if math.isfinite(v):
-        self._tb.add_scalar(prefix + k, v, step)
-    self._tb.flush()
+    record = {prefix + k: (v if math.isfinite(v) else None) for k, v in scalars.items()}
+    for writer in self.writers:
+      writer.write(step, record)
 
   def close(self) -> None:
-    if self._tb is not None:
-      self._tb.close()
+    for writer in self.writers:
+      writer.close()
 
 
 def _truncate_after(path: str, step: int) -> None:

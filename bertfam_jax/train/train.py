@@ -181,7 +181,7 @@ def _train(config, workdir, objective, train_pipe, train_step, evaluators, mesh,
         config, model, tx, abstract, shardings, checkpointer, inputs, carry)
     if data_states is not None:
       train_pipe.restore(data_states)
-    writer = metrics_lib.MetricsWriter(workdir, resume_step=resumed_step)
+    writer = metrics_lib.MetricsWriter(workdir, resume_step=resumed_step, config=config)
     t = config.train
     stop = t.stop_step or t.total_steps  # the schedule spans total_steps whatever the stop
     if int(jax.device_get(state.step)) < stop:
@@ -191,7 +191,7 @@ def _train(config, workdir, objective, train_pipe, train_step, evaluators, mesh,
         log_every=t.log_every, checkpoint_every=t.checkpoint_every,
         tokens_per_step=t.batch_size * config.data.seq_len,
         flops_per_token=objective.flops_per_token(config), evaluators=evaluators,
-        sinks=loop_lib.Sinks(writer, checkpointer))
+        sinks=loop_lib.Sinks(writer, checkpointer, loop_lib.Profiler.of(config, workdir)))
     return last
   finally:
     checkpointer.close()

@@ -33,3 +33,54 @@ def test_a_damaged_line_before_the_last_is_refused(tmp_path):
   with pytest.raises(ConfigError, match=r"metrics.jsonl line 3 is not a JSON record"):
     metrics.MetricsWriter(str(tmp_path), resume_step=2)
   assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_writers_and_profile_steps_are_checked():
+  from bertfam_jax import config_lib  # pylint: disable=import-outside-toplevel
+  assert config_lib.parse_metric_writers(" tensorboard , wandb") == ("tensorboard", "wandb")
+  assert config_lib.parse_metric_writers("") == ()
+  with pytest.raises(ConfigError, match=r"train.metric_writers='tb': unknown \['tb'\]"):
+    config_lib.parse_metric_writers("tb")
+  assert config_lib.parse_profile_steps("") is None
+  assert config_lib.parse_profile_steps("10:15") == (10, 15)
+  for bad in ("5:5", "7", "a:b", "-1:3"):
+    with pytest.raises(ConfigError, match="train.profile_steps="):
+      config_lib.parse_profile_steps(bad)
+  config = config_lib.base_config()
+  config.train.wandb_mode = "cloud"
+  with pytest.raises(ConfigError, match="train.wandb_mode"):
+    config_lib.validate(config)
+
+
+def test_wandb_missing_is_one_line(monkeypatch):
+  from bertfam_jax import config_lib  # pylint: disable=import-outside-toplevel
+  real = config_lib.importlib.util.find_spec
+  monkeypatch.setattr(config_lib.importlib.util, "find_spec",
+                      lambda name, *a: None if name == "wandb" else real(name, *a))
+  with pytest.raises(ConfigError, match=r"pip install 'bertfam_jax\[wandb\]'"):
+    config_lib.parse_metric_writers("tensorboard,wandb")
+
+
+def test_wandb_offline_run_records_and_resumes_the_same_run(tmp_path):
+  """The W&B writer in offline mode: the run's files hold the logged names and values, a
+  resumed writer continues the same run id, and metrics.jsonl is written beside it."""
+  from bertfam_jax import config_lib  # pylint: disable=import-outside-toplevel
+  config = config_lib.base_config()
+  config.train.metric_writers = "wandb"
+  writer = metrics.MetricsWriter(str(tmp_path), resume_step=None, config=config)
+  writer.write(1, dict(loss=2.5, grad_norm=float("nan")))
+  writer.write(2, dict(mlm_accuracy=0.125), prefix="eval_")
+  writer.close()
+  run_id = json.loads((tmp_path / metrics.WANDB_RUN_FILE).read_text())["id"]
+  runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
+  assert len(runs) == 1
+  data = (runs[0] / f"run-{run_id}.wandb").read_bytes()
+  assert b"eval_mlm_accuracy" in data and b"0.125" in data and b"2.5" in data
+  assert b"grad_norm" not in data            # a non-finite value is left out, not logged as NaN
+  assert not (tmp_path / "tensorboard").exists()
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert records == [dict(step=1, loss=2.5, grad_norm=None), dict(step=2, eval_mlm_accuracy=0.125)]
+  resumed = metrics.MetricsWriter(str(tmp_path), resume_step=2, config=config)
+  resumed.write(3, dict(loss=2.0))
+  resumed.close()
+  assert len(sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2

@@ -399,3 +399,16 @@ def test_bert_phases_are_configuration(arg, seq_len, max_predictions, stop_step,
   assert (config.data.seq_len, config.objective.max_predictions, config.train.stop_step,
           config.train.init_state) == (seq_len, max_predictions, stop_step, init_state)
   assert config.train.total_steps == (2_000 if "runlocal" in arg else 1_000_000)
+
+
+def test_a_profiler_trace_inside_a_real_run(tmp_path):
+  """train.profile_steps=1:3 leaves a jax.profiler trace in WORKDIR/profile; with
+  train.metric_writers empty only metrics.jsonl is written."""
+  workdir = str(tmp_path / "profiled")
+  train.run(tiny_config(total_steps=3, checkpoint_every=3, eval_every=3, profile_steps="1:3",
+                        metric_writers=""), workdir)
+  traces = [name for _, _, names in os.walk(os.path.join(workdir, "profile")) for name in names
+            if name.endswith(".xplane.pb")]
+  assert len(traces) == 1
+  assert sorted(train_records(workdir)) == [1, 2, 3]
+  assert not os.path.exists(os.path.join(workdir, "tensorboard"))
