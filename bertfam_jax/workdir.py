@@ -22,6 +22,7 @@ write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.train import checkpoint as checkpoint_lib
+from bertfam_jax.train import metrics as metrics_lib
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS = "checkpoints"
@@ -167,8 +169,10 @@ def record(workdir: str, config, tokenizer, data: dict | None, *, resuming: bool
 
 def _write_record(workdir: str, config, tokenizer, data: dict | None, fresh: bool) -> None:
   os.makedirs(workdir, exist_ok=True)
-  if fresh:
+  if fresh:   # what a start that never checkpointed left: its events and its W&B run's id
     shutil.rmtree(os.path.join(workdir, "tensorboard"), ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(os.path.join(workdir, metrics_lib.WANDB_RUN_FILE))
   if fresh or not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
     write_config(workdir, config)
   files = tokenizer_files(tokenizer)

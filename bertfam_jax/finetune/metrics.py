@@ -29,7 +29,9 @@ def require(module: str):
   _, package, what = next(p for p in GENERATION_PACKAGES if p[0] == module)
   try:
     return importlib.import_module(module)
-  except ImportError:
+  except ModuleNotFoundError as e:
+    if e.name != module:   # the package is there and broke: its own error says why
+      raise
     raise ConfigError(f"{what} needs the {package} package: pip install 'bertfam_jax[t5]' (or "
                       f"pip install {package}).") from None
 

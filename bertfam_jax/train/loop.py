@@ -103,8 +103,9 @@ def local_rows(global_rows: np.ndarray) -> np.ndarray:
 class Profiler:
   """A jax.profiler trace of steps first+1..last (`train.profile_steps` 'first:last') in
   `directory`, for TensorBoard's profile plugin or Perfetto. The trace starts before step
-  first+1 is dispatched and stops once step `last` has finished; a run resumed past `first`
-  takes no trace."""
+  first+1 is dispatched and stops once step `last` has finished (or the run stops earlier); a
+  run that starts past `first` takes none, and says so. Starting and stopping are left out of
+  the logged throughput."""
 
   def __init__(self, first: int, last: int, directory: str):
     self.first, self.last, self.directory = first, last, directory
@@ -116,23 +117,34 @@ class Profiler:
     bounds = config_lib.parse_profile_steps(config.train.get("profile_steps", ""))
     return None if bounds is None else cls(*bounds, os.path.join(workdir, "profile"))
 
-  def before(self, step: int) -> None:
-    """Called with the number of steps done, before the next is dispatched."""
-    if step == self.first:
-      jax.profiler.start_trace(self.directory)
-      self.active = True
+  def begin(self, step: int) -> None:
+    """At the loop's start, with the steps already done."""
+    if step > self.first:
+      metrics_lib.print_progress(f"No profiler trace: train.profile_steps starts at step "
+                                 f"{self.first}, and this run starts at step {step}.")
 
-  def after(self, step: int, state) -> None:
-    """Called with the number of steps done once the last one was dispatched."""
-    if self.active and step >= self.last:
-      self.stop(state)
+  def before(self, step: int) -> bool:
+    """Before the next step is dispatched, with the steps done; True when it started a trace."""
+    if step != self.first:
+      return False
+    jax.profiler.start_trace(self.directory)
+    self.active = True
+    return True
 
-  def stop(self, state=None) -> None:
+  def after(self, step: int, state) -> bool:
+    """Once a step was dispatched, with the steps done; True when it stopped the trace."""
+    if not (self.active and step >= self.last):
+      return False
+    self.stop(step, state)
+    return True
+
+  def stop(self, step: int, state) -> None:
+    """Waits for `state` (the last traced step), stops the trace and says which steps it holds."""
     if self.active:
       jax.block_until_ready(state)
       jax.profiler.stop_trace()
       self.active = False
-      metrics_lib.print_progress(f"Profiler trace of steps {self.first + 1}-{self.last} in "
+      metrics_lib.print_progress(f"Profiler trace of steps {self.first + 1}-{step} in "
                                  f"{self.directory}.")
 
 
@@ -167,17 +179,22 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
   log = _Logger(sinks, step, total_steps, tokens_per_step, flops_per_token)
   window, last = None, {}
   checkpointer, profiler = sinks.checkpointer, sinks.profiler
-  with preemption.Watch(enabled=checkpointer is not None) as preempted, _stopping(profiler):
+  if profiler is not None:
+    profiler.begin(step)
+  traced = [step, state]   # the steps done and the state, for a trace stopped by an early end
+  with preemption.Watch(enabled=checkpointer is not None) as preempted, _stopping(profiler,
+                                                                                   traced):
     while step < total_steps:
-      if profiler is not None:
-        profiler.before(step)
+      if profiler is not None and profiler.before(step):
+        log.exclude_pause()
       local = next(source)
       data_state = source.state()
       batch = pipeline_lib.make_global_batch(local, mesh, sharding_lib.BATCH_SPEC)
       state, metrics = train_step(state, batch)
       step += 1
-      if profiler is not None:
-        profiler.after(step, state)
+      traced[:] = [step, state]
+      if profiler is not None and profiler.after(step, state):
+        log.exclude_pause()
       window = metrics if window is None else step_lib.accumulate_metrics(window, metrics)
       log.stepped(metrics)
       stop = preempted.reached(step)  # the same step on every process
@@ -203,13 +220,14 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
 
 
 @contextlib.contextmanager
-def _stopping(profiler: Profiler | None):
-  """Stops a trace still running when the loop ends early (a preemption, an error)."""
+def _stopping(profiler: Profiler | None, traced: list):
+  """Stops a trace still running when the loop ends before its last step (a preemption, a stop
+  step, an error); `traced` holds the steps done and the state then."""
   try:
     yield
   finally:
     if profiler is not None:
-      profiler.stop()
+      profiler.stop(*traced)
 
 
 # The ETA's step time is smoothed exponentially, per step: a log window of n steps weighs

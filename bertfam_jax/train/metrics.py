@@ -72,31 +72,56 @@ class TensorBoardWriter:
 
 
 class WandbWriter:
-  """A Weights & Biases run in WORKDIR/wandb: `mode` offline (the default; `wandb sync
-  WORKDIR/wandb/offline-run-*` uploads it later) or online. The run's id is kept in
-  WORKDIR/wandb_run.json, so that a resumed run logs into the same W&B run; W&B keeps the first
-  value of a step that a resumed run logs again (the steps after the restored checkpoint)."""
+  """A Weights & Biases run under WORKDIR/wandb, started at the first record (a re-run of a
+  finished workdir starts none): `mode` offline (the default; `wandb sync` the
+  WORKDIR/wandb/offline-run-* directories later) or online (needs `wandb login` or
+  WANDB_API_KEY, checked here, before training). The run's id is kept in WORKDIR/wandb_run.json:
+  online, a resumed run logs into the same W&B run (W&B keeps the first value of a step logged
+  again after a restore); offline, each start writes its own directory under that id."""
 
   def __init__(self, workdir: str, *, project: str, mode: str, run_config: dict[str, Any]):
-    wandb = importlib.import_module("wandb")   # installed: config_lib.parse_metric_writers
-    id_path = os.path.join(workdir, WANDB_RUN_FILE)
+    self._wandb = importlib.import_module("wandb")   # installed: parse_metric_writers
+    if mode == "online" and not _wandb_logged_in():
+      raise ConfigError("train.wandb_mode=online needs a W&B login: run `wandb login` or set "
+                        "WANDB_API_KEY, or use --config.train.wandb_mode=offline.")
+    self.workdir, self.project, self.mode, self.run_config = workdir, project, mode, run_config
+    self.run = None
+
+  def _start(self):
+    id_path = os.path.join(self.workdir, WANDB_RUN_FILE)
     if os.path.exists(id_path):
       with open(id_path) as f:
         run_id = json.load(f)["id"]
     else:
       run_id = secrets.token_hex(6)   # W&B ids: letters and digits
       with open(id_path + ".tmp", "w") as f:
-        json.dump({"id": run_id, "project": project}, f)
+        json.dump({"id": run_id, "project": self.project}, f)
       os.replace(id_path + ".tmp", id_path)
-    self.run = wandb.init(project=project, mode=mode, dir=workdir, id=run_id, resume="allow",
-                          name=os.path.basename(os.path.normpath(workdir)), config=run_config,
-                          settings=wandb.Settings(silent=True, console="off"))
+    wandb = self._wandb
+    return wandb.init(project=self.project, mode=self.mode, dir=self.workdir, id=run_id,
+                      resume="allow", name=os.path.basename(os.path.normpath(self.workdir)),
+                      config=self.run_config, settings=wandb.Settings(silent=True,
+                                                                      console="off"))
 
   def write(self, step: int, record: dict[str, float | None]) -> None:
+    if self.run is None:
+      self.run = self._start()
     self.run.log({k: v for k, v in record.items() if v is not None}, step=step)
 
   def close(self) -> None:
-    self.run.finish()
+    if self.run is not None:
+      self.run.finish()
+
+
+def _wandb_logged_in() -> bool:
+  """An API key in WANDB_API_KEY or in ~/.netrc for W&B's host (where `wandb login` puts it)."""
+  if os.environ.get("WANDB_API_KEY"):
+    return True
+  netrc = os.path.join(os.path.expanduser("~"), ".netrc")
+  if not os.path.exists(netrc):
+    return False
+  with open(netrc) as f:
+    return "api.wandb.ai" in f.read()
 
 
 class MetricsWriter:

@@ -42,7 +42,9 @@ _SEED = 20261125
 # Strings that name things checked where they are used (a file, a dataset, a split), not by a rule.
 _FREE_FORM = {"data.cache_dir", "data.text_files", "data.tfds_name", "data.tfds_data_dir",
               "data.tfds_text_key", "data.train_split", "data.eval_split", "tokenizer.model_path",
-              "tokenizer.user_symbols", "train.init_from", "objective.name"}
+              "tokenizer.user_symbols", "train.init_from", "objective.name",
+              # checked where they are parsed, with the field named (config_lib.validate_tracking)
+              "train.metric_writers", "train.profile_steps", "train.wandb_project"}
 _HUGE_FIELDS = ("model.hidden", "model.layers", "model.mlp", "model.vocab_size",
                 "model.max_positions", "train.batch_size", "data.seq_len")
 

@@ -2,6 +2,7 @@
 a warning, a damaged line before it refused naming the file and line."""
 
 import json
+import time
 
 import pytest
 
@@ -80,7 +81,22 @@ def test_wandb_offline_run_records_and_resumes_the_same_run(tmp_path):
   assert not (tmp_path / "tensorboard").exists()
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert records == [dict(step=1, loss=2.5, grad_norm=None), dict(step=2, eval_mlm_accuracy=0.125)]
+  time.sleep(1.1)   # W&B names run directories by the second
   resumed = metrics.MetricsWriter(str(tmp_path), resume_step=2, config=config)
-  resumed.write(3, dict(loss=2.0))
+  resumed.write(3, dict(loss=2.75))
   resumed.close()
-  assert len(sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
+  runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
+  assert len(runs) == 2 and b"2.75" in (runs[1] / f"run-{run_id}.wandb").read_bytes()
+  # A writer that records nothing (a re-run of a finished workdir) starts no W&B run.
+  metrics.MetricsWriter(str(tmp_path), resume_step=3, config=config).close()
+  assert len(sorted((tmp_path / "wandb").glob("offline-run-*"))) == 2
+
+
+def test_wandb_online_without_a_login_is_one_line(tmp_path, monkeypatch):
+  from bertfam_jax import config_lib  # pylint: disable=import-outside-toplevel
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  monkeypatch.setenv("HOME", str(tmp_path))
+  config = config_lib.base_config()
+  config.train.update(metric_writers="wandb", wandb_mode="online")
+  with pytest.raises(ConfigError, match=r"wandb_mode=online needs a W&B login"):
+    metrics.MetricsWriter(str(tmp_path), resume_step=None, config=config)
