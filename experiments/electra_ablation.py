@@ -29,7 +29,8 @@ Downstream (../shared/DATA.md's offline task): WordNet gloss → supersense (45 
 discriminator for the ELECTRA rows), and a linear probe on its frozen mean-pooled features; each
 scored by accuracy and by the gold label's log-likelihood on the same validation examples, in
 the protocol of EXPERIMENTS.md (`experiments/common.py`, `experiments/report.py`). The paper's
-column is its GLUE dev score (Table 5), which the fine-tuned columns stand in for.
+column is its GLUE dev score (Table 5), which all four columns stand in for; the primary metric
+is the probe's accuracy (`common.PRIMARY`).
 
   # The cpu scale, 5 rows and the floor × 3 seeds on a 2-core CPU (results under
   # experiments/results/electra_ablation/cpu):
@@ -204,7 +205,7 @@ COMPARISON = report.Comparison(
     paper={name: {"GLUE": value} for name, value in PAPER_GLUE.items()},
     paper_columns=("GLUE",),
     paper_source="Clark et al. 2020, Table 5 (GLUE dev score), checked against a full-text "
-                 "copy. Ours stand in: Supersense (fine-tuned) for GLUE",
+                 "copy. Ours stand in: Supersense, fine-tuned and probed, for GLUE",
     row_label="Model")
 
 
