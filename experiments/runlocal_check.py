@@ -1,9 +1,10 @@
 r"""Does each paper's quick-start recipe learn? `configs/<family>.py:runlocal` trained to its end,
 then its last held-out evaluation against the trivial baseline on the same held-out batches:
 
-  MLM families (bert, roberta, albert, spanbert, structbert), and ELECTRA's generator: eval MLM
-    accuracy and cross-entropy against the unigram predictor (`unigram_baseline`: the most
-    frequent masked target, and the unigram distribution of the training batches' targets);
+  MLM families (bert, roberta, albert, spanbert, structbert), ELECTRA's generator, T5 (span
+    corruption's decoder targets) and XLNet (its permutation LM's targets): eval accuracy and
+    cross-entropy against the unigram predictor (`unigram_baseline`: the most frequent target,
+    and the unigram distribution of the training batches' targets);
   ELECTRA's discriminator: eval accuracy against the base rate, 1 − the replaced share (a
     detector that always says 'original').
 
@@ -28,7 +29,9 @@ from bertfam_jax.train import train
 from experiments import common
 from experiments.unigram_baseline import unigram_baseline
 
-FAMILIES = ("bert", "roberta", "albert", "spanbert", "structbert", "electra")
+FAMILIES = ("bert", "roberta", "albert", "spanbert", "structbert", "electra", "t5", "xlnet")
+# The held-out metrics' prefix per family: {prefix}_accuracy and {prefix}_loss.
+METRIC_PREFIX = {"electra": "generator_mlm", "t5": "t5", "xlnet": "plm"}
 _FAMILIES = flags.DEFINE_list("families", list(FAMILIES), f"Of {FAMILIES}.")
 _WORKDIRS = flags.DEFINE_string("workdirs", "/tmp/runlocal_check", "Where the runs train.")
 _OUT = flags.DEFINE_string("out", "experiments/results/runlocal_check", "Results folder.")
@@ -44,7 +47,7 @@ def family_config(family: str):
 def comparisons(family: str, final: dict[str, float], baseline: dict[str, float]
                 ) -> list[tuple[str, float, float, bool]]:
   """(metric, model, baseline, model beats baseline) of one run's final held-out evaluation."""
-  mlm = "generator_mlm" if family == "electra" else "mlm"
+  mlm = METRIC_PREFIX.get(family, "mlm")
   rows = [(f"{mlm}_accuracy", final[f"{mlm}_accuracy"], baseline["unigram_accuracy"],
            final[f"{mlm}_accuracy"] > baseline["unigram_accuracy"]),
           (f"{mlm}_loss", final[f"{mlm}_loss"], baseline["unigram_cross_entropy"],

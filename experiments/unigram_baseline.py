@@ -1,8 +1,9 @@
-"""The unigram baseline of a masked-LM config: what a model that ignores the context scores.
+"""The unigram baseline of a pre-training config: what a model that ignores the context scores.
 
-It counts the masked target tokens of `--train_batches` training batches, then predicts the most
-frequent one (accuracy) and the unigram distribution (cross-entropy) at the masked positions of
-the same held-out batches the train loop evaluates on. A pre-trained model must beat both.
+It counts the target tokens (masked tokens; T5's decoder targets; XLNet's permutation targets)
+of `--train_batches` training batches, then predicts the most frequent one (accuracy) and the
+unigram distribution (cross-entropy) at the predicted positions of the same held-out batches the
+train loop evaluates on. A pre-trained model must beat both.
 
   python experiments/unigram_baseline.py --config=configs/roberta.py:runlocal
 """
@@ -19,23 +20,36 @@ if __name__ == "__main__":  # flags of the script only, so that others can impor
   _TRAIN_BATCHES = flags.DEFINE_integer("train_batches", 200, "Training batches to count.")
 
 
+# Each objective's prediction targets and their weights in a batch (the masked-LM families and
+# ELECTRA's generator: mlm_targets / mlm_weights).
+TARGET_KEYS = {"t5": ("decoder_target_ids", "decoder_loss_weights"),
+               "xlnet": ("target_ids", "target_weights")}
+MLM_TARGET_KEYS = ("mlm_targets", "mlm_weights")
+
+
 def unigram_baseline(config, train_batches: int) -> dict[str, float]:
-  """Returns eval accuracy and cross-entropy (nats) of the unigram predictor at masked positions."""
+  """Returns eval accuracy and cross-entropy (nats) of the unigram predictor at the objective's
+  predicted positions (masked tokens; T5's decoder targets, sentinels and EOS included; XLNet's
+  permutation targets)."""
+  targets_key, weights_key = TARGET_KEYS.get(config.objective.name, MLM_TARGET_KEYS)
   train_docs = sources.get_documents(config.data, "train")
   tokenizer = tokenizers.load_or_train(config, train_docs)
-  features_fn = objectives.get(config.objective.name).make_features(config, tokenizer)
-  args = dict(process_index=0, process_count=1, local_batch_size=config.train.batch_size)
+  objective = objectives.get(config.objective.name)
+  features_fn = objective.make_features(config, tokenizer)
+  # The objective's own pipeline options, as the train loop builds it (XLNet's ordered streams).
+  args = dict(process_index=0, process_count=1, local_batch_size=config.train.batch_size,
+              **objectives.pipeline_options(objective, config))
   counts = np.zeros(config.model.vocab_size, np.float64)
   train_pipe = pipeline.Pipeline(config, tokenizer, train_docs, features_fn, **args)
   for _ in range(train_batches):
     batch = next(train_pipe)
-    np.add.at(counts, batch["mlm_targets"][batch["mlm_weights"] > 0], 1)
+    np.add.at(counts, batch[targets_key][batch[weights_key] > 0], 1)
   train_pipe.close()
   # Add-one smoothing so tokens unseen in training have a finite cross-entropy.
   log_probs = np.log((counts + 1) / (counts + 1).sum())
   eval_pipe = pipeline.Pipeline(config, tokenizer, sources.get_documents(config.data, "eval"),
                                 features_fn, **args)
-  targets = np.concatenate([b["mlm_targets"][b["mlm_weights"] > 0]
+  targets = np.concatenate([b[targets_key][b[weights_key] > 0]
                             for b in eval_pipe.eval_batches(config.train.eval_batches)])
   eval_pipe.close()
   return {"unigram_accuracy": float(np.mean(targets == np.argmax(counts))),
