@@ -187,6 +187,9 @@ def base_config() -> ml_collections.ConfigDict:
       # not depend on the process count: a run resumes on any number of processes dividing it.
       num_shards=0,
       prefetch=2,
+      # Worker processes that pack and noise the next chunks (data/pipeline.py); 0 = in the
+      # training process. The batches are the same for any number.
+      workers=0,
       cache_dir="",           # '' = $BERTFAM_CACHE or ~/.cache/bertfam_jax
       # Resume a workdir although its documents or tokenizer changed (logged); refused otherwise.
       allow_change=False,
@@ -675,6 +678,7 @@ FIELD_RULES = {
     "data.docs_per_chunk": AT_LEAST_1,
     "data.num_shards": AT_LEAST_0,
     "data.prefetch": Range(0, 1024),
+    "data.workers": Range(0, 256),
     "tokenizer.kind": TOKENIZER_KINDS,
     "tokenizer.model_type": SENTENCEPIECE_TYPES,
     "tokenizer.train_max_sentences": AT_LEAST_1,

@@ -30,11 +30,21 @@ Three seeds per epoch decide what changes between epochs:
     example is seen it gets a new mask.
 Every generator is `np.random.default_rng([seed, purpose, seed_value, shard, chunk_id])` (with one
 shard per process, shard = process index).
+
+Workers: a chunk's examples are a pure function of (seed, epoch, chunk, shard), so with
+`data.workers` = N > 0, N worker processes (spawned, each with a copy of the pipeline's
+documents, tokenizer and noising) compute the next chunks ahead while the batches of the current
+one are handed out; the batches, their positions and every resume are the same for any N
+(tests/data/pipeline_workers_test.py).
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import itertools
+import multiprocessing
+import pickle
 import queue
 import threading
 from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
@@ -135,6 +145,19 @@ class _Prefetcher:
     self._thread.join()
 
 
+# The pipeline a worker process computes chunks with (set by `_start_worker`).
+_WORKER_PIPELINE: "Pipeline | None" = None
+
+
+def _start_worker(pipeline: "Pipeline") -> None:
+  global _WORKER_PIPELINE
+  _WORKER_PIPELINE = pipeline
+
+
+def _worker_chunk(epoch: int, chunk: int, shard: int) -> Batch:
+  return _WORKER_PIPELINE.chunk_examples(epoch, chunk, shard)
+
+
 class Pipeline:
   """An endless, resumable iterator of local batches (dicts of [local_batch_size, ...] arrays):
   the concatenated batches of the data shards this process reads.
@@ -211,6 +234,8 @@ class Pipeline:
                sum(len(d) for d in documents) <= _MEMO_MAX_CHARS)
     self._token_memo: dict[int, list[np.ndarray]] | None = {} if memoise else None
     self._doc_order_cache: dict[int, tuple[int, np.ndarray]] = {}   # shard: (layout_seed, order)
+    self._workers = config.data.get("workers", 0)
+    self._pool: concurrent.futures.ProcessPoolExecutor | None = None   # started at first use
     self._positions = (_Position(0, 0, 0),) * len(self.shards)
     self._stream = None   # a _Prefetcher or a generator, started lazily from self._positions
     self._peeked: tuple[Batch, tuple[_Position, ...]] | None = None   # (batch, positions after)
@@ -313,6 +338,48 @@ class Pipeline:
         len(examples["input_ids"]))
     return {key: value[order] for key, value in examples.items()}
 
+  def __getstate__(self) -> dict:
+    """What a worker process needs: the pure parts (documents, tokenizer, noising, seeds), no
+    stream, pool or memo."""
+    state = dict(self.__dict__)
+    state.update(_pool=None, _stream=None, _peeked=None, _doc_order_cache={},
+                 _token_memo=None if self._token_memo is None else {})
+    return state
+
+  def _next_chunk(self, shard: int, epoch: int, chunk: int) -> tuple[int, int]:
+    """The (epoch, chunk) visited after (epoch, chunk) in `shard`."""
+    return (epoch, chunk + 1) if chunk + 1 < self._num_chunks(shard) else (epoch + 1, 0)
+
+  def _chunks(self, shard: int, epoch: int, chunk: int) -> Iterator[tuple[int, int, Batch]]:
+    """(epoch, chunk, its examples) from (epoch, chunk) on, forever: computed here, or with
+    `data.workers` > 0 by the worker processes, up to twice as many chunks ahead as there are
+    workers, handed out in order."""
+    if not self._workers:
+      while True:
+        yield epoch, chunk, self.chunk_examples(epoch, chunk, shard)
+        epoch, chunk = self._next_chunk(shard, epoch, chunk)
+    if self._pool is None:
+      try:
+        pickle.dumps(self)
+      except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise config_lib.ConfigError(
+            f"data.workers={self._workers} sends the objective's noising to worker processes, "
+            f"and it cannot be pickled ({e}); use --config.data.workers=0.") from None
+      self._pool = concurrent.futures.ProcessPoolExecutor(
+          self._workers, mp_context=multiprocessing.get_context("spawn"),
+          initializer=_start_worker, initargs=(self,))
+    pending = collections.deque()
+    try:
+      while True:
+        while len(pending) < 2 * self._workers:
+          pending.append((epoch, chunk, self._pool.submit(_worker_chunk, epoch, chunk, shard)))
+          epoch, chunk = self._next_chunk(shard, epoch, chunk)
+        done_epoch, done_chunk, future = pending.popleft()
+        yield done_epoch, done_chunk, future.result()
+    finally:
+      for *_, future in pending:
+        future.cancel()
+
   # -- the batch stream -----------------------------------------------------------------------
 
   def _too_small(self, shard: int, num_examples: int) -> config_lib.ConfigError:
@@ -326,11 +393,10 @@ class Pipeline:
 
   def _batches(self, shard: int, position: _Position) -> Iterator[tuple[Batch, _Position]]:
     """Yields (batch of one shard, its position after it) from `position` on, forever."""
-    epoch, chunk, offset = position
+    first_epoch, first_chunk, offset = position
     parts, num_pending = [], 0
-    epoch_examples = 0 if (chunk, offset) == (0, 0) else None   # counted only for whole epochs
-    while True:
-      examples = self.chunk_examples(epoch, chunk, shard)
+    epoch_examples = 0 if (first_chunk, offset) == (0, 0) else None   # only for whole epochs
+    for epoch, chunk, examples in self._chunks(shard, first_epoch, first_chunk):
       num_examples = len(examples["input_ids"])
       if epoch_examples is not None:
         epoch_examples += num_examples - offset
@@ -344,13 +410,14 @@ class Pipeline:
             break
           yield self._concat(parts), _Position(epoch, chunk, offset)
           parts, num_pending = [], 0
-      chunk, offset = chunk + 1, 0
-      if chunk == self._num_chunks(shard):
+      epoch_after, chunk_after = self._next_chunk(shard, epoch, chunk)
+      offset = 0
+      if chunk_after == 0:
         if epoch_examples is not None and epoch_examples < self._batch_size:
           raise self._too_small(shard, epoch_examples)
-        epoch, chunk, epoch_examples = epoch + 1, 0, 0
+        epoch_examples = 0
       if num_pending == self._batch_size:
-        yield self._concat(parts), _Position(epoch, chunk, 0)
+        yield self._concat(parts), _Position(epoch_after, chunk_after, 0)
         parts, num_pending = [], 0
 
   def _local_batches(self, positions: Sequence[_Position]
@@ -425,15 +492,21 @@ class Pipeline:
                       "%d (one per process): the data restarts at the beginning of the stream; "
                       "%s.", len(positions), self._num_shards, fix)
       positions = [_Position(0, 0, 0)] * self._num_shards
-    self.close()
+    self._stop_stream()
     self._peeked = None
     self._positions = tuple(positions[shard] for shard in self.shards)
 
-  def close(self) -> None:
-    """Stops the prefetch thread (restarted by the next `next()`)."""
+  def _stop_stream(self) -> None:
     if isinstance(self._stream, _Prefetcher):
       self._stream.close()
     self._stream = None
+
+  def close(self) -> None:
+    """Stops the prefetch thread and the worker processes (restarted by the next `next()`)."""
+    self._stop_stream()
+    if self._pool is not None:
+      self._pool.shutdown(wait=True, cancel_futures=True)
+      self._pool = None
 
   def eval_batches(self, num_batches: int) -> list[Batch]:
     """The first `num_batches` batches of the stream from its start: the same on every call.

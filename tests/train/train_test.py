@@ -412,3 +412,14 @@ def test_a_profiler_trace_inside_a_real_run(tmp_path):
   assert len(traces) == 1
   assert sorted(train_records(workdir)) == [1, 2, 3]
   assert not os.path.exists(os.path.join(workdir, "tensorboard"))
+
+
+def test_two_data_workers_train_exactly_as_none(uninterrupted, tmp_path):
+  """data.workers=2 (chunks packed and noised in worker processes) logs the losses of the
+  in-process pipeline, step for step."""
+  workdir = str(tmp_path / "workers")
+  config = tiny_config()
+  config.data.workers = 2
+  train.run(config, workdir)
+  reference, got = train_records(uninterrupted), train_records(workdir)
+  assert [got[s]["loss"] for s in range(1, 9)] == [reference[s]["loss"] for s in range(1, 9)]
