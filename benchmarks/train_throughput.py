@@ -127,16 +127,31 @@ def config_arg() -> str:
 
 
 def synthetic_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
-  """A batch with the keys and shapes of objectives/__init__.py, created sharded on device.
+  """A batch with the keys and shapes of objectives/__init__.py (`batch_fn`), created sharded on
+  device."""
+  return jax.jit(batch_fn(config, batch_size),
+                 out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
+
+
+def abstract_batch(config, batch_size: int, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """`synthetic_batch`'s shapes and shardings, without creating it (ahead-of-time compilation
+  for devices this machine does not have: tpu/aot.py)."""
+  shapes = jax.eval_shape(batch_fn(config, batch_size), jax.random.key(0))
+  sharding = sharding_lib.batch_sharding(mesh)
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
+
+
+def batch_fn(config, batch_size: int):
+  """`make(rng) -> batch` of the keys and shapes of objectives/__init__.py.
 
   Every position is a real token (input_mask all 1, the padded-FLOP convention of flops.py); the
   second half of each row is segment 1 (all 0 with fewer than 2 token types, e.g. RoBERTa's one);
   `max_predictions` sorted random positions, all weighted.
   """
   if config.objective.name == "t5":
-    return _t5_batch(config, batch_size, mesh)
+    return _t5_batch_fn(config, batch_size)
   if config.objective.name == "xlnet":
-    return _xlnet_batch(config, batch_size, mesh)
+    return _xlnet_batch_fn(config, batch_size)
   length, preds = config.data.seq_len, config.objective.max_predictions
   vocab = config.model.vocab_size
   objective = config.objective
@@ -166,10 +181,10 @@ def synthetic_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
                    shuffle_targets=batch["mlm_targets"], shuffle_weights=batch["mlm_weights"])
     return batch
 
-  return jax.jit(make, out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
+  return make
 
 
-def _t5_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
+def _t5_batch_fn(config, batch_size: int):
   """The encoder-decoder batch of objectives/__init__.py: one example per row filling both
   lengths (segment 1 everywhere), random ids, every target weighted."""
   inputs, targets = config.data.seq_len, config.objective.targets_length
@@ -189,10 +204,10 @@ def _t5_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
         decoder_segment_ids=ones(targets), decoder_positions=positions(targets),
         decoder_loss_weights=jnp.ones((batch_size, targets), jnp.float32))
 
-  return jax.jit(make, out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
+  return make
 
 
-def _xlnet_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
+def _xlnet_batch_fn(config, batch_size: int):
   """XLNet's batch of objectives/__init__.py: a window of R (reuse_len) then A / B segments with
   <cls> (segment 2) last, num_predict targets split between the halves as the reference's goals
   (⌈P/2⌉, ⌊P/2⌋), random ranks within each half, half the rows reversed."""
@@ -223,7 +238,7 @@ def _xlnet_batch(config, batch_size: int, mesh) -> dict[str, jax.Array]:
         target_weights=jnp.ones((batch_size, preds), jnp.float32),
         direction=jnp.where(jnp.arange(batch_size) % 2 == 0, 1.0, -1.0).astype(jnp.float32))
 
-  return jax.jit(make, out_shardings=sharding_lib.batch_sharding(mesh))(jax.random.key(0))
+  return make
 
 
 def peak_memory_bytes() -> int | None:

@@ -30,9 +30,11 @@ def param_axes(model, inputs):
   """The logical axis names of `model`'s parameters, a tree like its variables with a tuple of
   names per parameter (None where it has none; a scanned stack's first name is 'layers'), from
   an abstract init: what Adafactor factors by (`optimizer.make_optimizer`)."""
-  rng = jax.random.key(0)
-  boxed = jax.eval_shape(lambda: model.init(
-      {"params": rng, "dropout": rng}, **inputs, deterministic=True))
+  def init():   # the key made inside: nothing concrete, so it also runs for devices not here
+    rng = jax.random.key(0)
+    return model.init({"params": rng, "dropout": rng}, **inputs, deterministic=True)
+
+  boxed = jax.eval_shape(init)
   is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
   return jax.tree.map(lambda x: tuple(x.names) if is_box(x) else None, boxed, is_leaf=is_box)
 
@@ -48,9 +50,11 @@ def abstract_state(model, tx, mesh, inputs, carry=None):
   """Shapes and NamedShardings of the train state, computed without allocating anything.
   `inputs`: the keyword inputs that trace `model.init` (`objectives.init_inputs`);
   `carry`: the objective's abstract carry (`objectives.init_carry`), batch-sharded, or None."""
-  rng = jax.random.key(0)
-  boxed = jax.eval_shape(lambda: model.init(
-      {"params": rng, "dropout": rng}, **inputs, deterministic=True))
+  def init():   # the key made inside: nothing concrete, so it also runs for devices not here
+    rng = jax.random.key(0)
+    return model.init({"params": rng, "dropout": rng}, **inputs, deterministic=True)
+
+  boxed = jax.eval_shape(init)
   param_sh = sharding_lib.logical_to_shardings(boxed, mesh)
   params = jax.tree.map(lambda x: x.unbox(apply_constraint=False), boxed,
                         is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
