@@ -37,8 +37,9 @@ is the probe's accuracy (`common.PRIMARY`).
   python -m experiments.electra_ablation --scale=cpu
   # The budget check first: the ELECTRA row and the floor (EXPERIMENTS.md §1):
   python -m experiments.electra_ablation --scale=cpu --rows="ELECTRA,No pre-training"
-  # One H100, one command per seed (about 10 minutes each; resumable):
-  python -m experiments.electra_ablation --scale=gpu --seeds=0
+  # One H100, one command per seed (about 7 minutes each; resumable; on a bare GPU machine
+  # given .carry from experiments/gpu/prepare.sh):
+  bash experiments/gpu/sweep.sh electra_ablation 0
   # A smoke run into a scratch directory:
   python -m experiments.electra_ablation --rows=ELECTRA --seeds=0 --pretrain_steps=20 \\
       --out=/tmp/electra_smoke

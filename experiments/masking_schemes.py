@@ -27,8 +27,9 @@ this project cannot download and are printed beside ours.
   python -m experiments.masking_schemes --scale=cpu
   # The budget check first: the baseline row and the floor (EXPERIMENTS.md §1):
   python -m experiments.masking_schemes --scale=cpu --rows="Subword Tokens,No pre-training"
-  # The gpu scale, one command per seed (each ≤ 10 minutes on one H100; resumable):
-  python -m experiments.masking_schemes --scale=gpu --seeds=0
+  # The gpu scale, one command per seed (each ≤ 10 minutes on one H100; resumable; on a bare
+  # GPU machine given .carry from experiments/gpu/prepare.sh):
+  bash experiments/gpu/sweep.sh masking_schemes 0
 """
 
 from __future__ import annotations

@@ -151,8 +151,8 @@ SCALES = {
                 finetune_inputs=64, finetune_targets=32, finetune_train=4000,
                 finetune_eval=2000),
     # One H100 (not measured: no GPU was lent to the sessions that built it; run with
-    # experiments/gpu/t5_objectives.sh, one seed per command): a 4 + 4-layer, d_model 256 T5 in
-    # bfloat16, 1,200 steps of 64 × 256 inputs (19.7 M input tokens: 8 passes over the 2.4 M
+    # `bash experiments/gpu/sweep.sh t5_objectives SEED`, one seed per command): a 4 + 4-layer,
+    # d_model 256 T5 in bfloat16, 1,200 steps of 64 × 256 inputs (19.7 M input tokens: 8 passes over the 2.4 M
     # tokens of the Wikipedia sample and the training glosses), each task fine-tuned 500 steps
     # × 64 on all its training examples and scored on 2,000 validation ones.
     "gpu": dict(config_arg="runlocal", batch_size=64, seq_len=256, pretrain_steps=1200,

