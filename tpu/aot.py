@@ -1,5 +1,6 @@
 r"""Pod-scale configs checked without a pod: the real train step of a config compiled ahead of
-time for a named TPU slice, on this machine.
+time for a named TPU slice, on this machine. Run it in its own process: libtpu, once loaded,
+shares the process with jaxlib's own XLA, and later CPU computations there may abort.
 
 `libtpu` (the `[tpu-aot]` extra) describes any TPU topology without the hardware
 (`jax.experimental.topologies`); the step is built exactly as `train.run` builds it (the
@@ -21,6 +22,7 @@ dimension).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -192,6 +194,8 @@ if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file("config", None, "A config file, e.g. configs/bert.py.",
                                             lock_config=False)
   _TOPOLOGY = flags.DEFINE_string("topology", None, "A TPU slice, e.g. v4:4x4x4 or v5e:16x16.")
+  _JSON = flags.DEFINE_bool("json", False, "Also print the report as one JSON line (its fields "
+                            "and used_bytes, fits, step_seconds), e.g. for a table of slices.")
   flags.mark_flags_as_required(["config", "topology"])
 
 
@@ -203,6 +207,9 @@ def main(argv):
     config = _CONFIG.value
     report = compile_step(config, _TOPOLOGY.value, config_name)
     print("\n".join(report.lines()), flush=True)
+    if _JSON.value:
+      print(json.dumps(dict(dataclasses.asdict(report), used_bytes=report.used_bytes,
+                            fits=report.fits, step_seconds=report.step_seconds)), flush=True)
     if not report.fits:
       raise not_fitting(report, config)
   except ConfigError as e:
