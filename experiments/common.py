@@ -289,26 +289,8 @@ def write_report(results: list[dict], out: str, comparison: report.Comparison, s
   overrides = sorted({o for r in results for o in r.get("config_overrides", ())})
   if overrides:
     setup += f" Overrides for every row: {', '.join(overrides)}."
-  constants = constant_scores(task)
-  degenerate = {}
-  for r in results:
-    degenerate.setdefault(r["row"], set()).update(r.get("degenerate", ()))
-  markdown = report.markdown(results, comparison, setup=setup, constants=constants,
-                             degenerate=degenerate)
-  with open(os.path.join(out, "table.md"), "w") as fh:
-    fh.write(markdown)
-  meta = dict(primary_metric=f"−{comparison.primary.key} ({comparison.primary.label})",
-              higher_is_better=True, paper_column=comparison.primary.paper,
-              evaluation_examples={t: len(results[0]["examples"][t]["target_nll"])
-                                   for t in (SUPERSENSE, PROBE)},
-              constant_output=constants, seeds=sorted({r["seed"] for r in results}),
-              commits=sorted({r.get("commit", "?") for r in results}),
-              scale=scale, config_overrides=overrides)
-  with open(os.path.join(out, "meta.json"), "w") as fh:
-    json.dump(meta, fh, indent=1, ensure_ascii=False)
-  report.plot(results, comparison, constants, os.path.join(out, "plot.png"))
-  report.curves(results, comparison, os.path.join(out, "curves.png"))
-  return markdown
+  return report.write(results, comparison, out, setup=setup, constants=constant_scores(task),
+                      scale=scale, config_overrides=overrides)
 
 
 # ------------------------------------------------------------------------------ command line

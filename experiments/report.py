@@ -18,7 +18,9 @@ timings. A `Comparison` says which rows, columns and paper numbers the report la
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -357,6 +359,37 @@ def _seen_table(results, comparison: Comparison, rows) -> list[str]:
       cells.append(form.format(np.mean(values)) if values else "—")
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return lines + [""]
+
+
+# ------------------------------------------------------------------------------------- files
+
+
+def write(results: Sequence[dict], comparison: Comparison, out: str, *, setup: str,
+          constants: Mapping[str, float], scale: Mapping, **meta) -> str:
+  """OUT/table.md (`markdown`, with each row's degenerate flags gathered from its records),
+  OUT/meta.json (the primary metric, the evaluation examples per column's task, the constant
+  outputs, seeds, commits, `scale` and any further `meta`), OUT/plot.png and OUT/curves.png;
+  returns the markdown."""
+  degenerate = {}
+  for r in results:
+    degenerate.setdefault(r["row"], set()).update(r.get("degenerate", ()))
+  markdown_text = markdown(results, comparison, setup=setup, constants=constants,
+                           degenerate=degenerate)
+  with open(os.path.join(out, "table.md"), "w") as fh:
+    fh.write(markdown_text)
+  primary = comparison.primary
+  record = dict(primary_metric=f"{'−' if primary.loglik else ''}{primary.key} ({primary.label})",
+                higher_is_better=True, paper_column=primary.paper,
+                evaluation_examples={c.task: len(results[0]["examples"][c.task][c.metric])
+                                     for c in comparison.columns},
+                constant_output=dict(constants), seeds=sorted({r["seed"] for r in results}),
+                commits=sorted({r.get("commit", "?") for r in results}), scale=dict(scale),
+                **meta)
+  with open(os.path.join(out, "meta.json"), "w") as fh:
+    json.dump(record, fh, indent=1, ensure_ascii=False)
+  plot(results, comparison, constants, os.path.join(out, "plot.png"))
+  curves(results, comparison, os.path.join(out, "curves.png"))
+  return markdown_text
 
 
 # --------------------------------------------------------------------------------------- plots

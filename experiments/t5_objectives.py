@@ -402,25 +402,8 @@ def write_summary(results: list[dict], out: str, scale_name: str) -> str:
   (`experiments/report.py`); returns the markdown. Also what `python -m experiments.launch
   summary` calls on the merged rows."""
   scale = SCALES[scale_name]
-  constants = constant_scores(scale)
-  degenerate = {}
-  for r in results:
-    degenerate.setdefault(r["row"], set()).update(r.get("degenerate", ()))
-  markdown = report.markdown(results, COMPARISON, setup=setup_text(scale_name, scale),
-                             constants=constants, degenerate=degenerate)
-  with open(os.path.join(out, "table.md"), "w") as fh:
-    fh.write(markdown)
-  examples = {task: len(results[0]["examples"][task]["target_nll"]) for _, task, _, _ in TASKS}
-  meta = dict(primary_metric=f"−{COMPARISON.primary.key} ({COMPARISON.primary.label})",
-              higher_is_better=True,
-              paper_column=COMPARISON.primary.paper, evaluation_examples=examples,
-              constant_output=constants, seeds=sorted({r["seed"] for r in results}),
-              commits=sorted({r.get("commit", "?") for r in results}), scale=scale)
-  with open(os.path.join(out, "meta.json"), "w") as fh:
-    json.dump(meta, fh, indent=1, ensure_ascii=False)
-  report.plot(results, COMPARISON, constants, os.path.join(out, "plot.png"))
-  report.curves(results, COMPARISON, os.path.join(out, "curves.png"))
-  return markdown
+  return report.write(results, COMPARISON, out, setup=setup_text(scale_name, scale),
+                      constants=constant_scores(scale), scale=scale)
 
 
 def main(argv):
