@@ -222,12 +222,16 @@ def train(state: step_lib.TrainState, train_step: Callable, source: BatchSource,
 @contextlib.contextmanager
 def _stopping(profiler: Profiler | None, traced: list):
   """Stops a trace still running when the loop ends before its last step (a preemption, a stop
-  step, an error); `traced` holds the steps done and the state then."""
+  step, an error); `traced` holds the steps done and the state then. After an error the state
+  is not waited for: a failed step may have consumed (donated) it, and the error is the news."""
   try:
     yield
-  finally:
+  except BaseException:
     if profiler is not None:
-      profiler.stop(*traced)
+      profiler.stop(traced[0], None)
+    raise
+  if profiler is not None:
+    profiler.stop(*traced)
 
 
 # The ETA's step time is smoothed exponentially, per step: a log window of n steps weighs
