@@ -14,12 +14,15 @@
 #   table          benchmarks/table.py, every GPU row, ours then HF eager then HF compiled
 #                  (limit 1,800 s: split it with rows=...)
 #   rows=R1,R2     benchmarks/table.py for the named rows                         (limit 540 s)
+#                  (HF=eager picks the HF peers, TABLE_OVERRIDES=a.b=c,... adds overrides)
+#   init=ROW       benchmarks/init_time.py for ROW: where the time to its first step goes, with
+#                  XLA's default autotuning and with --xla_gpu_autotune_level=0    (limit 240 s)
 #   gpu-tests      the tests that need a GPU (cuDNN attention against XLA's, values and
 #                  gradients, BERT's and T5's)                                                   (limit 120 s)
 #   smoke          bert-mini-128 profiled and tabled against HF eager, float32, 3 steps: the
 #                  CPU stand-in of the above (PYTHON=path/to/venv/python bash benchmarks/gpu.sh smoke)
 #
-# STAGE=seconds overrides a limit (e.g. profile-base=200). Everything lands in OUTDIR (default
+# STAGE=seconds overrides a limit (e.g. profile-base=200, rows=300 for every rows=R1,R2 stage). Everything lands in OUTDIR (default
 # $OUT where the machine sets it, else runs/gpu): gpu.log (all output), profile-*.json,
 # table.jsonl, and traces-ROW.tar.gz (the profiler traces and optimised HLO, when under 16 MB).
 set -uo pipefail
@@ -68,11 +71,7 @@ run_stage() {  # name default_limit_s command...: the command under the stage's 
 OVERRIDES=(none=0)
 STAGES=()
 for arg in "$@"; do
-  case $arg in
-    rows=*) STAGES+=("$arg") ;;
-    *=*) OVERRIDES+=("$arg") ;;
-    *) STAGES+=("$arg") ;;
-  esac
+  if [[ $arg =~ ^[a-z-]+=[0-9]+$ ]]; then OVERRIDES+=("$arg"); else STAGES+=("$arg"); fi
 done
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(profile-base profile-large table)
 
@@ -92,7 +91,12 @@ for stage in "${STAGES[@]}"; do
         --output="$OUTDIR/table.jsonl" ;;
     rows=*)
       run_stage rows 540 "$PYTHON" benchmarks/table.py --rows="${stage#rows=}" \
+        --hf="${HF-eager,compile}" --overrides="${TABLE_OVERRIDES:-}" \
         --output="$OUTDIR/table.jsonl" ;;
+    init=*)
+      run_stage init 240 bash -c "'$PYTHON' benchmarks/init_time.py --row='${stage#init=}' \
+        --output='$OUTDIR/init.jsonl' && XLA_FLAGS='--xla_gpu_autotune_level=0' '$PYTHON' \
+        benchmarks/init_time.py --row='${stage#init=}' --output='$OUTDIR/init.jsonl'" ;;
     gpu-tests)
       # JAX_PLATFORMS empty: the GPU where there is one (tests/conftest.py defaults to the CPU).
       JAX_PLATFORMS= JAX_DISABLE_MOST_OPTIMIZATIONS=0 run_stage gpu-tests 120 "$PYTHON" -m pytest \
@@ -104,7 +108,7 @@ for stage in "${STAGES[@]}"; do
         --output="$OUTDIR/profile-bert-mini-128.json"
       run_stage smoke 300 "$PYTHON" benchmarks/table.py --rows=bert-mini-128 \
         --fast_path=false --hf=eager --steps=3 --warmup=1 --output="$OUTDIR/table.jsonl" ;;
-    *) echo "error: unknown stage '$stage' (profile-base, profile-large, table, rows=R1,R2, gpu-tests, smoke)"
+    *) echo "error: unknown stage '$stage' (profile-base, profile-large, table, rows=R1,R2, init=ROW, gpu-tests, smoke)"
        exit 2 ;;
   esac
 done

@@ -96,11 +96,10 @@ ROWS = (
     BenchRow("spanbert-base-512", "SpanBERT-base (MLM + SBO)", "spanbert.py:size=base", 512, 64),
     BenchRow("electra-base-512", "ELECTRA-base (generator + discriminator)",
              "electra.py:size=base", 512, 64),
-    # T5's attention adds a learned position bias whose gradient cuDNN must return; on an H200
-    # (2026-11-26) cuDNN gave T5 NaN gradients (tests/models/t5_model_test.py), so T5 runs on
-    # XLA's attention, the only one its config accepts until that test passes.
+    # On cuDNN T5's position bias goes in alone and padding as lengths (models/t5.py), so each
+    # row holds one example: at 512 -> 114 span corruption fills a row with one anyway.
     BenchRow("t5-base-512", "T5 v1.1 base (512 -> 114)", "t5.py:size=base,version=1.1", 512, 64,
-             ("objective.targets_length=114", "model.attention_impl=")),
+             ("objective.targets_length=114",)),
     # XLNet's recipe window (256 reused + 256 new, memory 384, 85 targets): both streams.
     BenchRow("xlnet-base-512", "XLNet-base (two streams, memory 384)", "xlnet.py:size=base", 512,
              32),

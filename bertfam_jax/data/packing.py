@@ -576,12 +576,14 @@ def _place_packed(tokens: np.ndarray, lengths: np.ndarray, row: np.ndarray, offs
 
 def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndarray,
                  target_lengths: np.ndarray, *, inputs_length: int,
-                 targets_length: int, cut: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                 targets_length: int, cut: np.ndarray | None = None,
+                 examples_per_row: int | None = None) -> dict[str, np.ndarray]:
   """seqio's `trim_and_pack` + `EncDecFeatureConverter`: (inputs, targets) pairs -> packed rows.
 
   Each example is first trimmed to inputs_length / targets_length (after
   `t5_noise.append_eos_after_trim` nothing is). Greedy in order: an example joins the current
-  row while both its sides fit, else it starts a new row. Within a row the k-th example has
+  row while both its sides fit (and the row holds fewer than `examples_per_row`, when given),
+  else it starts a new row. Within a row the k-th example has
   segment id k (1-based) on both sides and positions counting from 0. The decoder inputs are the
   targets shifted right within each segment, with 0 (BOS, `make_autoregressive_inputs(bos_id=0)`)
   at every segment start; every non-pad target, sentinels and EOS included, has loss weight 1.
@@ -592,6 +594,8 @@ def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndar
     targets: [n, Lt'] int ids, left-aligned; target_lengths: [n] int.
     inputs_length, targets_length: Li, Lt, the packed row lengths.
     cut: [n] bool, the examples whose targets were cut short (optional).
+    examples_per_row: at most this many examples in a row (1: unpacked rows, what cuDNN
+      attention needs); None: as many as fit.
 
   Returns:
     input_ids, input_mask, input_segment_ids, input_positions [rows, Li] int32;
@@ -605,12 +609,14 @@ def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndar
   row = np.zeros(num_examples, np.int64)
   input_offset = np.zeros(num_examples, np.int64)
   target_offset = np.zeros(num_examples, np.int64)
-  current, used_inputs, used_targets = -1, 0, 0
+  current, used_inputs, used_targets, in_row = -1, 0, 0, 0
+  row_full = examples_per_row or num_examples
   for e, (a, b) in enumerate(zip(input_lengths.tolist(), target_lengths.tolist())):
-    if current < 0 or used_inputs + a > inputs_length or used_targets + b > targets_length:
-      current, used_inputs, used_targets = current + 1, 0, 0
+    if (current < 0 or used_inputs + a > inputs_length or used_targets + b > targets_length
+        or in_row == row_full):
+      current, used_inputs, used_targets, in_row = current + 1, 0, 0, 0
     row[e], input_offset[e], target_offset[e] = current, used_inputs, used_targets
-    used_inputs, used_targets = used_inputs + a, used_targets + b
+    used_inputs, used_targets, in_row = used_inputs + a, used_targets + b, in_row + 1
   num_rows = current + 1
   input_ids, input_segment_ids, input_positions = _place_packed(
       inputs, input_lengths, row, input_offset, num_rows, inputs_length)

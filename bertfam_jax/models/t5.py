@@ -24,6 +24,14 @@ Packing: segment ids (1..k per packed example, 0 = pad) restrict every attention
 relative positions are `arange` over the row, which inside one contiguous segment equals the
 distance within the example.
 
+cuDNN flash attention (`attention_impl='cudnn'`) returns the relative-position bias's gradient only
+for the bias alone, in its [1, heads, Lq, Lk] shape: a segment mask added to it makes a
+[batch, heads, Lq, Lk] tensor whose gradient came back NaN (jax 0.11.2, H200). So on cuDNN the
+bias goes in as bf16 [1, heads, Lq, Lk], padding as query / key lengths, the decoder's causality
+as `is_causal`, and no mask: each row must hold one example, right-padded (the T5 objective packs
+one example per row when cuDNN is on; fine-tuning never packs). A prefix LM's mask has no such
+form and is refused; a cached decoding step runs XLA's attention.
+
 Parameter tree (t5x names; `layer_{i}` unrolled, one `layers` with a leading [layers] axis when
 `scan_layers`):
   token_embedder/embedding                      [vocab, embed]     shared by both stacks
@@ -54,6 +62,7 @@ import functools
 import math
 from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -115,10 +124,47 @@ def prefix_lm_mask(decoder_causal_attention):
   return causal_mask(prefix.shape[1]) | both_in_prefix
 
 
+@flax.struct.dataclass
+class Masking:
+  """Which keys each query may attend to, in the two forms the attention paths take.
+
+  mask: [batch or 1, 1, Lq, Lk] bool, for XLA's attention and the explicit softmax.
+  query_lengths, key_lengths: [batch] int32 real tokens per row, for cuDNN (rows of one example,
+    right-padded); None where the caller has no lengths (a cached decoding step).
+  causal: query i sees keys j <= i (decoder self-attention), for cuDNN's `is_causal`.
+  """
+  mask: jax.Array
+  query_lengths: jax.Array | None = None
+  key_lengths: jax.Array | None = None
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+def row_lengths(segment_ids):
+  """[batch, L] segment ids → [batch] int32 non-pad tokens per row."""
+  return jnp.sum(segment_ids != 0, axis=-1, dtype=jnp.int32)
+
+
+# The implementation `attention_by_lengths` runs for attention_impl='cudnn' (tests on a CPU set it
+# to 'xla', which takes the same lengths and causal flag).
+LENGTHS_IMPLEMENTATION = "cudnn"
+
+
+def attention_by_lengths(q_BQNH, k_BKNH, v_BKNH, bias_1NQK, masking: Masking, implementation):
+  """Unscaled attention with padding as lengths, causality as a flag and the bias (None, or
+  [1, heads, Lq, Lk] in the queries' dtype) alone → [batch, Lq, heads, kv]."""
+  return jax.nn.dot_product_attention(
+      q_BQNH, k_BKNH, v_BKNH, bias=bias_1NQK, scale=1.0, is_causal=masking.causal,
+      query_seq_lengths=masking.query_lengths, key_value_seq_lengths=masking.key_lengths,
+      implementation=implementation)
+
+
 def validate(c) -> None:
   """Raises ConfigError for model fields this module cannot build."""
   if c.architecture not in ARCHITECTURES:
     raise ConfigError(f"model.architecture={c.architecture!r}; choose one of {ARCHITECTURES}.")
+  if c.architecture == "prefix_lm" and c.attention_impl == "cudnn":
+    raise ConfigError("model.architecture='prefix_lm' needs a mask cuDNN attention cannot take "
+                      "with a trainable position bias; set --config.model.attention_impl=xla.")
   if c.activation not in ("relu", "gelu_tanh", "gelu"):
     raise ConfigError(f"model.activation={c.activation!r}; choose relu, gelu_tanh or gelu.")
   if c.remat_policy != "none" and c.remat_policy not in REMAT_POLICIES:
@@ -158,14 +204,16 @@ class RelativePositionBias(nn.Module):
 
   @nn.compact
   def __call__(self, query_positions, key_positions):
-    """[Lq], [Lk] int → [1, heads, Lq, Lk] float32."""
+    """[Lq], [Lk] int → [1, heads, Lq, Lk] in the compute dtype (t5x adds the bias in it; cuDNN
+    needs the queries' dtype)."""
     c = self.config
     table = self.param("rel_embedding", normal_init(c.hidden ** -0.5, ("relpos_buckets", "heads")),
                        (c.relative_buckets, c.heads), jnp.float32)
     buckets_QK = relative_position_bucket(
         key_positions[None, :] - query_positions[:, None], bidirectional=self.bidirectional,
         num_buckets=c.relative_buckets, max_distance=c.relative_max_distance)
-    return jnp.transpose(jnp.take(table, buckets_QK, axis=0), (2, 0, 1))[None]
+    bias_QKN = jnp.take(table, buckets_QK, axis=0).astype(jnp.dtype(c.dtype))
+    return jnp.transpose(bias_QKN, (2, 0, 1))[None]
 
 
 class Attention(nn.Module):
@@ -174,16 +222,16 @@ class Attention(nn.Module):
   Inits (HF `_init_weights`, t5x): query N(0, (hidden·kv)^-1), key/value N(0, hidden^-1), out
   N(0, (heads·kv)^-1). Dropout on the probabilities needs the explicit softmax; without it
   (`dropout == 0` or deterministic) `jax.nn.dot_product_attention(implementation=attention_impl)`
-  runs, where 'cudnn' is cuDNN flash attention.
+  runs, where 'cudnn' is cuDNN flash attention with the masking as lengths (module docstring).
   """
   config: Any
 
   @nn.compact
-  def __call__(self, x_BQD, kv_BKD, bias_1NQK, mask_B1QK, *, deterministic: bool,
+  def __call__(self, x_BQD, kv_BKD, bias_1NQK, masking: Masking, *, deterministic: bool,
                decode: bool = False, cache_index=None):
     """x [batch, Lq, embed] attends kv [batch, Lk, embed] → [batch, Lq, embed].
 
-    bias: [1, heads, Lq, Lk] float32 or None; mask: [batch or 1, 1, Lq, Lk] bool. With `decode`
+    bias: [1, heads, Lq, Lk] in the compute dtype, or None; masking: which keys each query sees. With `decode`
     the keys/values are (created in, or when `cache_index` is given written at that position of)
     the cache, and the query attends over the whole cache [max_length].
     """
@@ -207,14 +255,17 @@ class Attention(nn.Module):
                                preferred_element_type=jnp.float32)
       if bias_1NQK is not None:
         scores_BNQK = scores_BNQK + bias_1NQK
-      scores_BNQK = jnp.where(mask_B1QK, scores_BNQK, jnp.finfo(jnp.float32).min)
+      scores_BNQK = jnp.where(masking.mask, scores_BNQK, jnp.finfo(jnp.float32).min)
       probs_BNQK = nn.Dropout(c.dropout)(jax.nn.softmax(scores_BNQK, axis=-1).astype(dtype),
                                          deterministic=False)
       out_BQNH = jnp.einsum("bnqk,bknh->bqnh", probs_BNQK, v_BKNH)
+    elif c.attention_impl == "cudnn" and not decode:
+      out_BQNH = attention_by_lengths(q_BQNH, k_BKNH, v_BKNH, bias_1NQK, masking,
+                                      LENGTHS_IMPLEMENTATION)
     else:
       out_BQNH = jax.nn.dot_product_attention(
-          q_BQNH, k_BKNH, v_BKNH, bias=bias_1NQK, mask=mask_B1QK, scale=1.0,
-          implementation=c.attention_impl or None)
+          q_BQNH, k_BKNH, v_BKNH, bias=bias_1NQK, mask=masking.mask, scale=1.0,
+          implementation=None if decode else (c.attention_impl or None))
     out_BQNH = nn.with_logical_constraint(out_BQNH, act_axes)
     out_kernel = self.param("out", normal_init((c.heads * c.head_dim) ** -0.5,
                                                ("heads", "kv", "embed")),
@@ -261,13 +312,13 @@ class EncoderLayer(nn.Module):
   config: Any
 
   @nn.compact
-  def __call__(self, x_BLD, bias_1NLL, mask_B1LL, deterministic: bool):
-    """x: [batch, length, hidden]; bias: [1, heads, L, L]; mask: [batch, 1, L, L] bool."""
+  def __call__(self, x_BLD, bias_1NLL, masking: Masking, deterministic: bool):
+    """x: [batch, length, hidden]; bias: [1, heads, L, L]; masking: mask [batch, 1, L, L]."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
     drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
     h = RMSNorm(c.layer_norm_eps, dtype, name="pre_attention_layer_norm")(x_BLD)
-    h = Attention(c, name="attention")(h, h, bias_1NLL, mask_B1LL, deterministic=deterministic)
+    h = Attention(c, name="attention")(h, h, bias_1NLL, masking, deterministic=deterministic)
     x_BLD = nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES)
     h = RMSNorm(c.layer_norm_eps, dtype, name="pre_mlp_layer_norm")(x_BLD)
     h = MLP(c, name="mlp")(h, deterministic=deterministic)
@@ -281,21 +332,22 @@ class DecoderLayer(nn.Module):
   cross_attention: bool
 
   @nn.compact
-  def __call__(self, x_BLD, encoded_BSD, bias_1NLL, mask_B1LL, cross_mask_B1LS,
+  def __call__(self, x_BLD, encoded_BSD, bias_1NLL, masking: Masking, cross_masking: Masking,
                deterministic: bool, decode: bool, cache_index):
     """x: [batch, L, hidden]; encoded: [batch, S, hidden] or None; bias: [1, heads, L, L or
-    max_length]; masks [batch or 1, 1, L, L or max_length] and [batch, 1, L, S] bool."""
+    max_length]; maskings of self-attention (mask [batch or 1, 1, L, L or max_length]) and of
+    cross-attention (mask [batch, 1, L, S]; None without cross-attention)."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
     drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
     h = RMSNorm(c.layer_norm_eps, dtype, name="pre_self_attention_layer_norm")(x_BLD)
-    h = Attention(c, name="self_attention")(h, h, bias_1NLL, mask_B1LL,
+    h = Attention(c, name="self_attention")(h, h, bias_1NLL, masking,
                                             deterministic=deterministic, decode=decode,
                                             cache_index=cache_index)
     x_BLD = nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES)
     if self.cross_attention:
       h = RMSNorm(c.layer_norm_eps, dtype, name="pre_cross_attention_layer_norm")(x_BLD)
-      h = Attention(c, name="encoder_decoder_attention")(h, encoded_BSD, None, cross_mask_B1LS,
+      h = Attention(c, name="encoder_decoder_attention")(h, encoded_BSD, None, cross_masking,
                                                          deterministic=deterministic)
       x_BLD = nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES)
     h = RMSNorm(c.layer_norm_eps, dtype, name="pre_mlp_layer_norm")(x_BLD)
@@ -329,7 +381,7 @@ class Encoder(nn.Module):
   def setup(self):
     c = self.config
     self.relpos_bias = RelativePositionBias(c, bidirectional=True)
-    # EncoderLayer args: self 0, x 1, bias 2, mask 3, deterministic 4.
+    # EncoderLayer args: self 0, x 1, bias 2, masking 3, deterministic 4.
     self.layers = layer_stack(c, EncoderLayer, c.layers, num_args=4, static_argnums=(4,))
     self.encoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
     self.dropout = nn.Dropout(c.dropout)
@@ -341,9 +393,10 @@ class Encoder(nn.Module):
                          deterministic=deterministic)
     x_BLD = nn.with_logical_constraint(x_BLD, ACTIVATION_AXES)
     bias_1NLL = self.relpos_bias(jnp.arange(length), jnp.arange(length))
-    mask_B1LL = segment_mask(input_segment_ids, input_segment_ids)
+    lengths_B = row_lengths(input_segment_ids)
+    masking = Masking(segment_mask(input_segment_ids, input_segment_ids), lengths_B, lengths_B)
     for layer in self.layers:
-      x_BLD, _ = layer(x_BLD, bias_1NLL, mask_B1LL, deterministic)
+      x_BLD, _ = layer(x_BLD, bias_1NLL, masking, deterministic)
     return self.dropout(self.encoder_norm(x_BLD), deterministic=deterministic)
 
 
@@ -360,7 +413,7 @@ class Decoder(nn.Module):
   def setup(self):
     c = self.config
     self.relpos_bias = RelativePositionBias(c, bidirectional=False)
-    # DecoderLayer args: self 0, x 1, encoded 2, bias 3, mask 4, cross mask 5, deterministic 6,
+    # DecoderLayer args: self 0, x 1, encoded 2, bias 3, masking 4, cross masking 5, deterministic 6,
     # decode 7, cache_index 8.
     self.layers = layer_stack(c, DecoderLayer, c.decoder_layers, num_args=8,
                               static_argnums=(6, 7), cross_attention=self.cross_attention)
@@ -381,33 +434,37 @@ class Decoder(nn.Module):
     x_BLD = self.dropout(self.embedder(decoder_input_ids).astype(jnp.dtype(c.dtype)),
                          deterministic=deterministic)
     x_BLD = nn.with_logical_constraint(x_BLD, ACTIVATION_AXES)
-    cache_index, bias_1NLK, mask_B1LK = self._self_attention_bias_and_mask(
+    cache_index, bias_1NLK, masking = self._self_attention_bias_and_masking(
         length, decoder_segment_ids, decoder_causal_attention, decode)
-    cross_mask_B1LS = (segment_mask(decoder_segment_ids, input_segment_ids)
-                       if self.cross_attention else None)
+    cross_masking = None
+    if self.cross_attention:
+      cross_masking = Masking(segment_mask(decoder_segment_ids, input_segment_ids),
+                              row_lengths(decoder_segment_ids), row_lengths(input_segment_ids))
     for layer in self.layers:
-      x_BLD, _ = layer(x_BLD, encoded_BSD, bias_1NLK, mask_B1LK, cross_mask_B1LS, deterministic,
+      x_BLD, _ = layer(x_BLD, encoded_BSD, bias_1NLK, masking, cross_masking, deterministic,
                        decode, cache_index)
     x_BLD = self.dropout(self.decoder_norm(x_BLD), deterministic=deterministic)
     if c.tie_embeddings:
       return self.embedder.attend(x_BLD * c.hidden ** -0.5)
     return self.logits_dense(x_BLD)
 
-  def _self_attention_bias_and_mask(self, length, decoder_segment_ids, decoder_causal_attention,
-                                    decode):
-    """(cache_index or None, bias [1, heads, L, K], mask [batch or 1, 1, L, K]); K = L, or
-    max_length in a cached step (whose one query sits at position cache_index)."""
+  def _self_attention_bias_and_masking(self, length, decoder_segment_ids,
+                                       decoder_causal_attention, decode):
+    """(cache_index or None, bias [1, heads, L, K], Masking with mask [batch or 1, 1, L, K]);
+    K = L, or max_length in a cached step (whose one query sits at position cache_index)."""
     cache_index, key_positions = self.cache_position(length) if decode else (None, None)
     if cache_index is not None:
       bias = self.relpos_bias(cache_index[None], key_positions)
-      return cache_index, bias, (key_positions <= cache_index)[None, None, None, :]
+      return cache_index, bias, Masking((key_positions <= cache_index)[None, None, None, :])
     positions = jnp.arange(length)
     if decoder_causal_attention is None:
       mask = causal_mask(length)
     else:
       mask = prefix_lm_mask(decoder_causal_attention)
-    return None, self.relpos_bias(positions, positions), mask & segment_mask(
-        decoder_segment_ids, decoder_segment_ids)
+    lengths_B = row_lengths(decoder_segment_ids)
+    masking = Masking(mask & segment_mask(decoder_segment_ids, decoder_segment_ids), lengths_B,
+                      lengths_B, causal=decoder_causal_attention is None)
+    return None, self.relpos_bias(positions, positions), masking
 
 
 class CachePosition(nn.Module):

@@ -64,11 +64,6 @@ FIELD_RULES = {
 def validate(config) -> None:
   """T5's objective: known masks and encodings, and lengths the objective can fill."""
   o = config.objective
-  if config.model.attention_impl == "cudnn":
-    raise ConfigError("model.attention_impl='cudnn' gives T5 NaN gradients (jax 0.11.2, H200, "
-                      "2026-11-26: tests/models/t5_model_test.py::"
-                      "test_cudnn_attention_gradients_equal_xla): set "
-                      "--config.model.attention_impl=xla until that test passes on a GPU.")
   if config.data.packing != "t5_segments":
     raise ConfigError("T5 reads token segments: set --config.data.packing=t5_segments.")
   if o.noise_mask == "random_prefix" and o.noise_density > 0.5:
@@ -133,9 +128,12 @@ def make_features(config, tokenizer):
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
                       f"{config.model.vocab_size}; raise --config.model.vocab_size.")
+  # cuDNN attention takes padding as lengths, which cannot separate packed examples
+  # (models/t5.py): on it each row holds one example.
+  examples_per_row = 1 if config.model.attention_impl == "cudnn" else None
   return functools.partial(t5_features, config=config.objective,
                            inputs_length=config.data.seq_len, eos_id=tokenizer.eos_id,
-                           **_noise_ids(tokenizer))
+                           examples_per_row=examples_per_row, **_noise_ids(tokenizer))
 
 
 def _noise_ids(tokenizer) -> dict:
@@ -218,8 +216,10 @@ def noise_segments(tokens, lengths, sentence_start, rng: np.random.Generator, *,
 
 def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: int,
                 sentinel_start: int, vocab_size: int, eos_id: int, mask_id: int,
-                word_start_table: np.ndarray, num_reserved_tokens: int = 3) -> dict:
-  """Noises `packing.token_segments` output and packs the examples into rows.
+                word_start_table: np.ndarray, num_reserved_tokens: int = 3,
+                examples_per_row: int | None = None) -> dict:
+  """Noises `packing.token_segments` output and packs the examples into rows (at most
+  `examples_per_row` each, when given).
 
   Args:
     segments: tokens [n, T], lengths [n], sentence_start [n, T] from `packing.token_segments`.
@@ -241,7 +241,7 @@ def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: in
                                                            config.targets_length, eos_id)
   return packing.pack_seq2seq(inputs, input_lengths, targets, target_lengths,
                               inputs_length=inputs_length, targets_length=config.targets_length,
-                              cut=cut)
+                              cut=cut, examples_per_row=examples_per_row)
 
 
 def loss_fn(model, params, batch, rng, config, *, deterministic=False):

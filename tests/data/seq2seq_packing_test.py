@@ -130,3 +130,18 @@ def test_pack_seq2seq_exact_fit_and_empty():
   empty = packing.pack_seq2seq(np.zeros((0, 3), int), [], np.zeros((0, 2), int), [],
                                inputs_length=5, targets_length=3)
   assert empty["input_ids"].shape == (0, 5) and empty["decoder_input_ids"].shape == (0, 3)
+
+
+def test_pack_seq2seq_examples_per_row():
+  """examples_per_row=1 (what cuDNN attention needs) gives each example its own row; 2 caps rows
+  that would hold three."""
+  inputs = np.array([[1, 0], [2, 0], [3, 0]])
+  targets = np.array([[4, 0], [5, 0], [6, 0]])
+  args = (inputs, [1, 1, 1], targets, [1, 1, 1])
+  packed = packing.pack_seq2seq(*args, inputs_length=6, targets_length=6)
+  assert packed["input_segment_ids"].tolist() == [[1, 2, 3, 0, 0, 0]]
+  one = packing.pack_seq2seq(*args, inputs_length=6, targets_length=6, examples_per_row=1)
+  np.testing.assert_array_equal(one["input_ids"][:, 0], [1, 2, 3])
+  assert one["input_segment_ids"].max() == 1 and one["decoder_segment_ids"].max() == 1
+  two = packing.pack_seq2seq(*args, inputs_length=6, targets_length=6, examples_per_row=2)
+  assert two["input_segment_ids"].tolist() == [[1, 2, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]

@@ -124,3 +124,15 @@ def test_refusals():
   packing.data.packing = "full_sentences"
   with pytest.raises(ConfigError, match="t5_segments"):
     objectives.validate(packing)
+
+
+def test_rows_hold_one_example_on_cudnn():
+  """cuDNN attention takes padding as lengths, which cannot separate packed examples
+  (models/t5.py): with it the pipeline puts one example in each row, and the config is accepted."""
+  config = tiny_config(noise_mask="iid", noise_density=0.6, inputs_encoding="drop_noise_tokens",
+                       targets_encoding="drop_nonnoise_tokens", targets_length=96)
+  config.model.update(attention_impl="cudnn", dtype="bfloat16", dropout=0.0)
+  objectives.validate(config)
+  batch, _ = _first_batch(config)
+  assert batch["input_segment_ids"].max() == 1 and batch["decoder_segment_ids"].max() == 1
+  assert (batch["input_segment_ids"][:, 0] == 1).all()
