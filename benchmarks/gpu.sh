@@ -15,8 +15,8 @@
 #                  (limit 1,800 s: split it with rows=...)
 #   rows=R1,R2     benchmarks/table.py for the named rows                         (limit 540 s)
 #                  (HF=eager picks the HF peers, TABLE_OVERRIDES=a.b=c,... adds overrides)
-#   init=ROW       benchmarks/init_time.py for ROW: where the time to its first step goes, with
-#                  XLA's default autotuning and with --xla_gpu_autotune_level=0    (limit 240 s)
+#   init=ROW       benchmarks/init_time.py for ROW: where the time to its first step goes
+#                                                                                 (limit 240 s)
 #   gpu-tests      the tests that need a GPU (cuDNN attention against XLA's, values and
 #                  gradients, BERT's and T5's)                                                   (limit 120 s)
 #   smoke          bert-mini-128 profiled and tabled against HF eager, float32, 3 steps: the
@@ -94,9 +94,8 @@ for stage in "${STAGES[@]}"; do
         --hf="${HF-eager,compile}" --overrides="${TABLE_OVERRIDES:-}" \
         --output="$OUTDIR/table.jsonl" ;;
     init=*)
-      run_stage init 240 bash -c "'$PYTHON' benchmarks/init_time.py --row='${stage#init=}' \
-        --output='$OUTDIR/init.jsonl' && XLA_FLAGS='--xla_gpu_autotune_level=0' '$PYTHON' \
-        benchmarks/init_time.py --row='${stage#init=}' --output='$OUTDIR/init.jsonl'" ;;
+      run_stage init 240 "$PYTHON" benchmarks/init_time.py --row="${stage#init=}" \
+        --output="$OUTDIR/init.jsonl" ;;
     gpu-tests)
       # JAX_PLATFORMS empty: the GPU where there is one (tests/conftest.py defaults to the CPU).
       JAX_PLATFORMS= JAX_DISABLE_MOST_OPTIMIZATIONS=0 run_stage gpu-tests 120 "$PYTHON" -m pytest \

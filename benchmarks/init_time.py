@@ -1,20 +1,20 @@
 r"""Where the time to a table row's first step goes: building its state and compiling its step.
 
-The train state is initialised by one jitted `model.init` + `tx.init` (`train/step.init_state`),
-which on an H200 took 36-63 s for BERT-base / large, longer than compiling the train step
-(docs/results.md). This splits that time, in one process, into:
+Building the train state (`train/step.init_state`) took 36-63 s on an H200 for BERT-base / large,
+longer than compiling the train step, when one jitted function drew every parameter on the
+device (docs/results.md); on a GPU the parameters are now drawn on the host. This splits the time,
+in one process, into:
 
   backend     the first device query (the platform's start-up)
   abstract    the model, optimizer and the state's shapes and shardings (`abstract_state`)
-  init lower / init compile / init run
-              tracing the state's initialisation, compiling it, running it
+  init        building the state: `init_state` with --init_on (auto: the host on a GPU)
   batch       the synthetic batch on the device
   step lower / step compile / first step
               tracing, compiling and running the train step once
 
   python benchmarks/init_time.py --row=bert-base-512                  # GPU, the table's fast path
   python benchmarks/init_time.py --row=bert-mini-128 --fast_path=false   # CPU
-  XLA_FLAGS=--xla_gpu_autotune_level=0 python benchmarks/init_time.py --row=bert-base-512
+  python benchmarks/init_time.py --row=bert-base-512 --init_on=device  # the jitted draw on the GPU
 
 One JSON object is printed (and appended to --output).
 """
@@ -33,7 +33,6 @@ if __name__ == "__main__":
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import flax.linen as nn  # noqa: E402
 
 import table  # noqa: E402  benchmarks/ is sys.path[0] when run as a script
 import train_throughput as tt  # noqa: E402
@@ -45,12 +44,15 @@ if __name__ == "__main__":
   _ROW = flags.DEFINE_enum("row", None, [r.name for r in table.ROWS], "The table row.")
   _FAST = flags.DEFINE_bool("fast_path", True, "Apply the table's FAST_PATH (bf16 + cuDNN).")
   _OVERRIDES = flags.DEFINE_list("overrides", [], "Extra section.key=value settings for the row.")
+  _INIT_ON = flags.DEFINE_enum("init_on", "auto", ["auto", "host", "device"],
+                               "Where init_state draws the parameters (auto: the host on a GPU).")
   _OUTPUT = flags.DEFINE_string("output", None, "Optional JSONL file the result is appended to.")
   flags.mark_flag_as_required("row")
 
 
-def phases(config) -> dict[str, float]:
-  """{phase: seconds} of building `config`'s state and first step (see the module docstring)."""
+def phases(config, on_host: bool | None = None) -> dict[str, float]:
+  """{phase: seconds} of building `config`'s state (`on_host` as `step.init_state` takes it) and
+  its first step (see the module docstring)."""
   seconds = {}
   clock = [time.perf_counter()]
 
@@ -71,21 +73,10 @@ def phases(config) -> dict[str, float]:
       model, tx, mesh, inputs, carry)
   lap("abstract")
 
-  def init():   # train/step.init_state's function, lowered and compiled in steps
-    rng = jax.random.key(config.seed)
-    params = nn.meta.unbox(model.init({"params": rng, "dropout": rng}, **inputs,
-                                      deterministic=True))
-    return step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,
-                               opt_state=tx.init(params),
-                               carry=jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), carry))
-
-  lowered = step_lib.with_mesh_context(
-      lambda: jax.jit(init, out_shardings=shardings).lower(), mesh)()
-  lap("init lower")
-  compiled = lowered.compile()
-  lap("init compile")
-  state = jax.block_until_ready(compiled())
-  lap("init run")
+  state = jax.block_until_ready(step_lib.with_mesh_context(
+      lambda: step_lib.init_state(model, tx, shardings, config.seed, inputs, carry,
+                                  on_host=on_host), mesh)())
+  lap("init")
   batch = jax.block_until_ready(tt.synthetic_batch(config, config.train.batch_size, mesh))
   lap("batch")
   train_step = step_lib.make_train_step(model, tx, schedule, objective.loss_fn, config, shardings,
@@ -103,9 +94,11 @@ def main(argv):
   del argv
   config = table.row_config(table.ROWS_BY_NAME[_ROW.value], fast_path=_FAST.value,
                             extra=tuple(_OVERRIDES.value))
+  on_host = {"auto": None, "host": True, "device": False}[_INIT_ON.value]
   result = dict(row=_ROW.value, overrides=_OVERRIDES.value, fast_path=_FAST.value,
-                device=jax.devices()[0].device_kind, xla_flags=os.environ.get("XLA_FLAGS", ""),
-                jax_version=jax.__version__, seconds=phases(config))
+                init_on=_INIT_ON.value, device=jax.devices()[0].device_kind,
+                xla_flags=os.environ.get("XLA_FLAGS", ""), jax_version=jax.__version__,
+                seconds=phases(config, on_host))
   result["total_s"] = round(sum(result["seconds"].values()), 3)
   line = json.dumps(result)
   print(line)

@@ -260,10 +260,11 @@ def test_architecture_misuse_is_a_config_error():
                                                     deterministic=True)
 
 
-def attention_gradients(implementation: str, packed: bool):
-  """(loss, gradients) of a bf16 T5 (heads of 16, so cuDNN runs it) whose attention is
+def attention_gradients(implementation: str, packed: bool, dtype: str = "bfloat16"):
+  """(loss, gradients) of a T5 in `dtype` (heads of 16, so cuDNN runs it) whose attention is
   `implementation`, on rows with padding or, when `packed`, two examples each: the loss is the
-  targets' cross-entropy, so every parameter (the relative-position tables too) gets a gradient."""
+  targets' cross-entropy, so every parameter (the relative-position tables too) gets a gradient.
+  float32 runs at the highest matmul precision: the reference the bf16 runs are measured from."""
   rng = np.random.default_rng(6)
   batch, inputs_length, targets_length = 4, 64, 32
   def rows(length):
@@ -275,7 +276,7 @@ def attention_gradients(implementation: str, packed: bool):
   input_ids, input_segments = arrange(rows(inputs_length), inputs_length)
   decoder_ids, decoder_segments = arrange(rows(targets_length), targets_length)
   labels = np.roll(decoder_ids, -1, axis=1)
-  model = t5.T5(tiny_config(dtype="bfloat16", head_dim=16, attention_impl=implementation))
+  model = t5.T5(tiny_config(dtype=dtype, head_dim=16, attention_impl=implementation))
   params = init_params(t5.T5(tiny_config(head_dim=16)), input_ids[:1], decoder_ids[:1])
 
   def loss_fn(p):
@@ -285,63 +286,70 @@ def attention_gradients(implementation: str, packed: bool):
     weights = decoder_segments > 0
     return jnp.sum(nll * weights) / jnp.sum(weights)
 
-  return jax.jit(jax.value_and_grad(loss_fn))(params)
+  with jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
+    return jax.jit(jax.value_and_grad(loss_fn))(params)
 
 
-def assert_gradients_equal(result, reference):
-  """Asserts that (loss, gradients) `result` equals `reference`: the loss, and every gradient
-  within 3% of its norm (floored at 1% of the largest), the relative-position tables named."""
-  (loss, grads), (ref_loss, ref_grads) = result, reference
-  np.testing.assert_allclose(loss, ref_loss, rtol=2e-2)
+def assert_gradients_close(result, reference, baseline):
+  """Asserts that (loss, gradients) `result` (bf16) is as close to `reference` (float32) as
+  `baseline` (bf16 on XLA's masked attention) is: the loss within 2%, and every gradient within
+  3% of its norm (floored at 1% of the largest) or 1.5 times the baseline's own distance, the
+  relative-position tables named. bf16 alone moves some leaves by 3-4% (an H100, 2026-11-26), so
+  a fixed tolerance would fail XLA against itself; NaN always fails."""
   norms = lambda tree: {jax.tree_util.keystr(p): np.linalg.norm(np.asarray(g, np.float32))  # noqa: E731
                         for p, g in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  distance = lambda a, b: norms(jax.tree.map(  # noqa: E731
+      lambda x, y: np.asarray(x, np.float32) - np.asarray(y, np.float32), a, b))
+  (loss, grads), (ref_loss, ref_grads), (_, base_grads) = result, reference, baseline
+  np.testing.assert_allclose(loss, ref_loss, rtol=2e-2)
   ref_norms = norms(ref_grads)
   tables = [k for k in ref_norms if "relpos_bias" in k]
   assert len(tables) == 2 and all(ref_norms[k] > 0 for k in tables)
   floor = 1e-2 * max(ref_norms.values())
-  errors = norms(jax.tree.map(lambda a, b: np.asarray(a, np.float32) - np.asarray(b, np.float32),
-                              grads, ref_grads))
-  off = {k: errors[k] / max(n, floor) for k, n in ref_norms.items()
-         if not errors[k] <= 3e-2 * max(n, floor)}  # NaN is off
-  assert not off, f"gradients off by more than 3% of their norm, or NaN: {off}"
+  errors, base_errors = distance(grads, ref_grads), distance(base_grads, ref_grads)
+  off = {k: round(float(errors[k] / max(n, floor)), 4) for k, n in ref_norms.items()
+         if not errors[k] <= max(3e-2 * max(n, floor), 1.5 * base_errors[k])}  # NaN is off
+  assert not off, f"gradients off by more than 3% of their norm and 1.5x bf16 XLA's, or NaN: {off}"
 
 
-def test_attention_gradient_comparison_can_fail():
+@pytest.fixture(scope="module")
+def references():
+  """{packed: (float32 reference, bf16 XLA baseline)}."""
+  return {packed: (attention_gradients("xla", packed, "float32"), attention_gradients("xla", packed))
+          for packed in (False, True)}
+
+
+def test_attention_gradient_comparison_can_fail(references):
   """The GPU check below can fail: XLA's attention against itself passes, and gradients whose
   relative-position tables are zero (what a cuDNN path dropping the bias gradient gives) or NaN
-  (what jax 0.11.2's cuDNN path gave T5 on an H200) fail."""
-  loss, grads = attention_gradients("xla", packed=True)
-  assert_gradients_equal(attention_gradients("", packed=True), (loss, grads))
-  dropped = jax.tree_util.tree_map_with_path(
-      lambda path, g: g * 0 if "relpos_bias" in jax.tree_util.keystr(path) else g, grads)
-  with pytest.raises(AssertionError, match="relpos_bias"):
-    assert_gradients_equal((loss, dropped), (loss, grads))
-  nan = jax.tree_util.tree_map_with_path(
-      lambda path, g: g * np.nan if "relpos_bias" in jax.tree_util.keystr(path) else g, grads)
-  with pytest.raises(AssertionError, match="relpos_bias"):
-    assert_gradients_equal((loss, nan), (loss, grads))
+  (what jax 0.11.2's cuDNN path gave T5 on an H200 with the mask added to the bias) fail."""
+  reference, baseline = references[True]
+  assert_gradients_close(attention_gradients("", packed=True), reference, baseline)
+  loss, grads = baseline
+  for broken in (0.0, np.nan):
+    bad = jax.tree_util.tree_map_with_path(
+        lambda path, g: g * broken if "relpos_bias" in jax.tree_util.keystr(path) else g, grads)
+    with pytest.raises(AssertionError, match="relpos_bias"):
+      assert_gradients_close((loss, bad), reference, baseline)
 
 
-def test_cudnn_path_equals_masked_attention(monkeypatch):
-  """The cuDNN path's arguments (padding as lengths, causality as a flag, the bias alone in bf16)
-  mean what the masks mean: run through XLA's implementation of the same call, a T5 on padded
-  rows of one example each has the masked path's loss and gradients, position tables included;
-  on packed rows the lengths cannot say where an example ends, and the comparison fails (which
-  is why the objective packs one example per row on cuDNN)."""
+def test_cudnn_path_equals_masked_attention(monkeypatch, references):
+  """The cuDNN path's arguments (padding as lengths, causality as a flag, the bias alone) mean
+  what the masks mean: run through XLA's implementation of the same call, a T5 on padded rows of
+  one example each has the masked path's loss and gradients, position tables included; on packed
+  rows the lengths cannot say where an example ends, and the comparison fails (which is why the
+  objective packs one example per row on cuDNN)."""
   monkeypatch.setattr(t5, "LENGTHS_IMPLEMENTATION", "xla")
-  assert_gradients_equal(attention_gradients("cudnn", packed=False),
-                         attention_gradients("xla", packed=False))
+  assert_gradients_close(attention_gradients("cudnn", packed=False), *references[False])
   with pytest.raises(AssertionError, match="gradients off"):
-    assert_gradients_equal(attention_gradients("cudnn", packed=True),
-                           attention_gradients("xla", packed=True))
+    assert_gradients_close(attention_gradients("cudnn", packed=True), *references[True])
 
 
 @pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs a GPU")
-def test_cudnn_attention_gradients_equal_xla():
+def test_cudnn_attention_gradients_equal_xla(references):
   """T5 on cuDNN flash attention trains as on XLA's: the loss and every gradient, the
   relative-position bias tables' included, on padded rows of one example each."""
-  assert_gradients_equal(attention_gradients("cudnn", packed=False),
-                         attention_gradients("xla", packed=False))
+  assert_gradients_close(attention_gradients("cudnn", packed=False), *references[False])
 
 
 def test_prefix_lm_on_cudnn_is_refused():

@@ -200,3 +200,24 @@ def test_the_configured_generator_draws_the_steps_dropout():
     _, metrics = train_step(state, random_batch())
     losses.setdefault(impl, []).append(float(metrics["loss"][0]))
   assert losses["rbg"][0] == losses["rbg"][1] != losses["threefry"][0]
+
+
+@pytest.mark.parametrize("mesh_shape", [dict(data=1, fsdp=4, tensor=2), dict(data=-1)])
+def test_state_drawn_on_the_host_equals_the_device_draw(mesh_shape):
+  """init_state(on_host=True), the default on a GPU, places the same parameters with the same
+  shardings as the jitted draw into the shardings, and the same optimizer state and step."""
+  config = tiny_config(**mesh_shape)
+  mesh = sharding.make_mesh(config.mesh)
+  model = mlm.build_model(config)
+  inputs = mlm.init_inputs(config)
+  tx, _ = step_lib.make_optimizer(config, model, inputs)
+  _, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(model, tx, mesh,
+                                                                           inputs)
+  init = lambda on_host: step_lib.with_mesh_context(  # noqa: E731
+      lambda: step_lib.init_state(model, tx, shardings, 3, inputs, on_host=on_host), mesh)()
+  host, device = init(True), init(False)
+  assert jax.tree.structure(host) == jax.tree.structure(device)
+  for a, b, sh in zip(jax.tree.leaves(host), jax.tree.leaves(device), jax.tree.leaves(shardings)):
+    assert a.sharding == b.sharding == sh
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert any(np.asarray(leaf).std() > 0 for leaf in jax.tree.leaves(host.params))
