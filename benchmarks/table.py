@@ -103,12 +103,15 @@ ROWS = (
     # XLNet's recipe window (256 reused + 256 new, memory 384, 85 targets): both streams.
     BenchRow("xlnet-base-512", "XLNet-base (two streams, memory 384)", "xlnet.py:size=base", 512,
              32),
-    # A CPU-sized row for smoke runs and tests.
+    # CPU-sized rows for smoke runs, tests and CPU profiles (T5's :runlocal at its hf_compare
+    # shape, where ours trailed HF eager).
     BenchRow("bert-mini-128", "BERT-mini", "bert.py:size=mini", 128, 8,
              ("objective.max_predictions=20",)),
+    BenchRow("t5-mini-128", "T5-mini :runlocal (128 -> 32)", "t5.py:runlocal", 128, 32),
 )
 ROWS_BY_NAME = {row.name: row for row in ROWS}
-GPU_ROWS = [row.name for row in ROWS if row.name != "bert-mini-128"]
+CPU_ROWS = ("bert-mini-128", "t5-mini-128")
+GPU_ROWS = [row.name for row in ROWS if row.name not in CPU_ROWS]
 FAST_PATH = ("model.dtype=bfloat16", "model.attention_impl=cudnn")
 HF_MODES = ("eager", "compile")
 COLUMNS = ("model", "seq", "batch", "ours tokens/s", "MFU", "peak GiB", "first step s",

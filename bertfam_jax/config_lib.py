@@ -239,6 +239,7 @@ def encoder(size: str, *, sizes=ENCODER_SIZES, **overrides) -> ml_collections.Co
       type_vocab_size=2,
       dropout=0.1,
       attention_dropout=0.1,   # > 0 uses the explicit softmax path; 0 allows fused/flash kernels
+      dropout_bits=32,         # random bits per dropout decision: 32 (flax's draw) | 16 (half)
       layer_norm_eps=1e-12,
       activation="gelu_tanh",  # TF BERT uses the tanh approximation; fairseq/HF use exact 'gelu'
       initializer_range=0.02,
@@ -398,6 +399,7 @@ def t5_model(size: str, version: str = "1.0", **overrides) -> ml_collections.Con
       activation="gelu_tanh" if v11 else "relu",
       gated_mlp=v11,
       dropout=0.0 if v11 else 0.1,
+      dropout_bits=32,
       layer_norm_eps=1e-6,
       relative_buckets=32,
       relative_max_distance=128,
@@ -434,6 +436,7 @@ def xlnet_model(size: str, **overrides) -> ml_collections.ConfigDict:
       activation="gelu_tanh",
       dropout=0.1,
       attention_dropout=0.1,
+      dropout_bits=32,
       layer_norm_eps=1e-12,
       initializer_range=0.02,
       untie_r=True,
@@ -610,6 +613,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("", "xla", "cudnn")
+DROPOUT_BITS = (32, 16)
 OPTIMIZERS = ("adamw", "lamb", "adafactor")
 SHARE_LAYERS = ("none", "all", "attention", "ffn")
 PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments",
@@ -709,6 +713,7 @@ FIELD_RULES = {
     "model.activation": ACTIVATIONS,
     "model.remat_policy": REMAT_POLICIES,
     "model.attention_impl": ATTENTION_IMPLS,
+    "model.dropout_bits": DROPOUT_BITS,
     "model.share_layers": SHARE_LAYERS,
     "model.architecture": T5_ARCHITECTURES,
     "model.kind": ("t5", "xlnet"),

@@ -89,15 +89,16 @@ class TransformerLayer(nn.Module):
       attn = layers.SelfAttention(
           heads=c.heads, head_dim=c.hidden // c.heads, attention_dropout=c.attention_dropout,
           initializer_range=c.initializer_range, attention_impl=c.attention_impl, dtype=dtype,
-          name="attention")(x_BLD, mask_B11L, deterministic=deterministic)
-      attn = nn.Dropout(c.dropout)(attn, deterministic=deterministic)
+          dropout_bits=c.dropout_bits, name="attention")(x_BLD, mask_B11L,
+                                                         deterministic=deterministic)
+      attn = layers.Dropout(c.dropout, c.dropout_bits)(attn, deterministic=deterministic)
       if c.adapter_size:
         attn = layers.Adapter(c.adapter_size, dtype=dtype, name="attention_adapter")(attn)
       x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="attention_ln")(x_BLD + attn)
       x_BLD = nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
     if self.sublayers != "attention":
       mlp = layers.MLP(c.mlp, c.activation, c.initializer_range, dtype, name="mlp")(x_BLD)
-      mlp = nn.Dropout(c.dropout)(mlp, deterministic=deterministic)
+      mlp = layers.Dropout(c.dropout, c.dropout_bits)(mlp, deterministic=deterministic)
       if c.adapter_size:
         mlp = layers.Adapter(c.adapter_size, dtype=dtype, name="ffn_adapter")(mlp)
       x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="output_ln")(x_BLD + mlp)
@@ -146,7 +147,7 @@ class Encoder(nn.Module):
         self.type_embeddings = layers.Embedding(c.type_vocab_size, width, c.initializer_range,
                                                 rows_axis="types", features_axis=axis)
       self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=axis)
-    self.embeddings_dropout = nn.Dropout(c.dropout)
+    self.embeddings_dropout = layers.Dropout(c.dropout, c.dropout_bits)
     if factorized_embedding(c):
       self.embeddings_projection = nn.Dense(
           c.hidden, dtype=dtype, param_dtype=jnp.float32,

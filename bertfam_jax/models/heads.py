@@ -145,7 +145,7 @@ class ClassificationHead(nn.Module):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     pooled_BD = nn.tanh(_pooler(c, dtype)(x_BLD[:, self.summary_position]))
-    pooled_BD = nn.Dropout(c.dropout)(pooled_BD, deterministic=deterministic)
+    pooled_BD = layers.Dropout(c.dropout, c.dropout_bits)(pooled_BD, deterministic=deterministic)
     return _classifier(c, dtype, self.num_outputs, "embed_out")(pooled_BD)
 
 
@@ -169,7 +169,7 @@ class TokenClassificationHead(nn.Module):
   @nn.compact
   def __call__(self, x_BLD, *, deterministic: bool):
     c = self.config
-    x_BLD = nn.Dropout(c.dropout)(x_BLD, deterministic=deterministic)
+    x_BLD = layers.Dropout(c.dropout, c.dropout_bits)(x_BLD, deterministic=deterministic)
     return _classifier(c, jnp.dtype(c.dtype), self.num_labels, "embed")(x_BLD)
 
 

@@ -231,9 +231,9 @@ class Attention(nn.Module):
                decode: bool = False, cache_index=None):
     """x [batch, Lq, embed] attends kv [batch, Lk, embed] → [batch, Lq, embed].
 
-    bias: [1, heads, Lq, Lk] in the compute dtype, or None; masking: which keys each query sees. With `decode`
-    the keys/values are (created in, or when `cache_index` is given written at that position of)
-    the cache, and the query attends over the whole cache [max_length].
+    bias: [1, heads, Lq, Lk] in the compute dtype, or None; masking: which keys each query sees.
+    With `decode` the keys/values are (created in, or when `cache_index` is given written at that
+    position of) the cache, and the query attends over the whole cache [max_length].
     """
     c = self.config
     dtype = jnp.dtype(c.dtype)
@@ -256,8 +256,8 @@ class Attention(nn.Module):
       if bias_1NQK is not None:
         scores_BNQK = scores_BNQK + bias_1NQK
       scores_BNQK = jnp.where(masking.mask, scores_BNQK, jnp.finfo(jnp.float32).min)
-      probs_BNQK = nn.Dropout(c.dropout)(jax.nn.softmax(scores_BNQK, axis=-1).astype(dtype),
-                                         deterministic=False)
+      probs_BNQK = layers.Dropout(c.dropout, c.dropout_bits)(
+          jax.nn.softmax(scores_BNQK, axis=-1).astype(dtype), deterministic=False)
       out_BQNH = jnp.einsum("bnqk,bknh->bqnh", probs_BNQK, v_BKNH)
     elif c.attention_impl == "cudnn" and not decode:
       out_BQNH = attention_by_lengths(q_BQNH, k_BKNH, v_BKNH, bias_1NQK, masking,
@@ -301,7 +301,7 @@ class MLP(nn.Module):
     act = layers.activation_fn(c.activation)
     h_BLF = act(wi("wi_0")) * wi("wi_1") if c.gated_mlp else act(wi("wi"))
     h_BLF = nn.with_logical_constraint(h_BLF, ("batch", "length", "act_mlp"))
-    h_BLF = nn.Dropout(c.dropout)(h_BLF, deterministic=deterministic)
+    h_BLF = layers.Dropout(c.dropout, c.dropout_bits)(h_BLF, deterministic=deterministic)
     return dense(c.hidden, kernel_init=normal_init(c.mlp ** -0.5, ("mlp", "embed")),
                  name="wo")(h_BLF)
 
@@ -316,7 +316,8 @@ class EncoderLayer(nn.Module):
     """x: [batch, length, hidden]; bias: [1, heads, L, L]; masking: mask [batch, 1, L, L]."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
+    drop = functools.partial(layers.Dropout(c.dropout, c.dropout_bits),
+                             deterministic=deterministic)
     h = RMSNorm(c.layer_norm_eps, dtype, name="pre_attention_layer_norm")(x_BLD)
     h = Attention(c, name="attention")(h, h, bias_1NLL, masking, deterministic=deterministic)
     x_BLD = nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES)
@@ -339,7 +340,8 @@ class DecoderLayer(nn.Module):
     cross-attention (mask [batch, 1, L, S]; None without cross-attention)."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
+    drop = functools.partial(layers.Dropout(c.dropout, c.dropout_bits),
+                             deterministic=deterministic)
     h = RMSNorm(c.layer_norm_eps, dtype, name="pre_self_attention_layer_norm")(x_BLD)
     h = Attention(c, name="self_attention")(h, h, bias_1NLL, masking,
                                             deterministic=deterministic, decode=decode,
@@ -384,7 +386,7 @@ class Encoder(nn.Module):
     # EncoderLayer args: self 0, x 1, bias 2, masking 3, deterministic 4.
     self.layers = layer_stack(c, EncoderLayer, c.layers, num_args=4, static_argnums=(4,))
     self.encoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
-    self.dropout = nn.Dropout(c.dropout)
+    self.dropout = layers.Dropout(c.dropout, c.dropout_bits)
 
   def __call__(self, input_ids, input_segment_ids, *, deterministic: bool):
     """[batch, L] ids and segment ids → [batch, L, hidden] in the compute dtype."""
@@ -413,12 +415,12 @@ class Decoder(nn.Module):
   def setup(self):
     c = self.config
     self.relpos_bias = RelativePositionBias(c, bidirectional=False)
-    # DecoderLayer args: self 0, x 1, encoded 2, bias 3, masking 4, cross masking 5, deterministic 6,
-    # decode 7, cache_index 8.
+    # DecoderLayer args: self 0, x 1, encoded 2, bias 3, masking 4, cross masking 5,
+    # deterministic 6, decode 7, cache_index 8.
     self.layers = layer_stack(c, DecoderLayer, c.decoder_layers, num_args=8,
                               static_argnums=(6, 7), cross_attention=self.cross_attention)
     self.decoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
-    self.dropout = nn.Dropout(c.dropout)
+    self.dropout = layers.Dropout(c.dropout, c.dropout_bits)
     self.cache_position = CachePosition()
     if not c.tie_embeddings:
       self.logits_dense = nn.Dense(

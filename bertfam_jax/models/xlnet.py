@@ -156,7 +156,8 @@ class FeedForward(nn.Module):
   def __call__(self, x_BLD, *, deterministic: bool):
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
+    drop = functools.partial(layers.Dropout(c.dropout, c.dropout_bits),
+                             deterministic=deterministic)
     dense = functools.partial(nn.Dense, dtype=dtype, param_dtype=jnp.float32)
     h_BLF = dense(c.mlp, kernel_init=normal_init(c.initializer_range, ("embed", "mlp")),
                   bias_init=layers.zeros_init(("mlp",)), name="layer_1")(x_BLD)
@@ -205,7 +206,8 @@ class RelativeAttention(nn.Module):
     attend = functools.partial(self._attend, k_BKNH=k_BKNH, v_BKNH=v_BKNH, kr_BRNH=kr_BRNH,
                                biases=biases, seg_embed=seg_embed, deterministic=deterministic)
     ln = layers.LayerNorm(c.layer_norm_eps, dtype, name="layer_norm")
-    drop = functools.partial(nn.Dropout(c.dropout), deterministic=deterministic)
+    drop = functools.partial(layers.Dropout(c.dropout, c.dropout_bits),
+                             deterministic=deterministic)
 
     def post_attention(x_BQD, attn_BQNH):
       out_BQD = jnp.einsum("bqnh,dnh->bqd", attn_BQNH, w_o)
@@ -252,7 +254,8 @@ class RelativeAttention(nn.Module):
     scores_BNQK = scores_BNQK * (1.0 / c.head_dim ** 0.5)
     scores_BNQK = jnp.where(blocked_BQK[:, None, :, :], BLOCKED_SCORE, scores_BNQK)
     probs_BNQK = jax.nn.softmax(scores_BNQK, axis=-1).astype(dtype)
-    probs_BNQK = nn.Dropout(c.attention_dropout)(probs_BNQK, deterministic=deterministic)
+    probs_BNQK = layers.Dropout(c.attention_dropout, c.dropout_bits)(
+        probs_BNQK, deterministic=deterministic)
     out_BQNH = jnp.einsum("bnqk,bknh->bqnh", probs_BNQK, v_BKNH)
     return nn.with_logical_constraint(out_BQNH, HEAD_AXES)
 
@@ -316,7 +319,7 @@ class XLNet(nn.Module):
           jnp.float32)
       self.shared_biases = {n: bias(n) for n in ("r_w_bias", "r_r_bias", "r_s_bias")}
     self.layers = self._make_layers()
-    self.dropout = nn.Dropout(c.dropout)
+    self.dropout = layers.Dropout(c.dropout, c.dropout_bits)
     self.lm_loss = LMBias(c.vocab_size)
 
   def _make_layers(self):

@@ -7,6 +7,15 @@ import jax.numpy as jnp
 import optax
 
 
+def target_is_top(logits, target_logit):
+  """[...] float32: 1 where the target's logit (`target_logit` [...], gathered from `logits`
+  [..., classes]) is the largest. A tie with another class counts as correct (`argmax == target`
+  would count it only at the lower index; in float32 logits ties are rare). One max per position
+  instead of XLA's (value, index) argmax reduction, which took ~19 ms of T5 :runlocal's ~400 ms
+  step on the 2-core CPU (max and compare: ~0.1 ms)."""
+  return (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+
+
 def weighted_cross_entropy(*, logits, targets, weights):
   """Softmax cross-entropy summed over weighted positions, in float32.
 
@@ -16,7 +25,8 @@ def weighted_cross_entropy(*, logits, targets, weights):
   logits = logits.astype(jnp.float32)
   weights = weights.astype(jnp.float32)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  correct = target_is_top(logits, target_logit)
   return jnp.sum(losses * weights), jnp.sum(correct * weights), jnp.sum(weights)
 
 
@@ -53,6 +63,6 @@ def token_cross_entropy(logits, targets, weights, z_loss: float = 0.0):
   target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
   z_term = z_loss * jnp.square(log_z)
   losses = log_z - target_logit + z_term
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  correct = target_is_top(logits, target_logit)
   return (jnp.sum(losses * weights), jnp.sum(z_term * weights), jnp.sum(correct * weights),
           jnp.sum(weights))

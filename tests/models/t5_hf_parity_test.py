@@ -32,7 +32,7 @@ def our_config(version):
       kind="t5", vocab_size=VOCAB, hidden=HIDDEN, layers=ENCODER_LAYERS,
       decoder_layers=DECODER_LAYERS, heads=HEADS, head_dim=HEAD_DIM, mlp=MLP,
       activation="relu" if version == "1.0" else "gelu_tanh", gated_mlp=version == "1.1",
-      dropout=0.0, layer_norm_eps=1e-6, relative_buckets=BUCKETS,
+      dropout=0.0, dropout_bits=32, layer_norm_eps=1e-6, relative_buckets=BUCKETS,
       relative_max_distance=MAX_DISTANCE, tie_embeddings=version == "1.0",
       architecture="encoder_decoder", dtype="float32", attention_impl="", remat_policy="none",
       scan_layers=False))

@@ -56,3 +56,15 @@ def test_gradient_is_softmax_minus_one_hot():
   grad = jax.grad(lambda x: losses.token_cross_entropy(x, targets, weights, 0.0)[0])(logits)
   expected = jax.nn.softmax(logits) - jax.nn.one_hot(targets, 7)
   np.testing.assert_allclose(np.asarray(grad), np.asarray(expected), atol=1e-6)
+
+
+def test_target_is_top_is_argmax_without_ties_and_counts_ties_as_correct():
+  logits = np.random.default_rng(0).normal(size=(6, 5, 11)).astype(np.float32)
+  targets = np.random.default_rng(1).integers(0, 11, (6, 5))
+  targets[0, 0] = logits[0, 0].argmax()   # some positions correct
+  target_logit = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+  np.testing.assert_array_equal(losses.target_is_top(jnp.asarray(logits), target_logit),
+                                logits.argmax(-1) == targets)
+  tied = np.array([[1.0, 3.0, 3.0]], np.float32)
+  assert losses.target_is_top(tied, tied[:, 2]).tolist() == [1.0]   # argmax would say 1
+  assert losses.target_is_top(tied, tied[:, 0]).tolist() == [0.0]

@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from bertfam_jax import config_lib as cl
 from bertfam_jax.objectives import mlm
+from bertfam_jax.models import layers
 from bertfam_jax.train import optimizer, sharding, step as step_lib
 from helpers import tiny
 
@@ -157,19 +158,21 @@ def test_loss_decreases_when_fitting_one_batch():
   assert losses[-1] < 0.5 * losses[0], losses
 
 
-@pytest.mark.parametrize("impl", ["threefry", "rbg", "unsafe_rbg"])
-def test_dropout_masks_keep_their_statistics_with_every_generator(impl):
-  """train.rng_impl changes the bits, not the distribution: the keep rate of flax's Dropout
-  (p = 0.1) within 5σ of 0.9 over 2^20 draws per step; masks of consecutive steps (the step's
-  fold_in), of neighbouring positions and of two layers' dropouts uncorrelated (|r| < 5σ); no
-  two steps' masks equal."""
+@pytest.mark.parametrize("impl, bits", [("threefry", 32), ("rbg", 32), ("unsafe_rbg", 32),
+                                         ("threefry", 16), ("rbg", 16)])
+def test_dropout_masks_keep_their_statistics_with_every_generator(impl, bits):
+  """train.rng_impl and model.dropout_bits change the bits, not the distribution: the keep rate
+  of the models' Dropout (p = 0.1) within 5σ of 0.9 over 2^20 draws per step; masks of
+  consecutive steps (the step's fold_in), of neighbouring positions, of two layers' dropouts and
+  (16 bits) of the two halves of the same random words uncorrelated (|r| < 5σ); no two steps'
+  masks equal."""
   seeded = step_lib.SeededStep(lambda *args: None, seed=3, impl=impl)
   shape, p = (1024, 1024), 0.1
   n = shape[0] * shape[1]
 
   def masks(step):
     rng = jax.random.fold_in(seeded.key, step)
-    layer = lambda name: nn.Dropout(p).apply(  # noqa: E731
+    layer = lambda name: layers.Dropout(p, bits).apply(  # noqa: E731
         {}, jnp.ones(shape), deterministic=False, rngs={"dropout": jax.random.fold_in(rng, name)})
     return np.asarray(layer(0) != 0), np.asarray(layer(1) != 0)
 
@@ -182,9 +185,27 @@ def test_dropout_masks_keep_their_statistics_with_every_generator(impl):
   assert abs(r(first, second)) < 5 * sigma
   assert abs(r(first, other_layer)) < 5 * sigma
   assert abs(r(first[:, :-1], first[:, 1:])) < 5 * sigma
+  assert abs(r(first[:shape[0] // 2], first[shape[0] // 2:])) < 5 * np.sqrt(2) * sigma
   assert (first != second).any()
   assert str(seeded.key.dtype) == {"threefry": "key<fry>", "rbg": "key<rbg>",
                                    "unsafe_rbg": "key<urbg>"}[impl]
+
+
+def test_dropout_of_32_bits_is_flaxs():
+  """model.dropout_bits=32 (the default) draws flax's nn.Dropout masks exactly, module names and
+  so random streams included (the runs before dropout_bits existed reproduce); 16 draws others."""
+  class Two(nn.Module):
+    dropout: Any
+
+    @nn.compact
+    def __call__(self, x):
+      return self.dropout()(self.dropout()(x, deterministic=False), deterministic=False)
+
+  x, rngs = jnp.ones((64, 96)), {"dropout": jax.random.key(7)}
+  flax_out = Two(lambda: nn.Dropout(0.1)).apply({}, x, rngs=rngs)
+  ours = Two(lambda: layers.Dropout(0.1)).apply({}, x, rngs=rngs)
+  np.testing.assert_array_equal(ours, flax_out)
+  assert (Two(lambda: layers.Dropout(0.1, 16)).apply({}, x, rngs=rngs) != flax_out).any()
 
 
 def test_the_configured_generator_draws_the_steps_dropout():
