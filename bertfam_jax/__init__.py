@@ -7,10 +7,10 @@ backend, i.e. when the package is imported before the first computation, as ever
 here does.
 
   --xla_cpu_enable_concurrency_optimized_scheduler=false
-      XLA:CPU's default scheduler orders the step for ops running concurrently; on the 2-core CPU
-      T5 :runlocal's train step took 378-433 ms with this flag against 443-521 ms without, in
-      pairs measured back to back (BERT :runlocal level: 205-225 against 209 ms;
-      docs/results.md). No effect on GPU or TPU.
+      XLA:CPU's default scheduler orders the step for ops running concurrently. On the 2-core
+      CPU, in six back-to-back pairs, T5 :runlocal's train step was 15-22% faster with this flag
+      in four (e.g. 382 against 464 ms) and level in two, never slower; BERT :runlocal's was level
+      (docs/results.md). No effect on GPU or TPU.
 """
 
 import os
