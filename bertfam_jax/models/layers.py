@@ -10,7 +10,6 @@ lives in `bertfam_jax.train.sharding.LOGICAL_AXIS_RULES`; no module here names a
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -117,11 +116,12 @@ class Dropout(nn.Module):
   its keep decisions from `bits` random bits each.
 
   bits=32: flax's draw exactly, `bernoulli(rng, 1 - rate)` from one 32-bit word per element.
-  bits=16: one 32-bit word gives two elements their 16-bit uniforms (its low halves fill the
-    first half of the elements, its high halves the second); an element is kept when its
-    uniform is below round((1 - rate) · 2^16), so the keep rate is exact to 2^-17 (0.9 →
-    0.89999). Half the random words: on a 2-core CPU T5 :runlocal's step went from ~420 to
-    ~358 ms (docs/results.md). Another random stream, so a deviation a run opts into.
+  bits=16: one 32-bit word gives two neighbours along the last axis their 16-bit uniforms (low
+    half, high half), so a batch- or sequence-sharded mask stays local; an element is kept when
+    its uniform is below round((1 - rate) · 2^16), so the keep rate is exact to 2^-17 (0.9 →
+    0.89999). Half the random words: T5 :runlocal's CPU step 356-360 against 415-427 ms in two
+    interleaved pairs, within the noise of others (docs/results.md). Another random stream, so
+    a deviation a run opts into.
   """
   rate: float
   bits: int = 32
@@ -133,14 +133,17 @@ class Dropout(nn.Module):
       return x
     if self.rate == 1.0:
       return jnp.zeros_like(x)
+    if self.bits not in (32, 16):
+      raise ValueError(f"Dropout bits={self.bits}; model.dropout_bits takes 32 or 16.")
     keep = 1.0 - self.rate
     rng = self.make_rng("dropout")
     if self.bits == 32:
       mask = jax.random.bernoulli(rng, p=keep, shape=x.shape)
     else:
-      size = math.prod(x.shape)
-      words = jax.random.bits(rng, ((size + 1) // 2,), jnp.uint32)
-      halves = jnp.concatenate([words & 0xFFFF, words >> 16])[:size].reshape(x.shape)
+      width = x.shape[-1]
+      words = jax.random.bits(rng, x.shape[:-1] + ((width + 1) // 2,), jnp.uint32)
+      halves = jnp.stack([words & 0xFFFF, words >> 16], axis=-1)
+      halves = halves.reshape(x.shape[:-1] + (2 * words.shape[-1],))[..., :width]
       mask = halves < jnp.uint32(round(keep * 2 ** 16))
     return jax.lax.select(mask, x / keep, jnp.zeros_like(x))
 

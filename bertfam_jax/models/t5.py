@@ -27,10 +27,10 @@ distance within the example.
 cuDNN flash attention (`attention_impl='cudnn'`) returns the relative-position bias's gradient only
 for the bias alone, in its [1, heads, Lq, Lk] shape: a segment mask added to it makes a
 [batch, heads, Lq, Lk] tensor whose gradient came back NaN (jax 0.11.2, H200). So on cuDNN the
-bias goes in as bf16 [1, heads, Lq, Lk], padding as query / key lengths, the decoder's causality
-as `is_causal`, and no mask: each row must hold one example, right-padded (the T5 objective packs
-one example per row when cuDNN is on; fine-tuning never packs). A prefix LM's mask has no such
-form and is refused; a cached decoding step runs XLA's attention.
+bias goes in as [1, heads, Lq, Lk] in the compute dtype, padding as query / key lengths, the
+decoder's causality as `is_causal`, and no mask: each row must hold one example, right-padded
+(the T5 objective packs one example per row when cuDNN is on; fine-tuning never packs). A prefix
+LM's mask has no such form and is refused; a decoding run (KV cache) takes XLA's attention.
 
 Parameter tree (t5x names; `layer_{i}` unrolled, one `layers` with a leading [layers] axis when
 `scan_layers`):
@@ -130,7 +130,7 @@ class Masking:
 
   mask: [batch or 1, 1, Lq, Lk] bool, for XLA's attention and the explicit softmax.
   query_lengths, key_lengths: [batch] int32 real tokens per row, for cuDNN (rows of one example,
-    right-padded); None where the caller has no lengths (a cached decoding step).
+    right-padded); None in a decoding run (KV cache), which takes XLA's attention.
   causal: query i sees keys j <= i (decoder self-attention), for cuDNN's `is_causal`.
   """
   mask: jax.Array
@@ -140,8 +140,9 @@ class Masking:
 
 
 def row_lengths(segment_ids):
-  """[batch, L] segment ids → [batch] int32 non-pad tokens per row."""
-  return jnp.sum(segment_ids != 0, axis=-1, dtype=jnp.int32)
+  """[batch, L] segment ids → [batch] int32 non-pad tokens per row, at least 1 (an empty row,
+  e.g. an eval batch's filler, then attends to its first position: finite, and weighted 0)."""
+  return jnp.maximum(jnp.sum(segment_ids != 0, axis=-1, dtype=jnp.int32), 1)
 
 
 # The implementation `attention_by_lengths` runs for attention_impl='cudnn' (tests on a CPU set it
@@ -259,7 +260,7 @@ class Attention(nn.Module):
       probs_BNQK = layers.Dropout(c.dropout, c.dropout_bits)(
           jax.nn.softmax(scores_BNQK, axis=-1).astype(dtype), deterministic=False)
       out_BQNH = jnp.einsum("bnqk,bknh->bqnh", probs_BNQK, v_BKNH)
-    elif c.attention_impl == "cudnn" and not decode:
+    elif c.attention_impl == "cudnn" and masking.query_lengths is not None:
       out_BQNH = attention_by_lengths(q_BQNH, k_BKNH, v_BKNH, bias_1NQK, masking,
                                       LENGTHS_IMPLEMENTATION)
     else:
@@ -439,9 +440,10 @@ class Decoder(nn.Module):
     cache_index, bias_1NLK, masking = self._self_attention_bias_and_masking(
         length, decoder_segment_ids, decoder_causal_attention, decode)
     cross_masking = None
-    if self.cross_attention:
-      cross_masking = Masking(segment_mask(decoder_segment_ids, input_segment_ids),
-                              row_lengths(decoder_segment_ids), row_lengths(input_segment_ids))
+    if self.cross_attention:   # a decoding run's steps take XLA's attention: no lengths
+      cross_mask = segment_mask(decoder_segment_ids, input_segment_ids)
+      cross_masking = Masking(cross_mask) if decode else Masking(
+          cross_mask, row_lengths(decoder_segment_ids), row_lengths(input_segment_ids))
     for layer in self.layers:
       x_BLD, _ = layer(x_BLD, encoded_BSD, bias_1NLK, masking, cross_masking, deterministic,
                        decode, cache_index)
@@ -463,9 +465,9 @@ class Decoder(nn.Module):
       mask = causal_mask(length)
     else:
       mask = prefix_lm_mask(decoder_causal_attention)
-    lengths_B = row_lengths(decoder_segment_ids)
-    masking = Masking(mask & segment_mask(decoder_segment_ids, decoder_segment_ids), lengths_B,
-                      lengths_B, causal=decoder_causal_attention is None)
+    mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
+    lengths_B = None if decode else row_lengths(decoder_segment_ids)
+    masking = Masking(mask, lengths_B, lengths_B, causal=decoder_causal_attention is None)
     return None, self.relpos_bias(positions, positions), masking
 
 

@@ -76,14 +76,16 @@ def init_state(model, tx, shardings, seed: int, inputs, carry=None, *,
   """Initialises parameters into their shardings; `inputs` and `carry` as for `abstract_state`
   (the carry starts at zeros).
 
-  `on_host` (None: on a GPU) draws the parameters on the host's CPU, then places them and builds
-  the optimizer state on the devices; else one jitted function draws them directly into their
-  shardings (never materialised whole on one device). On an H100 that function took 62 s to
-  compile for BERT-base (a kernel per parameter's random draw; 0.01 s to run), against seconds
-  on a CPU (benchmarks/init_time.py, docs/results.md). The values are the same either way: the
-  random bits do not depend on where or how they are sharded."""
+  `on_host` (None: on a GPU whose process has a CPU backend too) draws the parameters on the
+  host's CPU, then places them and builds the optimizer state on the devices; else one jitted
+  function draws them directly into their shardings (never materialised whole on one device).
+  On an H100 that function took 62 s to compile for BERT-base (a kernel per parameter's random
+  draw; 0.01 s to run), the host draw 4.5 s (benchmarks/init_time.py, docs/results.md). The
+  random bits do not depend on where or how they are drawn, so on a CPU the two are equal bit
+  for bit (tested); on a GPU the normal draws' float transforms (erf_inv) may differ from the
+  CPU's in the last bits."""
   if on_host is None:
-    on_host = jax.default_backend() == "gpu"
+    on_host = jax.default_backend() == "gpu" and _host_cpu() is not None
   zeros_carry = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), carry)  # noqa: E731
 
   def init_params():
@@ -107,16 +109,26 @@ def init_state(model, tx, shardings, seed: int, inputs, carry=None, *,
     return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params),
                       carry=zeros_carry())
 
-  return jax.jit(complete, out_shardings=shardings)(params)
+  return jax.jit(complete, out_shardings=shardings, donate_argnums=0)(params)
+
+
+def _host_cpu():
+  """This host's first CPU device, or None where the process has no CPU backend
+  (JAX_PLATFORMS=cuda)."""
+  try:
+    return jax.local_devices(backend="cpu")[0]
+  except RuntimeError:
+    return None
 
 
 def _draw_on_host(init_params, mesh):
   """Runs `init_params` jitted on this host's first CPU device (its logical sharding constraints
   resolved on a one-CPU mesh with `mesh`'s axis names) → a tree of numpy arrays."""
-  cpu = jax.local_devices(backend="cpu")[0]
+  cpu = _host_cpu()
   host_mesh = jax.sharding.Mesh(np.array([cpu]).reshape((1,) * len(mesh.axis_names)),
                                 mesh.axis_names)
-  with jax.set_mesh(host_mesh), nn.logical_axis_rules(sharding_lib.LOGICAL_AXIS_RULES):
+  with jax.default_device(cpu), jax.set_mesh(host_mesh), nn.logical_axis_rules(
+      sharding_lib.LOGICAL_AXIS_RULES):
     return jax.device_get(jax.jit(init_params)())
 
 

@@ -336,10 +336,16 @@ def test_attention_gradient_comparison_can_fail(references):
 def test_cudnn_path_equals_masked_attention(monkeypatch, references):
   """The cuDNN path's arguments (padding as lengths, causality as a flag, the bias alone) mean
   what the masks mean: run through XLA's implementation of the same call, a T5 on padded rows of
-  one example each has the masked path's loss and gradients, position tables included; on packed
+  one example each has the masked path's loss and gradients (float32: equal to 1e-5; bf16: as
+  close to float32 as the masked path), position tables included; on packed
   rows the lengths cannot say where an example ends, and the comparison fails (which is why the
   objective packs one example per row on cuDNN)."""
   monkeypatch.setattr(t5, "LENGTHS_IMPLEMENTATION", "xla")
+  (loss, grads), (ref_loss, ref_grads) = (attention_gradients("cudnn", False, "float32"),
+                                          references[False][0])
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
   assert_gradients_close(attention_gradients("cudnn", packed=False), *references[False])
   with pytest.raises(AssertionError, match="gradients off"):
     assert_gradients_close(attention_gradients("cudnn", packed=True), *references[True])
