@@ -120,8 +120,8 @@ class Dropout(nn.Module):
     half, high half), so a batch- or sequence-sharded mask stays local; an element is kept when
     its uniform is below round((1 - rate) · 2^16), so the keep rate is exact to 2^-17 (0.9 →
     0.89999). Half the random words: T5 :runlocal's CPU step 356-360 against 415-427 ms in two
-    interleaved pairs, within the noise of others (docs/results.md). Another random stream, so
-    a deviation a run opts into.
+    interleaved pairs, within the noise of others (docs/results.md; measured with an earlier
+    pairing of the halves). Another random stream, so a deviation a run opts into.
   """
   rate: float
   bits: int = 32
