@@ -65,22 +65,17 @@ def phases(config, on_host: bool | None = None) -> dict[str, float]:
   jax.block_until_ready(jnp.zeros(()))
   lap("backend")
   objective = objectives.get(config.objective.name)
-  model = objective.build_model(config)
-  inputs = objectives.init_inputs(objective, config)
-  tx, schedule = step_lib.make_optimizer(config, model, inputs)
-  carry = objectives.init_carry(objective, config)
-  _, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
-      model, tx, mesh, inputs, carry)
+  p = step_lib.train_parts(config, mesh, objective)
   lap("abstract")
 
   state = jax.block_until_ready(step_lib.with_mesh_context(
-      lambda: step_lib.init_state(model, tx, shardings, config.seed, inputs, carry,
+      lambda: step_lib.init_state(p.model, p.tx, p.shardings, config.seed, p.inputs, p.carry,
                                   on_host=on_host), mesh)())
   lap("init")
   batch = jax.block_until_ready(tt.synthetic_batch(config, config.train.batch_size, mesh))
   lap("batch")
-  train_step = step_lib.make_train_step(model, tx, schedule, objective.loss_fn, config, shardings,
-                                        mesh)
+  train_step = step_lib.make_train_step(p.model, p.tx, p.schedule, objective.loss_fn, config,
+                                        p.shardings, mesh)
   lowered = train_step.lower(state, batch)
   lap("step lower")
   executable = lowered.compile()

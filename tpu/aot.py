@@ -154,18 +154,13 @@ def compile_step(config, topology: str, config_name: str = "") -> Report:
                       f"{sharding_lib.data_parallel_size(mesh)} data-parallel devices of "
                       f"{topology}; use a multiple of it.")
   objective = objectives.get(config.objective.name)
-  model = objective.build_model(config)
-  inputs = objectives.init_inputs(objective, config)
-  tx, schedule = step_lib.make_optimizer(config, model, inputs)
-  carry = objectives.init_carry(objective, config)
-  abstract, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
-      model, tx, mesh, inputs, carry)
-  train_step = step_lib.make_train_step(model, tx, schedule, objective.loss_fn, config,
-                                        shardings, mesh)
+  p = step_lib.train_parts(config, mesh, objective)
+  train_step = step_lib.make_train_step(p.model, p.tx, p.schedule, objective.loss_fn, config,
+                                        p.shardings, mesh)
   batch = train_throughput.abstract_batch(config, config.train.batch_size, mesh)
   key = jax.ShapeDtypeStruct(train_step.key.shape, train_step.key.dtype,
                              sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  compiled = train_step.jitted.lower(abstract, batch, key).compile()
+  compiled = train_step.jitted.lower(p.abstract, batch, key).compile()
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost

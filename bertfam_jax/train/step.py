@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -132,17 +132,38 @@ def _draw_on_host(init_params, mesh):
     return jax.device_get(jax.jit(init_params)())
 
 
-def fresh_train_step(config, mesh, objective):
-  """A fresh sharded `TrainState` (seed `config.seed`) and the jitted train step of `objective`
-  (an objectives/ module) on `mesh`: what benchmarks and tests run without data or checkpoints.
-  Returns (state, train_step)."""
+class TrainParts(NamedTuple):
+  """What a run of an objective builds before any state exists (`train_parts`)."""
+  model: Any
+  tx: Any
+  schedule: Any
+  inputs: Any       # the keyword inputs that trace `model.init` (`objectives.init_inputs`)
+  carry: Any        # the abstract step-to-step state (`objectives.init_carry`), or None
+  abstract: Any     # the train state's ShapeDtypeStructs
+  shardings: Any    # the train state's NamedShardings
+
+
+def train_parts(config, mesh, objective) -> TrainParts:
+  """The model, optimizer and schedule of `objective` (an objectives/ module) under `config`, the
+  inputs that trace its init, its abstract carry, and the train state's shapes and shardings on
+  `mesh`; nothing is allocated."""
   model = objective.build_model(config)
   inputs = objectives.init_inputs(objective, config)
   tx, schedule = make_optimizer(config, model, inputs)
   carry = objectives.init_carry(objective, config)
-  _, shardings = with_mesh_context(abstract_state, mesh)(model, tx, mesh, inputs, carry)
-  state = with_mesh_context(init_state, mesh)(model, tx, shardings, config.seed, inputs, carry)
-  return state, make_train_step(model, tx, schedule, objective.loss_fn, config, shardings, mesh)
+  abstract, shardings = with_mesh_context(abstract_state, mesh)(model, tx, mesh, inputs, carry)
+  return TrainParts(model, tx, schedule, inputs, carry, abstract, shardings)
+
+
+def fresh_train_step(config, mesh, objective):
+  """A fresh sharded `TrainState` (seed `config.seed`) and the jitted train step of `objective`
+  (an objectives/ module) on `mesh`: what benchmarks and tests run without data or checkpoints.
+  Returns (state, train_step)."""
+  p = train_parts(config, mesh, objective)
+  state = with_mesh_context(init_state, mesh)(p.model, p.tx, p.shardings, config.seed, p.inputs,
+                                              p.carry)
+  return state, make_train_step(p.model, p.tx, p.schedule, objective.loss_fn, config,
+                                p.shardings, mesh)
 
 
 def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardings, mesh):

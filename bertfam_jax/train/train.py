@@ -137,12 +137,8 @@ def run(config, workdir: str) -> dict[str, float]:
   metrics_lib.print_progress(f"{objectives.describe(objective, config)}; {len(train_docs)} train "
                              f"/ {len(eval_docs)} eval documents; mesh {dict(mesh.shape)}.")
 
-  model = objective.build_model(config)
-  with_ctx = lambda fn: step_lib.with_mesh_context(fn, mesh)  # noqa: E731
-  inputs = objectives.init_inputs(objective, config)
-  tx, schedule = step_lib.make_optimizer(config, model, inputs)
-  carry = objectives.init_carry(objective, config)
-  abstract, shardings = with_ctx(step_lib.abstract_state)(model, tx, mesh, inputs, carry)
+  model, tx, schedule, inputs, carry, abstract, shardings = step_lib.train_parts(config, mesh,
+                                                                                  objective)
 
   features_fn = objective.make_features(config, tokenizer)
   pipe_args = dict(process_index=jax.process_index(), process_count=jax.process_count(),
