@@ -14,7 +14,7 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertfam_jax import errors
+from bertfam_jax import errors, fileio
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import distributed
 
@@ -77,7 +77,7 @@ def _load_config(argv):
   except OSError as e:
     given = next((a.partition("=")[2] for a in reversed(argv) if a.startswith("--config=")), "")
     path = given.partition(":")[0]
-    reason = ("no such file" if path and not os.path.exists(path)
+    reason = ("no such file" if path and not fileio.exists(path)
               else " ".join(str(e).split())[:200])
     _usage_error(f"--config={given} could not be loaded ({reason}); pass a config file such as "
                  f"configs/roberta.py:runlocal.")

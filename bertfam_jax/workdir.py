@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import tempfile
 from typing import Any
 
@@ -35,7 +34,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bertfam_jax import config_lib
+from bertfam_jax import config_lib, fileio
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.train import checkpoint as checkpoint_lib
@@ -58,6 +57,9 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 def check_writable(workdir: str) -> None:
   """Refuses a --workdir that is a file, or that cannot be created or written, creating nothing:
   the only write is a probe directory, made and removed at once in the nearest existing one."""
+  if fileio.is_remote(workdir):
+    _check_remote_writable(workdir)
+    return
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ConfigError(f"--workdir={workdir} is a file, not a directory; pass a directory (it is "
                       f"created if it does not exist).")
@@ -69,6 +71,22 @@ def check_writable(workdir: str) -> None:
   except OSError as e:
     raise ConfigError(f"--workdir={workdir} cannot be written ({existing}: {e.strerror}); "
                       f"choose a directory you can write to.") from None
+
+
+def _check_remote_writable(workdir: str) -> None:
+  """An object-store --workdir: a probe object written and removed at once, so that a missing
+  bucket or missing credentials is one line before anything runs."""
+  probe = os.path.join(workdir, ".bertfam_write_probe")
+  try:
+    fileio.write_atomically(probe, b"")
+    fileio.remove(probe)
+  except ImportError as e:
+    raise ConfigError(f"--workdir={workdir} needs a filesystem package for its scheme ({e}); "
+                      f"for gs:// install the [gcs] extra: pip install 'bertfam_jax[gcs]'.") from None
+  except Exception as e:  # pylint: disable=broad-except  (each store raises its own errors)
+    raise ConfigError(f"--workdir={workdir} cannot be written ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}); check the bucket and your "
+                      f"credentials (gcloud auth application-default login).") from None
 
 
 def tokenizer_files(tokenizer) -> dict[str, bytes]:
@@ -83,13 +101,13 @@ def saved_tokenizer_files(workdir: str) -> dict[str, bytes]:
   """`tokenizer_files` as the workdir holds them ({} for a workdir written before it held its
   tokenizer)."""
   directory = os.path.join(workdir, TOKENIZER_DIR)
-  names = ([TOKENIZER_MODEL] if os.path.exists(os.path.join(workdir, TOKENIZER_MODEL)) else
-           [os.path.join(TOKENIZER_DIR, n) for n in sorted(os.listdir(directory))]
-           if os.path.isdir(directory) else [])
+  names = ([TOKENIZER_MODEL] if fileio.exists(os.path.join(workdir, TOKENIZER_MODEL)) else
+           [os.path.join(TOKENIZER_DIR, n) for n in fileio.listdir(directory)]
+           if fileio.isdir(directory) else [])
   out = {}
   for name in names:
-    if os.path.isfile(os.path.join(workdir, name)):
-      with open(os.path.join(workdir, name), "rb") as f:
+    if fileio.isfile(os.path.join(workdir, name)):
+      with fileio.open(os.path.join(workdir, name), "rb") as f:
         out[name] = f.read()
   return out
 
@@ -168,32 +186,32 @@ def record(workdir: str, config, tokenizer, data: dict | None, *, resuming: bool
 
 
 def _write_record(workdir: str, config, tokenizer, data: dict | None, fresh: bool) -> None:
-  os.makedirs(workdir, exist_ok=True)
+  fileio.makedirs(workdir)
   if fresh:   # what a start that never checkpointed left: its events and its W&B run's id
-    shutil.rmtree(os.path.join(workdir, "tensorboard"), ignore_errors=True)
+    fileio.rmtree(os.path.join(workdir, "tensorboard"))
     with contextlib.suppress(FileNotFoundError):
-      os.remove(os.path.join(workdir, metrics_lib.WANDB_RUN_FILE))
-  if fresh or not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
+      fileio.remove(os.path.join(workdir, metrics_lib.WANDB_RUN_FILE))
+  if fresh or not fileio.exists(os.path.join(workdir, CONFIG_FILE)):
     write_config(workdir, config)
   files = tokenizer_files(tokenizer)
   if fresh or saved_tokenizer_files(workdir) != files:
     for stale in (TOKENIZER_MODEL, TOKENIZER_DIR):
       stale = os.path.join(workdir, stale)
-      if os.path.isdir(stale):
-        shutil.rmtree(stale)
-      elif os.path.exists(stale):
-        os.remove(stale)
+      if fileio.isdir(stale):
+        fileio.rmtree(stale)
+      elif fileio.exists(stale):
+        fileio.remove(stale)
     for name, content in files.items():
-      sources.write_atomically(os.path.join(workdir, name), content)
+      fileio.write_atomically(os.path.join(workdir, name), content)
   if data is not None and (fresh or read_json(os.path.join(workdir, DATA_FILE)) != data):
-    sources.write_atomically(os.path.join(workdir, DATA_FILE),
+    fileio.write_atomically(os.path.join(workdir, DATA_FILE),
                              (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
 def write_config(workdir: str, config) -> None:
   """WORKDIR/config.json, replaced atomically (process 0)."""
   if jax.process_index() == 0:
-    sources.write_atomically(os.path.join(workdir, CONFIG_FILE),
+    fileio.write_atomically(os.path.join(workdir, CONFIG_FILE),
                              config.to_json(indent=2).encode("utf-8"))
 
 
@@ -210,9 +228,9 @@ def check_or_write_config(workdir: str, config) -> None:
 
 def read_json(path: str):
   """The JSON at `path`, None when there is no file; a damaged one is a ConfigError naming it."""
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     return None
-  with open(path, "rb") as f:
+  with fileio.open(path, "rb") as f:
     content = f.read()
   try:
     return json.loads(content)
@@ -250,9 +268,9 @@ def is_transformers_checkpoint(path: str) -> bool:
   """Whether `path` is a transformers checkpoint directory (its config.json has a model_type)
   rather than a workdir of ours."""
   config_path = os.path.join(path, CONFIG_FILE)
-  if not os.path.exists(config_path):
+  if not fileio.exists(config_path):
     return False
-  with open(config_path) as f:
+  with fileio.open(config_path) as f:
     return "model_type" in json.load(f)
 
 
@@ -260,11 +278,11 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's config.json. Model fields added to the codebase after the run was written hold
   their defaults, the behaviour the run had (e.g. `adapter_size`)."""
   path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     raise ConfigError(f"{workdir} has no config.json, so it is neither a workdir of ours nor a "
                       f"transformers checkpoint; pass the --workdir of a `python -m "
                       f"bertfam_jax.main` run or of `python -m bertfam_jax.hf import`.")
-  with open(path) as f:
+  with fileio.open(path) as f:
     saved = json.load(f)
   model = saved.get("model", {})
   kind = model.get("kind")
@@ -283,19 +301,19 @@ def tokenizer_location(config, workdir: str, tokenizer_path: str = "") -> str:
   if tokenizer_path:
     return tokenizer_path
   if is_transformers_checkpoint(workdir):
-    return os.path.abspath(workdir)
+    return fileio.absolute(workdir)
   for own in (TOKENIZER_MODEL, TOKENIZER_DIR):
-    if os.path.exists(os.path.join(workdir, own)):
-      return os.path.abspath(os.path.join(workdir, own))
+    if fileio.exists(os.path.join(workdir, own)):
+      return fileio.absolute(os.path.join(workdir, own))
   path = config.tokenizer.model_path
-  if path and not os.path.isabs(path):
+  if path and not fileio.is_absolute(path):
     path = os.path.join(workdir, path)
   if path:
-    return os.path.abspath(path)
+    return fileio.absolute(path)
   # Only a pre-training run of ours trains (and caches) its tokenizer; for anything else there
   # is nowhere else to look.
   trained = config.tokenizer.kind == "sentencepiece" and "data" in config
-  return os.path.abspath(tokenizers.cache_path(config)) if trained else ""
+  return fileio.absolute(tokenizers.cache_path(config)) if trained else ""
 
 
 def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
@@ -303,16 +321,16 @@ def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
   (`data.tokenizers.Tokenizer`), or a directory of transformers tokenizer files
   (`data.hf_tokenizer.HFTokenizer`, the same interface)."""
   path = tokenizer_location(config, workdir, tokenizer_path)
-  if tokenizer_path and not os.path.exists(path):
+  if tokenizer_path and not fileio.exists(path):
     raise ConfigError(f"The tokenizer of {workdir} is not at {path} (the tokenizer_path given); "
                       f"fix tokenizer_path, or leave it empty to use the workdir's own.")
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     raise ConfigError(
         f"The tokenizer of {workdir} is not at {path or 'any place its config names'}: the "
         f"workdir predates workdirs holding their tokenizer, which was cached under "
         f"data.cache_dir or $BERTFAM_CACHE of the machine that pre-trained it. On that machine `python -m bertfam_jax.train_tokenizer --config="
         f"<the run's config> --output={os.path.join(workdir, TOKENIZER_MODEL)}` copies it in.")
-  if os.path.isdir(path):
+  if fileio.isdir(path):
     # Imported here: it needs the `tokenizers` package (the [hf] extra).
     from bertfam_jax.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
     tokenizer = hf_tokenizer.from_dir(path)

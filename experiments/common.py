@@ -38,6 +38,7 @@ from bertfam_jax.data import sources, tokenizers, wordnet
 from bertfam_jax.finetune import features, probe
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.models import encoder as encoder_lib
+from bertfam_jax.train import metrics as metrics_lib
 from bertfam_jax.train import train
 from experiments import report
 
@@ -224,8 +225,7 @@ def pretrain_record(workdir: str, eval_keys: Sequence[str]) -> dict:
   """A pre-training workdir's summary from its metrics.jsonl: the last held-out metrics, the
   own-target accuracy (the first of `eval_keys` logged), the median throughput and the curve
   (training loss at each logged step, the accuracy at each evaluation)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
+  records = metrics_lib.read_records(workdir)
   last = final_eval_metrics(workdir)
   key = next((k for k in eval_keys if k in last), None)
   evals = [r for r in records if key is not None and f"eval_{key}" in r]
@@ -397,16 +397,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def final_eval_metrics(workdir: str) -> dict[str, float]:
   """The last held-out evaluation in WORKDIR/metrics.jsonl, without the 'eval_' prefix."""
   last = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      if any(k.startswith("eval_") for k in record):
-        last = {k[len("eval_"):]: v for k, v in record.items() if k.startswith("eval_")}
+  for record in metrics_lib.read_records(workdir):
+    if any(k.startswith("eval_") for k in record):
+      last = {k[len("eval_"):]: v for k, v in record.items() if k.startswith("eval_")}
   return last
 
 
 def median_throughput(workdir: str) -> float | None:
   """The median of the training tokens/s logged in WORKDIR/metrics.jsonl (compile excluded)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    values = [r["tokens_per_sec"] for r in map(json.loads, f) if r.get("tokens_per_sec")]
+  values = [r["tokens_per_sec"] for r in metrics_lib.read_records(workdir)
+            if r.get("tokens_per_sec")]
   return float(np.median(values)) if values else None

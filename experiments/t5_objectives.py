@@ -25,7 +25,6 @@ one job per row and seed, here N at a time, on SLURM or on TPUs (python -m exper
 from __future__ import annotations
 
 import collections
-import json
 import math
 import os
 import time
@@ -39,6 +38,7 @@ from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.finetune import text_tasks
 from bertfam_jax.objectives import t5 as t5_objective
+from bertfam_jax.train import metrics as metrics_lib
 from bertfam_jax.train import train
 from experiments import common, report
 
@@ -316,8 +316,7 @@ DEGENERATE = 3
 def seen(workdir: str, config) -> dict:
   """What the row's pre-training saw, from its logged steps: input and target tokens (the
   batches' filled positions × steps) and the share of its examples whose targets were cut."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [r for r in map(json.loads, f) if "input_fill" in r]
+  records = [r for r in metrics_lib.read_records(workdir) if "input_fill" in r]
   mean = lambda key: float(np.mean([r[key] for r in records if r.get(key) is not None]))  # noqa: E731
   rows = config.train.batch_size * config.train.total_steps
   return dict(input_tokens=round(mean("input_fill") * config.data.seq_len * rows),
@@ -328,8 +327,7 @@ def seen(workdir: str, config) -> dict:
 def curve(workdir: str) -> dict:
   """The pre-training curve of a workdir: training loss at each logged step and the held-out
   accuracy on the row's own targets at each evaluation."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
+  records = metrics_lib.read_records(workdir)
   train_records = [r for r in records if "loss" in r]
   evals = [r for r in records if "eval_t5_accuracy" in r]
   return dict(steps=[r["step"] for r in train_records],

@@ -9,15 +9,15 @@ after preemption, tear down. Every step is a gcloud command built by a small fun
   python -m tpu.launch run --name=pod --zone=us-central2-b --accelerator_type=v4-32 \\
       --version=tpu-ubuntu2204-base --queued --spot -- \\
       python -m bertfam_jax.main --config=configs/roberta.py --distributed=on \\
-      --workdir=/mnt/shared/roberta --config.data.tfds_data_dir=/mnt/shared/tensorflow_datasets
+      --workdir=gs://my-bucket/roberta --config.data.tfds_data_dir=gs://my-bucket/tensorflow_datasets
 
   # Or step by step (the same flags): create, install, launch, logs, status, stop, delete.
   python -m tpu.launch logs --name=pod --zone=us-central2-b
 
-The workdir must be a filesystem every worker sees (a Filestore / NFS mount, e.g. mounted by
---worker_setup, which runs again on a recreated TPU): every process writes its shards of each
-checkpoint there, and a recreated TPU finds them there. gs:// workdirs are not supported by our
-checkpointing yet.
+The workdir must be storage every worker sees, and a recreated TPU finds again: a Cloud Storage
+path (--workdir=gs://bucket/run; the workers install the [gcs] extra and use the TPU VM's service
+account) or a filesystem (a Filestore / NFS mount, e.g. mounted by --worker_setup, which runs
+again on a recreated TPU). Every process writes its shards of each checkpoint there.
 
 On a worker: the checkout is in ~/bertfam_jax, installed (with `uv`, which brings its own
 Python: TPU runtimes ship Python 3.10, the project needs 3.11+) into the virtualenv
@@ -80,7 +80,7 @@ class Tpu:
 class Setup:
   """How a worker is prepared: `prepare` runs first on every worker, at every install (so again
   on a recreated TPU), e.g. mounting the shared filesystem; then the checkout is installed."""
-  extras: str = "tfds,experiments"
+  extras: str = "tfds,experiments,gcs"
   packages: tuple[str, ...] = ("jax[tpu]",)
   python: str = "3.12"
   prepare: str = ""

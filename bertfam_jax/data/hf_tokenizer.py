@@ -35,6 +35,7 @@ import tokenizers
 from sentencepiece import sentencepiece_model_pb2 as sp_model_pb2
 from tokenizers import decoders, normalizers, pre_tokenizers, processors
 
+from bertfam_jax import fileio
 from bertfam_jax.config_lib import ConfigError
 
 # Every file a transformers tokenizer directory may hold that we read or copy.
@@ -139,9 +140,9 @@ class HFTokenizer:
 
   def save(self, directory: str) -> None:
     """Writes the files `from_dir` read (transformers' AutoTokenizer reads them too)."""
-    os.makedirs(directory, exist_ok=True)
+    fileio.makedirs(directory)
     for name, content in self.files.items():
-      with open(os.path.join(directory, name), "wb") as f:
+      with fileio.open(os.path.join(directory, name), "wb") as f:
         f.write(content)
 
 
@@ -157,7 +158,7 @@ def _sentinels(vocab: dict[str, int], vocab_size: int) -> int:
 
 
 def has_tokenizer(path: str) -> bool:
-  return any(os.path.exists(os.path.join(path, name))
+  return any(fileio.exists(os.path.join(path, name))
              for name in ("tokenizer.json", "spiece.model", "vocab.txt", "vocab.json"))
 
 
@@ -165,8 +166,8 @@ def from_dir(path: str) -> HFTokenizer:
   """The tokenizer of a transformers checkpoint or tokenizer directory."""
   files = {}
   for name in TOKENIZER_FILES:
-    if os.path.exists(os.path.join(path, name)):
-      with open(os.path.join(path, name), "rb") as f:
+    if fileio.exists(os.path.join(path, name)):
+      with fileio.open(os.path.join(path, name), "rb") as f:
         files[name] = f.read()
   if not has_tokenizer(path):
     raise ConfigError(f"{path} holds no tokenizer: expected tokenizer.json, spiece.model, "

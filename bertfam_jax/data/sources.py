@@ -11,20 +11,18 @@ from __future__ import annotations
 import bz2
 import collections.abc
 import functools
-import glob
 import hashlib
 import importlib.util
 import json
 import os
 import re
-import tempfile
 from typing import Any, Mapping, Sequence
 
 from absl import logging
 import ml_collections
 import numpy as np
 
-from bertfam_jax import config_lib, errors
+from bertfam_jax import config_lib, fileio
 
 # ---------------------------------------------------------------------------------------------
 # Embedded Wikipedia sample (ships inside the gensim wheel, so `pip install` is all it needs).
@@ -107,23 +105,6 @@ def _extract_wiki_documents() -> list[dict[str, str]]:
   return documents
 
 
-def write_atomically(path: str, data: bytes) -> None:
-  """Writes `data` to a temp file in the target directory, then renames it into place, so a
-  crash never leaves a half-written file and concurrent writers (several hosts) are harmless."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.chmod(tmp, 0o644)   # mkstemp creates 0600; caches may be shared between users
-    os.replace(tmp, path)
-  except BaseException as e:
-    os.unlink(tmp)
-    if errors.no_space(e) is not None:
-      raise errors.no_space_error(e, os.path.dirname(path), f"{path} ({len(data):,} bytes)") from e
-    raise
-
-
 def _embedded_wiki_path(cache_dir: str) -> str:
   return os.path.join(cache_dir, "corpora", "embedded_wiki.jsonl")
 
@@ -146,7 +127,7 @@ def embedded_wiki(cache_dir: str) -> list[str]:
   path = _embedded_wiki_path(cache_dir)
   if not os.path.exists(path):
     lines = (json.dumps(doc, ensure_ascii=False) + "\n" for doc in _extract_wiki_documents())
-    write_atomically(path, "".join(lines).encode("utf-8"))
+    fileio.write_atomically(path, "".join(lines).encode("utf-8"))
     logging.info("Wrote the embedded Wikipedia corpus to %s.", path)
   with open(path, encoding="utf-8") as f:
     return [json.loads(line)["text"] for line in f]
@@ -160,11 +141,11 @@ def embedded_wiki(cache_dir: str) -> list[str]:
 def _expand_globs(patterns: str) -> list[str]:
   paths = []
   for pattern in filter(None, (p.strip() for p in patterns.split(","))):
-    matches = sorted(glob.glob(os.path.expanduser(pattern)))
+    matches = fileio.glob(pattern)
     if not matches:
       raise config_lib.ConfigError(
           f"data.text_files pattern {pattern!r} matches no file; fix --config.data.text_files.")
-    directories = [m for m in matches if os.path.isdir(m)]
+    directories = [m for m in matches if fileio.isdir(m)]
     if directories:
       raise config_lib.ConfigError(
           f"data.text_files pattern {pattern!r} matches the directory {directories[0]}; name its "
@@ -186,8 +167,7 @@ def _read_text_file(path: str, text_format: str) -> list[str]:
     create_pretraining_data input format). lines: every line is a document. jsonl: one JSON
     object per line with a `text` field.
   """
-  with open(path, "rb") as f:
-    raw = f.read()
+  raw = fileio.read_bytes(path)
   try:
     content = raw.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -403,7 +383,7 @@ def data_identity(data_config: ml_collections.ConfigDict) -> dict[str, Any]:
                 train_split=d.train_split, eval_split=d.eval_split, text_key=d.tfds_text_key)
   glosses = _gloss_identity() if d.get("wordnet_glosses", False) else {}
   if d.source == "text":
-    paths = [os.path.abspath(p) for p in _expand_globs(d.text_files)]
+    paths = [fileio.absolute(p) for p in _expand_globs(d.text_files)]
     return dict(source="text", text_format=d.text_format, eval_fraction=d.eval_fraction,
                 files=[_sha256(p) for p in paths], paths=paths, **glosses)
   return dict(source=d.source, eval_fraction=d.eval_fraction,
@@ -434,7 +414,7 @@ def _files(identity: Mapping[str, Any]) -> str:
 
 def _sha256(path: str) -> str:
   digest = hashlib.sha256()
-  with open(path, "rb") as f:
+  with fileio.open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
       digest.update(block)
   return digest.hexdigest()
@@ -453,8 +433,8 @@ def _tfds_version(data_config: ml_collections.ConfigDict) -> str:
 def source_identity(data_config: ml_collections.ConfigDict) -> str:
   """A string that changes whenever the training documents may change (keys tokenizer caches).
 
-  Files are identified by path, size and modification time rather than content, which would
-  mean reading every file.
+  Local files are identified by path, size and modification time rather than content, which
+  would mean reading every file; files in an object store by content.
   """
   if data_config.source == "tfds":
     parts = ["tfds", data_config.tfds_name, data_config.tfds_data_dir, data_config.train_split,
@@ -462,8 +442,11 @@ def source_identity(data_config: ml_collections.ConfigDict) -> str:
   elif data_config.source == "text":
     parts = ["text", data_config.text_format, str(data_config.eval_fraction)]
     for path in _expand_globs(data_config.text_files):
-      stat = os.stat(path)
-      parts.append(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}")
+      if fileio.is_remote(path):
+        parts.append(f"{path}:{_sha256(path)}")
+      else:
+        stat = os.stat(path)
+        parts.append(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}")
   else:
     parts = [data_config.source, _WIKI_DUMP, str(data_config.eval_fraction)]
   if data_config.get("wordnet_glosses", False):

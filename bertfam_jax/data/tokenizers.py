@@ -26,7 +26,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model_pb2
 from sentencepiece import sentencepiece_pb2
 
-from bertfam_jax import config_lib
+from bertfam_jax import config_lib, fileio
 from bertfam_jax.data import sources
 
 CLS, SEP, MASK = "[CLS]", "[SEP]", "[MASK]"
@@ -112,10 +112,10 @@ class Tokenizer:
   @classmethod
   def from_file(cls, path: str, extra_ids: int = 0) -> "Tokenizer":
     """The SentencePiece model file at `path`; a ConfigError naming it when it is not one."""
-    if os.path.isdir(path):
+    if fileio.isdir(path):
       raise config_lib.ConfigError(f"{path} is a directory, not a SentencePiece model file; a "
                                    f"transformers tokenizer directory needs tokenizer.kind='hf'.")
-    with open(path, "rb") as f:
+    with fileio.open(path, "rb") as f:
       proto = f.read()
     try:   # parsed here first: SentencePiece logs to stderr, and accepts an empty model
       pieces = len(sp_model_pb2.ModelProto.FromString(proto).pieces)
@@ -299,7 +299,7 @@ def _check_vocab(tokenizer: Tokenizer, config: ml_collections.ConfigDict, origin
 def is_available(config: ml_collections.ConfigDict) -> bool:
   """Whether `load_or_train` finds its tokenizer (a model_path, or one cached) or trains one."""
   return bool(config.tokenizer.model_path) or config.tokenizer.kind != "sentencepiece" or (
-      os.path.exists(cache_path(config)))
+      fileio.exists(cache_path(config)))
 
 
 def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
@@ -322,19 +322,19 @@ def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
                                  f"loaded here) or hf (a checkpoint's tokenizer files).")
 
   path = config.tokenizer.model_path or cache_path(config)
-  if config.tokenizer.model_path and not os.path.exists(path):
+  if config.tokenizer.model_path and not fileio.exists(path):
     raise config_lib.ConfigError(
         f"tokenizer.model_path={path!r} does not exist; fix the path or leave "
         f"--config.tokenizer.model_path empty to train one on the corpus.")
   extra_ids = config.tokenizer.get("extra_ids", 0)
-  if os.path.exists(path):
+  if fileio.exists(path):
     tokenizer = Tokenizer.from_file(path, extra_ids)
   else:
     start = time.time()
     sentences = training_sentences(documents, config.tokenizer.train_max_sentences)
     proto = train_sentencepiece(sentences, num_pieces(config), config.tokenizer.model_type,
                                 user_symbols(config))
-    sources.write_atomically(path, proto)
+    fileio.write_atomically(path, proto)
     logging.info("Trained a %d-piece %s SentencePiece model on %d sentences in %.1f s: %s",
                  num_pieces(config), config.tokenizer.model_type, len(sentences),
                  time.time() - start, path)
@@ -349,9 +349,9 @@ def _load_hf(config: ml_collections.ConfigDict, workdir: str):
   `<imported workdir>/tokenizer` to continue pre-training an imported checkpoint. A relative
   path is looked up in `workdir` first (an imported workdir names its own 'tokenizer')."""
   path = config.tokenizer.model_path
-  if path and workdir and not os.path.isabs(path) and os.path.isdir(os.path.join(workdir, path)):
+  if path and workdir and not fileio.is_absolute(path) and fileio.isdir(os.path.join(workdir, path)):
     path = os.path.join(workdir, path)
-  if not path or not os.path.isdir(path):
+  if not path or not fileio.isdir(path):
     raise config_lib.ConfigError(
         f"tokenizer.kind='hf' needs tokenizer.model_path to be a directory of tokenizer files; "
         f"got {path!r}. For an imported checkpoint pass --config.tokenizer.model_path="

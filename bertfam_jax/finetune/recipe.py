@@ -26,6 +26,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from bertfam_jax import fileio
 from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import loop as loop_lib
@@ -214,7 +215,4 @@ def write_results(workdir: str, results: dict) -> None:
   for name, payload in (("eval_results.json", json.dumps(summary, indent=2) + "\n"),
                         ("predictions.jsonl", "".join(json.dumps(p) + "\n"
                                                       for p in results["predictions"]))):
-    path = os.path.join(workdir, name)
-    with open(path + ".tmp", "w") as f:
-      f.write(payload)
-    os.replace(path + ".tmp", path)
+    fileio.write_atomically(os.path.join(workdir, name), payload.encode("utf-8"))

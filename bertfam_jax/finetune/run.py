@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertfam_jax import config_lib
+from bertfam_jax import config_lib, fileio
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import features, optim, recipe as recipe_lib, seq2seq, tasks
@@ -113,7 +113,7 @@ def check_workdir(workdir: str, task: str) -> bool:
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   resuming = workdir_lib.latest_step(workdir) is not None
   # Without a checkpoint its files are a failed start's, which this run replaces.
-  if not resuming or not os.path.exists(path):
+  if not resuming or not fileio.exists(path):
     return resuming
   saved = workdir_lib.read_json(path).get("finetune", {}).get("task")
   if saved != task:
@@ -146,7 +146,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     raise ConfigError("finetune.init is empty: pass the pre-trained model, "
                       "--config=configs/finetune.py:task=NAME,init=PATH (a workdir of ours, one "
                       "from `python -m bertfam_jax.hf import`, or a transformers checkpoint dir).")
-  if not os.path.isdir(ft.init):
+  if not fileio.isdir(ft.init):
     raise ConfigError(f"finetune.init={ft.init!r} is not a directory; pass a pre-training workdir "
                       f"or a transformers checkpoint directory.")
   init_config, tokenizer, pretrained = load_init(ft.init)
@@ -282,10 +282,8 @@ def _keep_hf_source(init: str, init_config, workdir: str) -> None:
   from bertfam_jax.hf import workdir as hf_workdir  # pylint: disable=g-import-not-at-top
   record = hf_workdir.hf_source(init)
   if record:
-    path = os.path.join(workdir, hf_workdir.IMPORT_RECORD)
-    with open(path + ".tmp", "w") as f:
-      json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)
+    fileio.write_atomically(os.path.join(workdir, hf_workdir.IMPORT_RECORD),
+                            json.dumps(record, indent=2).encode("utf-8"))
 
 
 def resolved_config(config, init_config, *, tokenizer_path: str = ""

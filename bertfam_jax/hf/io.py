@@ -30,7 +30,7 @@ import numpy as np
 from flax import traverse_util
 from safetensors import numpy as safetensors_numpy
 
-from bertfam_jax import config_lib, objectives
+from bertfam_jax import config_lib, fileio, objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.hf import families, mapping
 from bertfam_jax.data import hf_tokenizer as tokenizer_lib
@@ -204,10 +204,10 @@ OUTPUTS = {"mlm": (_pretraining_outputs, ()), "electra": (_pretraining_outputs, 
 
 def read_hf_config(path: str) -> dict:
   config_path = os.path.join(path, "config.json")
-  if not os.path.exists(config_path):
+  if not fileio.exists(config_path):
     raise ConfigError(f"{path} has no config.json; pass a transformers checkpoint directory "
                       f"(save_pretrained's output).")
-  with open(config_path) as f:
+  with fileio.open(config_path) as f:
     return json.load(f)
 
 
@@ -216,11 +216,11 @@ def _weight_files(path: str) -> tuple[str, list[str]]:
   inside `path` (`_inside`)."""
   for name in (SAFETENSORS, TORCH_BIN):
     index = os.path.join(path, f"{name}.index.json")
-    if os.path.exists(index):
-      with open(index) as f:
+    if fileio.exists(index):
+      with fileio.open(index) as f:
         shards = sorted(set(json.load(f)["weight_map"].values()))
       return name, [_inside(path, shard, index) for shard in shards]
-    if os.path.exists(os.path.join(path, name)):
+    if fileio.exists(os.path.join(path, name)):
       return name, [_inside(path, name, os.path.join(path, name))]
   raise ConfigError(f"{path} holds no {SAFETENSORS} or {TORCH_BIN}.")
 
@@ -328,7 +328,7 @@ def _generator(generator_path: str, config) -> tuple[dict, dict]:
                       f"4·hidden, the discriminator's embeddings): {'; '.join(differ)}.")
   config.objective.update(fractions)
   params = mapping.params_from_hf(state_dict, mapping.electra_entries(ours, "generator"))
-  return params, {"generator_path": os.path.abspath(generator_path)}
+  return params, {"generator_path": fileio.absolute(generator_path)}
 
 
 def from_pretrained(path: str, generator_path: str | None = None, *,
@@ -365,7 +365,7 @@ def from_pretrained(path: str, generator_path: str | None = None, *,
   families.check_head_activation(arch, model)
   tokenizer = tokenizer_lib.from_dir(path) if tokenizer_lib.has_tokenizer(path) else None
   config = families.run_config(family, family.architecture(family.base) if kind else arch, model,
-                               os.path.abspath(path) if tokenizer else "")
+                               fileio.absolute(path) if tokenizer else "")
   imported = mapping.params_from_hf(
       state_dict, families.entries(family, arch, model, hf, heads=not missing_heads))
   if generator_path:
@@ -386,7 +386,7 @@ def from_pretrained(path: str, generator_path: str | None = None, *,
 
 
 def check_empty_target(path: str) -> None:
-  if os.path.isdir(path) and os.listdir(path):
+  if fileio.isdir(path) and fileio.listdir(path):
     raise ConfigError(f"{path} is not empty; choose a new directory (nothing is overwritten).")
 
 
@@ -404,11 +404,11 @@ def unscanned(params: dict) -> dict:
 
 
 def _write(path: str, hf_config: dict, state_dict: dict, tokenizer) -> None:
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w") as f:
+  fileio.makedirs(path)
+  with fileio.open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
-  safetensors_numpy.save_file(state_dict, os.path.join(path, SAFETENSORS),
-                              metadata={"format": "pt"})
+  fileio.write_atomically(os.path.join(path, SAFETENSORS),
+                          safetensors_numpy.save(state_dict, metadata={"format": "pt"}))
   if tokenizer is not None:
     tokenizer.save(path)
 

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from bertfam_jax import objectives
+from bertfam_jax import fileio, objectives
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import tasks
@@ -56,15 +56,15 @@ def import_to_workdir(hf_path: str, workdir: str, generator_path: str | None = N
   config = ml_collections.ConfigDict(m.config.to_dict())
   config.tokenizer.model_path = TOKENIZER_DIR if m.tokenizer is not None else ""
   objectives.validate(config)
-  os.makedirs(workdir, exist_ok=True)
+  fileio.makedirs(workdir)
   workdir_lib.check_or_write_config(workdir, config)
   if m.tokenizer is not None:
     m.tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
   save_initial_checkpoint(config, m.params, os.path.join(workdir, "checkpoints"))
-  record = dict(source=os.path.abspath(hf_path), model_type=m.hf_config["model_type"],
+  record = dict(source=fileio.absolute(hf_path), model_type=m.hf_config["model_type"],
                 architecture=m.architecture, hf_config=m.hf_config,
                 freshly_initialised=list(m.fresh), **m.notes)
-  with open(os.path.join(workdir, IMPORT_RECORD), "w") as f:
+  with fileio.open(os.path.join(workdir, IMPORT_RECORD), "w") as f:
     json.dump(record, f, indent=2)
   return m
 
@@ -129,14 +129,14 @@ def hf_source(path: str) -> dict:
     hf_config = io.read_hf_config(path)
     return dict(model_type=hf_config["model_type"], hf_config=hf_config)
   record_path = os.path.join(path, IMPORT_RECORD)
-  if os.path.exists(record_path):
-    with open(record_path) as f:
+  if fileio.exists(record_path):
+    with fileio.open(record_path) as f:
       return json.load(f)
   config = workdir_lib.read_config(path)
   if "finetune" not in config:
     return {}
   init = config.finetune.init
-  if os.path.isdir(init):
+  if fileio.isdir(init):
     return hf_source(init)
   if config.tokenizer.kind == "hf":
     raise ConfigError(f"{path} was fine-tuned from finetune.init={init!r}, an imported HF "
@@ -150,13 +150,13 @@ def _run_tokenizer(config, workdir: str):
   """The run's tokenizer (the workdir's own, `bertfam_jax.workdir.tokenizer_location`) as an
   HFTokenizer, or None (with a warning) when it cannot be found."""
   path = workdir_lib.tokenizer_location(config, workdir)
-  if os.path.isdir(path):
+  if fileio.isdir(path):
     return tokenizer_lib.from_dir(path)
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     logging.warning("The tokenizer of %s is not at %s; exporting the weights without it.",
                     workdir, path)
     return None
-  with open(path, "rb") as f:
+  with fileio.open(path, "rb") as f:
     try:
       return tokenizer_lib.from_files(tokenizer_lib.sentencepiece_files(
           f.read(), config.tokenizer.get("extra_ids", 0)))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import logging as std_logging
-import os
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from bertfam_jax import errors
+from bertfam_jax import errors, fileio
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import step as step_lib
 
@@ -82,7 +81,7 @@ class Checkpointer:
 
   def __init__(self, directory: str, keep: int, *, read_only: bool = False):
     """`read_only` opens another run's checkpoints (init_from) without creating or deleting."""
-    self.directory = os.path.abspath(directory)
+    self.directory = fileio.absolute(directory)
     self._pending = None   # (step, bytes) of the last checkpoint handed to orbax
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
@@ -199,7 +198,7 @@ def _params_reader(directory: str) -> ocp.CheckpointManager:
   checkpoint's metadata and restore part of its state (`read_params`)."""
   with _orbax_quiet():
     return ocp.CheckpointManager(
-        os.path.abspath(directory),
+        fileio.absolute(directory),
         options=ocp.CheckpointManagerOptions(read_only=True, create=False),
         item_handlers=dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler()))
 

@@ -14,14 +14,16 @@ import math
 import os
 import secrets
 import sys
+import tempfile
 from typing import Any, Protocol
 
 import jax
 from absl import logging
 
-from bertfam_jax import config_lib, errors
+from bertfam_jax import config_lib, errors, fileio
 from bertfam_jax.errors import ConfigError
 
+METRICS_FILE = "metrics.jsonl"
 WANDB_RUN_FILE = "wandb_run.json"   # the W&B run id, so that a resumed run continues it
 
 
@@ -31,15 +33,28 @@ class Writer(Protocol):
 
 
 class JsonlWriter:
-  """WORKDIR/metrics.jsonl, one JSON object per logged step; a disk that is full is one line."""
+  """WORKDIR/metrics.jsonl, one JSON object per logged step; a disk that is full is one line.
+
+  An object store has no append: there the records of this start go to parts,
+  metrics.jsonl.part-00000, -00001, … beside it, each rewritten whole (one upload) at every record
+  and closed after PART_RECORDS records, so a write costs at most that many lines; `read_records`
+  reads the file and its parts in order, and the next start folds them into metrics.jsonl."""
 
   def __init__(self, path: str):
     self.path = path
+    self._part, self._lines = 0, []
 
   def write(self, step: int, record: dict[str, float | None]) -> None:
+    line = json.dumps({"step": step, **record}) + "\n"
+    if fileio.is_remote(self.path):
+      self._lines.append(line)
+      fileio.write_atomically(_part_path(self.path, self._part), "".join(self._lines).encode())
+      if len(self._lines) == PART_RECORDS:
+        self._part, self._lines = self._part + 1, []
+      return
     try:
       with open(self.path, "a") as f:
-        f.write(json.dumps({"step": step, **record}) + "\n")
+        f.write(line)
     except OSError as e:
       if errors.no_space(e) is None:
         raise
@@ -47,6 +62,37 @@ class JsonlWriter:
 
   def close(self) -> None:
     pass
+
+
+PART_RECORDS = 1000   # records per part of metrics.jsonl in an object store (JsonlWriter)
+
+
+def _part_path(path: str, part: int) -> str:
+  return f"{path}.part-{part:05d}"
+
+
+def _parts(path: str) -> list[str]:
+  """The parts of `path` in an object store, in order (none locally)."""
+  if not fileio.is_remote(path) or not fileio.isdir(os.path.dirname(path)):
+    return []
+  prefix = os.path.basename(path) + ".part-"
+  return [os.path.join(os.path.dirname(path), name)
+          for name in fileio.listdir(os.path.dirname(path)) if name.startswith(prefix)]
+
+
+def read_lines(path: str) -> list[str]:
+  """The lines of metrics.jsonl at `path` and of its parts (`JsonlWriter`), in order."""
+  lines = []
+  for name in ([path] if fileio.exists(path) else []) + _parts(path):
+    with fileio.open(name) as f:
+      lines += f.read().splitlines(keepends=True)
+  return lines
+
+
+def read_records(workdir: str) -> list[dict]:
+  """Every record of WORKDIR/metrics.jsonl (local or in an object store), in order."""
+  return [json.loads(line) for line in read_lines(os.path.join(workdir, METRICS_FILE))
+          if line.strip()]
 
 
 class TensorBoardWriter:
@@ -89,16 +135,17 @@ class WandbWriter:
 
   def _start(self):
     id_path = os.path.join(self.workdir, WANDB_RUN_FILE)
-    if os.path.exists(id_path):
-      with open(id_path) as f:
-        run_id = json.load(f)["id"]
+    if fileio.exists(id_path):
+      run_id = json.loads(fileio.read_text(id_path))["id"]
     else:
       run_id = secrets.token_hex(6)   # W&B ids: letters and digits
-      with open(id_path + ".tmp", "w") as f:
-        json.dump({"id": run_id, "project": self.project}, f)
-      os.replace(id_path + ".tmp", id_path)
+      fileio.write_atomically(id_path, json.dumps({"id": run_id, "project": self.project}).encode())
     wandb = self._wandb
-    return wandb.init(project=self.project, mode=self.mode, dir=self.workdir, id=run_id,
+    # W&B writes local files only: a workdir in an object store keeps them in the temp directory.
+    directory = (os.path.join(tempfile.gettempdir(), "bertfam_wandb", run_id)
+                 if fileio.is_remote(self.workdir) else self.workdir)
+    os.makedirs(directory, exist_ok=True)
+    return wandb.init(project=self.project, mode=self.mode, dir=directory, id=run_id,
                       resume="allow", name=os.path.basename(os.path.normpath(self.workdir)),
                       config=self.run_config, settings=wandb.Settings(silent=True,
                                                                       console="off"))
@@ -131,7 +178,7 @@ class MetricsWriter:
   def __init__(self, workdir: str, *, resume_step: int | None, config=None):
     self.enabled = jax.process_index() == 0
     self.workdir = workdir
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = os.path.join(workdir, METRICS_FILE)
     self.writers: list[Writer] = []
     if not self.enabled:
       return
@@ -165,10 +212,10 @@ def _truncate_after(path: str, step: int) -> None:
   steps run again and are logged again, so the file stays one record per step. A last line cut
   short (the run was killed while writing it) is dropped with a warning; a damaged line before
   it is a ConfigError naming the file and line."""
-  if not os.path.exists(path):
+  parts = _parts(path)
+  if not fileio.exists(path) and not parts:
     return
-  with open(path) as f:
-    lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
+  lines = [(number, line) for number, line in enumerate(read_lines(path), 1) if line.strip()]
   kept = []
   for index, (number, line) in enumerate(lines):
     try:
@@ -181,6 +228,11 @@ def _truncate_after(path: str, step: int) -> None:
       continue
     if record["step"] <= step:
       kept.append(line if line.endswith("\n") else line + "\n")
+  if fileio.is_remote(path):   # the parts folded into metrics.jsonl, then removed
+    fileio.write_atomically(path, "".join(kept).encode())
+    for part in parts:
+      fileio.remove(part)
+    return
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     f.writelines(kept)

@@ -96,15 +96,16 @@ def test_usr1_before_the_time_limit_requeues_the_job(fake_slurm):
   assert "time limit near: requeueing" in output
 
 
-def test_cli_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys):
+@pytest.mark.parametrize("command", [COMMAND, (*COMMAND[:4], "--workdir=gs://my-bucket/runs/bert")])
+def test_cli_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys, command):
   rc = slurm.main(["--name=bert", f"--log_dir={tmp_path}/logs", "--nodes=2", "--gpus_per_node=4",
-                   "--setup=source /shared/venv/bin/activate", "--dry_run", "--", *COMMAND])
+                   "--setup=source /shared/venv/bin/activate", "--dry_run", "--", *command])
   out = capsys.readouterr().out
   assert rc == 0 and not (tmp_path / "logs").exists()
   assert "#SBATCH --ntasks-per-node=4" in out and "\nsource /shared/venv/bin/activate\n" in out
   assert out.splitlines()[-1] == f"sbatch --parsable {tmp_path}/logs/bert.sbatch"
   srun = next(line for line in out.splitlines() if line.startswith("srun "))
-  assert shlex.split(srun) == ["srun", "--kill-on-bad-exit=1", *COMMAND, "&"]
+  assert shlex.split(srun) == ["srun", "--kill-on-bad-exit=1", *command, "&"]
 
 
 def test_missing_sbatch_names_the_fix(tmp_path, capsys, monkeypatch):

@@ -65,6 +65,18 @@ def test_run_dry_run_prints_every_step(capsys):
   assert commands[-1][-3:] == ["--force", "--quiet", "--zone=us-central2-b"]
 
 
+def test_a_pod_slice_writing_to_gs_gets_its_workdir_intact_and_the_gcs_extra(capsys):
+  command = ["python", "-m", "bertfam_jax.main", "--config=configs/bert.py", "--distributed=on",
+             "--workdir=gs://my-bucket/runs/bert", "--config.data.tfds_data_dir=gs://my-bucket/tfds"]
+  rc, commands = dry_run(capsys, "run", *POD, "--", *command)
+  assert rc == 0
+  install, start = commands[6], commands[7]
+  assert ".[tfds,experiments,gcs]" in flag(install, "command")
+  assert "mount" not in flag(install, "command")
+  script = flag(start, "command")
+  assert all(a in script for a in command[3:]), script   # URLs passed through unchanged
+
+
 def test_tpu_vm_commands_without_queued_resources(capsys):
   rc, [create] = dry_run(capsys, "create", *POD, "--spot", "--project=my-proj")
   assert rc == 0
