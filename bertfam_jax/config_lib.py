@@ -484,6 +484,7 @@ def t5_objective(**overrides) -> ml_collections.ConfigDict:
       poisson_lambda=3.0,             # BART text infilling span lengths
       mask_random=0.0,                # BART: a span's <mask> is a random token instead
       z_loss=1e-4,                    # t5x's auxiliary z-loss (0 = off)
+      loss_on_targets_only=True,      # decoder-only / prefix LM: loss on the targets (seqio)
       masking="dynamic",              # new noise every epoch (the pipeline's epoch mode)
   ))
   o.update(overrides)
@@ -781,8 +782,8 @@ def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
     stacks = [(m.layers, inputs)]
   elif m.architecture == "encoder_decoder":
     stacks = [(m.layers, inputs), (m.decoder_layers, targets)]
-  else:   # one decoder stack over the prefix and the targets, at least the longer of them
-    stacks = [(m.decoder_layers, max(inputs, targets))]
+  else:   # one decoder stack over the inputs and targets concatenated (objectives/t5.py)
+    stacks = [(m.decoder_layers, inputs + targets)]
   # ALBERT: tables embedding_size wide, one feed-forward block per group of shared layers.
   tables = (m.vocab_size + m.get("max_positions", 0)) * (m.get("embedding_size", 0) or m.hidden)
   own_ffns = (m.hidden_groups if m.get("share_layers", "none") in ("all", "ffn")

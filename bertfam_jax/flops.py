@@ -79,3 +79,21 @@ def t5_train_flops_per_input_token(model, inputs_length: int, targets_length: in
   cross_kv = 6 * dec * 2 * d * a
   decoder = 6 * dec * (6 * d * a + k * d * f) + 12 * dec * (lt + li) * a + 6 * d * vocab
   return float(encoder + cross_kv + decoder * lt / li)
+
+
+def decoder_only_train_flops_per_input_token(model, inputs_length: int,
+                                             targets_length: int) -> float:
+  """Training FLOPs of T5's decoder-only / prefix-LM model (one decoder stack, no cross-attention,
+  over rows of L = Li + Lt tokens, logits at every position) per data.seq_len token (× 3 of the
+  forward), the unit the train loop counts:
+
+    per sequence token:   6·Ld·(4·d·A + k·d·f) + 12·Ld·L·A + 6·d·V,   scaled by L / Li.
+
+  With Ld = Le and L = Li + Lt it is about the encoder-decoder's cost: the "M FLOPs" that Raffel
+  et al. §3.2.2 give both architectures."""
+  d, f, vocab = model.hidden, model.mlp, model.vocab_size
+  a = model.heads * model.head_dim
+  k = 3 if model.gated_mlp else 2
+  length, dec = inputs_length + targets_length, model.decoder_layers
+  per_token = 6 * dec * (4 * d * a + k * d * f) + 12 * dec * length * a + 6 * d * vocab
+  return float(per_token * length / inputs_length)

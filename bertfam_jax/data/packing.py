@@ -574,6 +574,36 @@ def _place_packed(tokens: np.ndarray, lengths: np.ndarray, row: np.ndarray, offs
   return ids, segment_ids, positions
 
 
+def _next_fit(lengths: Sequence[np.ndarray], capacities: Sequence[int],
+              examples_per_row: int | None) -> tuple[np.ndarray, list[np.ndarray]]:
+  """seqio's packing order: greedy in order, an example joins the current row while each of its
+  sides fits that side's capacity (and the row holds fewer than `examples_per_row`, when given),
+  else it starts a new row. Loops over examples on Python ints.
+
+  Args:
+    lengths: per side, [n] int lengths, each at most its capacity.
+    capacities: per side, the row length.
+    examples_per_row: at most this many examples in a row; None: as many as fit.
+
+  Returns:
+    row [n] (ascending from 0) and, per side, offset [n]: the column where the example starts.
+  """
+  num_examples = len(lengths[0])
+  row = np.zeros(num_examples, np.int64)
+  offsets = [np.zeros(num_examples, np.int64) for _ in lengths]
+  current, used, in_row = -1, [0] * len(lengths), 0
+  row_full = examples_per_row or num_examples
+  for e, sizes in enumerate(zip(*(side.tolist() for side in lengths))):
+    if (current < 0 or in_row == row_full
+        or any(u + n > c for u, n, c in zip(used, sizes, capacities))):
+      current, used, in_row = current + 1, [0] * len(lengths), 0
+    row[e] = current
+    for offset, u in zip(offsets, used):
+      offset[e] = u
+    used, in_row = [u + n for u, n in zip(used, sizes)], in_row + 1
+  return row, offsets
+
+
 def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndarray,
                  target_lengths: np.ndarray, *, inputs_length: int,
                  targets_length: int, cut: np.ndarray | None = None,
@@ -605,19 +635,9 @@ def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndar
   """
   input_lengths = np.minimum(np.asarray(input_lengths, np.int64), inputs_length)
   target_lengths = np.minimum(np.asarray(target_lengths, np.int64), targets_length)
-  num_examples = len(input_lengths)
-  row = np.zeros(num_examples, np.int64)
-  input_offset = np.zeros(num_examples, np.int64)
-  target_offset = np.zeros(num_examples, np.int64)
-  current, used_inputs, used_targets, in_row = -1, 0, 0, 0
-  row_full = examples_per_row or num_examples
-  for e, (a, b) in enumerate(zip(input_lengths.tolist(), target_lengths.tolist())):
-    if (current < 0 or used_inputs + a > inputs_length or used_targets + b > targets_length
-        or in_row == row_full):
-      current, used_inputs, used_targets, in_row = current + 1, 0, 0, 0
-    row[e], input_offset[e], target_offset[e] = current, used_inputs, used_targets
-    used_inputs, used_targets, in_row = used_inputs + a, used_targets + b, in_row + 1
-  num_rows = current + 1
+  row, (input_offset, target_offset) = _next_fit((input_lengths, target_lengths),
+                                                 (inputs_length, targets_length), examples_per_row)
+  num_rows = int(row[-1]) + 1 if len(row) else 0
   input_ids, input_segment_ids, input_positions = _place_packed(
       inputs, input_lengths, row, input_offset, num_rows, inputs_length)
   target_ids, decoder_segment_ids, decoder_positions = _place_packed(
@@ -637,6 +657,71 @@ def pack_seq2seq(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndar
       decoder_segment_ids=decoder_segment_ids,
       decoder_positions=decoder_positions,
       decoder_loss_weights=(decoder_segment_ids > 0).astype(np.float32),
+  )
+
+
+def pack_decoder_only(inputs: np.ndarray, input_lengths: np.ndarray, targets: np.ndarray,
+                      target_lengths: np.ndarray, *, inputs_length: int, targets_length: int,
+                      loss_on_targets_only: bool = True, cut: np.ndarray | None = None,
+                      examples_per_row: int | None = None) -> dict[str, np.ndarray]:
+  """seqio's `PrefixLMFeatureConverter` (t5x's decoder-only and prefix-LM input): each example's
+  inputs (≤ inputs_length) and targets (≤ targets_length) concatenated into one sequence, the
+  sequences packed in order (`_next_fit`) into rows of inputs_length + targets_length.
+
+  Within a row the k-th example has segment id k and positions from 0; the decoder inputs are the
+  sequence shifted right within its segment (0 at each start). `decoder_causal_attention` is 1 on
+  the example's inputs and one position more (where the last input is read and the first target
+  predicted; mesh-tensorflow's rule): the bidirectional prefix of a prefix LM, ignored by a
+  decoder-only LM. The loss weights are 1 on the targets (`loss_on_targets_only`, seqio's
+  default), or on every token of the sequence.
+
+  Args:
+    inputs: [n, Li'] int ids, left-aligned; input_lengths: [n] int.
+    targets: [n, Lt'] int ids, left-aligned; target_lengths: [n] int (each ≥ 1, an EOS at least).
+    inputs_length, targets_length: Li, Lt; rows are Li + Lt long.
+    cut: [n] bool, the examples whose targets were cut short (optional).
+    examples_per_row: at most this many examples in a row (1 for cuDNN attention).
+
+  Returns:
+    decoder_target_ids, decoder_input_ids, decoder_segment_ids, decoder_positions,
+    decoder_causal_attention [rows, Li + Lt] int32; decoder_loss_weights [rows, Li + Lt]
+    float32; with `cut`, targets_cut [rows] int32.
+  """
+  input_lengths = np.minimum(np.asarray(input_lengths, np.int64), inputs_length)
+  target_lengths = np.minimum(np.asarray(target_lengths, np.int64), targets_length)
+  if np.any(target_lengths < 1):
+    raise ValueError("pack_decoder_only: an example has empty targets (seqio refuses them too); "
+                     "targets hold an EOS at least.")
+  n, length = len(input_lengths), inputs_length + targets_length
+  sequences = np.zeros((n, length), np.int32)
+  columns = np.arange(length)[None, :]
+  example, column = np.nonzero(columns < input_lengths[:, None])
+  sequences[example, column] = np.asarray(inputs)[example, column]
+  target_columns = columns - input_lengths[:, None]
+  in_targets = (target_columns >= 0) & (target_columns < target_lengths[:, None])
+  example, column = np.nonzero(in_targets)
+  sequences[example, column] = np.asarray(targets)[example, target_columns[example, column]]
+  lengths = input_lengths + target_lengths
+  row, (offset,) = _next_fit((lengths,), (length,), examples_per_row)
+  num_rows = int(row[-1]) + 1 if n else 0
+  ids, segment_ids, positions = _place_packed(sequences, lengths, row, offset, num_rows, length)
+  # Each position's inputs width, placed as the tokens are.
+  widths, _, _ = _place_packed(np.repeat(input_lengths[:, None], length, 1).astype(np.int32),
+                               lengths, row, offset, num_rows, length)
+  shifted = np.zeros_like(ids)
+  shifted[:, 1:] = ids[:, :-1]
+  real = segment_ids > 0
+  loss = real & (positions >= widths) if loss_on_targets_only else real
+  counted = {} if cut is None else dict(targets_cut=np.bincount(
+      row, weights=np.asarray(cut, np.float64), minlength=num_rows).astype(np.int32))
+  return dict(
+      **counted,
+      decoder_target_ids=ids,
+      decoder_input_ids=np.where(positions > 0, shifted, 0).astype(np.int32),
+      decoder_segment_ids=segment_ids,
+      decoder_positions=positions,
+      decoder_causal_attention=(real & (positions < widths + 1)).astype(np.int32),
+      decoder_loss_weights=loss.astype(np.float32),
   )
 
 

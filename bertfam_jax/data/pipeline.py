@@ -335,7 +335,7 @@ class Pipeline:
     if self._ordered:
       return examples
     order = self._rng(_EXAMPLE_ORDER, order_seed, shard, chunk_id).permutation(
-        len(examples["input_ids"]))
+        _num_rows(examples))
     return {key: value[order] for key, value in examples.items()}
 
   def __getstate__(self) -> dict:
@@ -397,7 +397,7 @@ class Pipeline:
     parts, num_pending = [], 0
     epoch_examples = 0 if (first_chunk, offset) == (0, 0) else None   # only for whole epochs
     for epoch, chunk, examples in self._chunks(shard, first_epoch, first_chunk):
-      num_examples = len(examples["input_ids"])
+      num_examples = _num_rows(examples)
       if epoch_examples is not None:
         epoch_examples += num_examples - offset
       while offset < num_examples:
@@ -541,3 +541,8 @@ def make_global_batch(local_batch: Batch, mesh: jax.sharding.Mesh,
   sharding = NamedSharding(mesh, batch_spec)
   return {key: jax.make_array_from_process_local_data(sharding, value)
           for key, value in local_batch.items()}
+
+
+def _num_rows(examples: dict[str, np.ndarray]) -> int:
+  """The examples (rows) in a chunk: every array's leading dimension."""
+  return len(next(iter(examples.values())))

@@ -20,7 +20,15 @@ Every row of the T5 objective comparison is configuration of one composition, th
   EOS        append_eos_after_trim to data.seq_len / objective.targets_length, then several
              examples packed per row (seqio trim_and_pack) with segment ids and positions.
 
-Loss: token cross-entropy over every non-pad target (sentinels and EOS included, as seqio's
+The architecture (`model.architecture`, models/t5.py) decides the last step, as t5x's feature
+converters do: encoder_decoder packs inputs and targets side by side (`EncDecFeatureConverter`,
+`packing.pack_seq2seq`); decoder_only and prefix_lm pack each example's inputs and targets
+concatenated into one sequence of data.seq_len + targets_length (`PrefixLMFeatureConverter`,
+`packing.pack_decoder_only`), the prefix LM attending bidirectionally over its inputs, the
+loss on the targets only (`objective.loss_on_targets_only`, seqio's default) or on the whole
+sequence (a plain language model's). So every objective trains every architecture from one config.
+
+Loss: token cross-entropy over every weighted target (sentinels and EOS included, as seqio's
 `decoder_loss_weights`), averaged over target tokens, plus t5x's z-loss (`z_loss`). Batch keys:
 objectives/__init__.py.
 """
@@ -58,6 +66,7 @@ FIELD_RULES = {
     "objective.poisson_lambda": config_lib.POSITIVE,
     "objective.mask_random": config_lib.PROBABILITY,
     "objective.z_loss": config_lib.AT_LEAST_0,
+    "objective.loss_on_targets_only": (True, False),
 }
 
 
@@ -77,10 +86,21 @@ def validate(config) -> None:
     raise ConfigError("Sentinel encodings need sentinel ids: set --config.tokenizer.extra_ids=100.")
 
 
+def decoder_only(config) -> bool:
+  """Whether the model is one decoder stack over inputs + targets (decoder_only, prefix_lm)."""
+  return config.model.get("architecture", "encoder_decoder") != "encoder_decoder"
+
+
 def init_inputs(config) -> dict[str, jax.ShapeDtypeStruct]:
-  """One row of encoder and decoder inputs, to trace `T5.init`."""
+  """One row of the model's inputs, to trace `T5.init`: encoder and decoder inputs, or the one
+  sequence of a decoder-only model."""
   inputs, targets = config.data.seq_len, config.objective.targets_length
   i32 = jnp.int32
+  if decoder_only(config):
+    row = jnp.ones((1, inputs + targets), i32)
+    prefix = dict(decoder_causal_attention=row) if config.model.architecture == "prefix_lm" else {}
+    return dict(input_ids=None, decoder_input_ids=row, input_segment_ids=None,
+                decoder_segment_ids=row, **prefix)
   return dict(input_ids=jnp.zeros((1, inputs), i32), decoder_input_ids=jnp.zeros((1, targets), i32),
               input_segment_ids=jnp.ones((1, inputs), i32),
               decoder_segment_ids=jnp.ones((1, targets), i32))
@@ -118,8 +138,10 @@ def describe(config) -> str:
 
 
 def flops_per_token(config) -> float:
-  return flops.t5_train_flops_per_input_token(config.model, config.data.seq_len,
-                                              config.objective.targets_length)
+  inputs, targets = config.data.seq_len, config.objective.targets_length
+  if decoder_only(config):
+    return flops.decoder_only_train_flops_per_input_token(config.model, inputs, targets)
+  return flops.t5_train_flops_per_input_token(config.model, inputs, targets)
 
 
 def make_features(config, tokenizer):
@@ -133,7 +155,8 @@ def make_features(config, tokenizer):
   examples_per_row = 1 if config.model.attention_impl == "cudnn" else None
   return functools.partial(t5_features, config=config.objective,
                            inputs_length=config.data.seq_len, eos_id=tokenizer.eos_id,
-                           examples_per_row=examples_per_row, **_noise_ids(tokenizer))
+                           examples_per_row=examples_per_row, decoder_only=decoder_only(config),
+                           **_noise_ids(tokenizer))
 
 
 def _noise_ids(tokenizer) -> dict:
@@ -217,9 +240,10 @@ def noise_segments(tokens, lengths, sentence_start, rng: np.random.Generator, *,
 def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: int,
                 sentinel_start: int, vocab_size: int, eos_id: int, mask_id: int,
                 word_start_table: np.ndarray, num_reserved_tokens: int = 3,
-                examples_per_row: int | None = None) -> dict:
+                examples_per_row: int | None = None, decoder_only: bool = False) -> dict:
   """Noises `packing.token_segments` output and packs the examples into rows (at most
-  `examples_per_row` each, when given).
+  `examples_per_row` each, when given): side by side for an encoder-decoder, concatenated for a
+  `decoder_only` model (the module docstring).
 
   Args:
     segments: tokens [n, T], lengths [n], sentence_start [n, T] from `packing.token_segments`.
@@ -228,7 +252,8 @@ def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: in
     inputs_length: data.seq_len.
 
   Returns:
-    The encoder-decoder batch of objectives/__init__.py, [rows, Li] and [rows, Lt].
+    The encoder-decoder batch of objectives/__init__.py, [rows, Li] and [rows, Lt]; or the
+    decoder-only batch, [rows, Li + Lt].
   """
   (inputs, input_lengths), (targets, target_lengths) = noise_segments(
       segments["tokens"], segments["lengths"], segments["sentence_start"], rng, config=config,
@@ -239,35 +264,56 @@ def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: in
   cut = np.asarray(target_lengths) + 1 > config.targets_length   # EOS included
   targets, target_lengths = t5_noise.append_eos_after_trim(targets, target_lengths,
                                                            config.targets_length, eos_id)
+  if decoder_only:
+    return packing.pack_decoder_only(
+        inputs, input_lengths, targets, target_lengths, inputs_length=inputs_length,
+        targets_length=config.targets_length, cut=cut, examples_per_row=examples_per_row,
+        loss_on_targets_only=config.get("loss_on_targets_only", True))
   return packing.pack_seq2seq(inputs, input_lengths, targets, target_lengths,
                               inputs_length=inputs_length, targets_length=config.targets_length,
                               cut=cut, examples_per_row=examples_per_row)
 
 
 def loss_fn(model, params, batch, rng, config, *, deterministic=False):
-  """Returns (mean target-token CE + z-loss, {metric: (sum, count)})."""
-  logits = model.apply(
-      params, batch["input_ids"], batch["decoder_input_ids"], batch["input_segment_ids"],
-      batch["decoder_segment_ids"], deterministic=deterministic, rngs={"dropout": rng})
+  """Returns (mean target-token CE + z-loss, {metric: (sum, count)}); an encoder-decoder batch
+  (it has input_ids) or a decoder-only one."""
+  if "input_ids" in batch:
+    logits = model.apply(
+        params, batch["input_ids"], batch["decoder_input_ids"], batch["input_segment_ids"],
+        batch["decoder_segment_ids"], deterministic=deterministic, rngs={"dropout": rng})
+  else:
+    prefix = ({"decoder_causal_attention": batch["decoder_causal_attention"]}
+              if config.model.architecture == "prefix_lm" else {})
+    logits = model.apply(params, None, batch["decoder_input_ids"], None,
+                         batch["decoder_segment_ids"], deterministic=deterministic,
+                         rngs={"dropout": rng}, **prefix)
   total, z_total, correct, count = losses.token_cross_entropy(
       logits, batch["decoder_target_ids"], batch["decoder_loss_weights"], config.objective.z_loss)
   metrics = {"t5_loss": (total - z_total, count), "t5_accuracy": (correct, count),
-             "z_loss": (z_total, count), **fill_metrics(batch)}
+             "z_loss": (z_total, count), **fill_metrics(batch, config)}
   return total / jnp.maximum(count, 1.0), metrics
 
 
-def fill_metrics(batch) -> dict:
+def fill_metrics(batch, config) -> dict:
   """What a row of the comparison saw, logged with every step: the share of input and target
   positions holding tokens (× length × batch × steps: the tokens seen), and the share of
   examples whose targets were cut at objective.targets_length (`targets_cut`, pre-training
-  batches only)."""
+  batches only). A decoder-only row's shares are of rows × data.seq_len input and rows ×
+  targets_length target positions, as an encoder-decoder's."""
   f32 = jnp.float32
-  input_tokens = batch["input_segment_ids"] > 0
-  metrics = {"input_fill": (jnp.sum(input_tokens.astype(f32)), f32(input_tokens.size)),
-             "target_fill": (jnp.sum(batch["decoder_loss_weights"]),
-                             f32(batch["decoder_loss_weights"].size))}
+  starts = (batch["decoder_positions"] == 0) & (batch["decoder_segment_ids"] > 0)
+  if "input_ids" in batch:
+    input_tokens = batch["input_segment_ids"] > 0
+    metrics = {"input_fill": (jnp.sum(input_tokens.astype(f32)), f32(input_tokens.size)),
+               "target_fill": (jnp.sum(batch["decoder_loss_weights"]),
+                               f32(batch["decoder_loss_weights"].size))}
+  else:   # the prefix mask holds the inputs and one target position per example
+    rows = batch["decoder_segment_ids"].shape[0]
+    tokens = jnp.sum((batch["decoder_segment_ids"] > 0).astype(f32))
+    inputs = jnp.sum(batch["decoder_causal_attention"].astype(f32)) - jnp.sum(starts.astype(f32))
+    metrics = {"input_fill": (inputs, f32(rows * config.data.seq_len)),
+               "target_fill": (tokens - inputs, f32(rows * config.objective.targets_length))}
   if "targets_cut" in batch:
-    starts = (batch["decoder_positions"] == 0) & (batch["decoder_segment_ids"] > 0)
     metrics["targets_cut"] = (jnp.sum(batch["targets_cut"].astype(f32)),
                               jnp.sum(starts.astype(f32)))
   return metrics

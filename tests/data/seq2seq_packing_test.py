@@ -145,3 +145,53 @@ def test_pack_seq2seq_examples_per_row():
   assert one["input_segment_ids"].max() == 1 and one["decoder_segment_ids"].max() == 1
   two = packing.pack_seq2seq(*args, inputs_length=6, targets_length=6, examples_per_row=2)
   assert two["input_segment_ids"].tolist() == [[1, 2, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
+
+
+def test_pack_decoder_only_is_seqio_prefix_lm_feature_converter():
+  """seqio's PrefixLMFeatureConverter docstring example, array for array (its loss weights are
+  those of loss_on_targets_only=False); with the default, the loss is on the targets only."""
+  inputs = np.array([[7, 8, 5, 1, 0], [8, 4, 9, 3, 1]])
+  targets = np.array([[3, 9, 1], [4, 1, 0]])
+  kwargs = dict(inputs_length=7, targets_length=8)
+  out = packing.pack_decoder_only(inputs, [4, 5], targets, [3, 2], loss_on_targets_only=False,
+                                  **kwargs)
+  expected = dict(
+      decoder_target_ids=[7, 8, 5, 1, 3, 9, 1, 8, 4, 9, 3, 1, 4, 1, 0],
+      decoder_input_ids=[0, 7, 8, 5, 1, 3, 9, 0, 8, 4, 9, 3, 1, 4, 0],
+      decoder_loss_weights=[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0],
+      decoder_positions=[0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0],
+      decoder_segment_ids=[1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 0],
+      decoder_causal_attention=[1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0])
+  assert {k: v.tolist() for k, v in out.items()} == {k: [v] for k, v in expected.items()}
+  out = packing.pack_decoder_only(inputs, [4, 5], targets, [3, 2], **kwargs)
+  assert out["decoder_loss_weights"].tolist() == [[0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0]]
+
+
+def test_pack_decoder_only_rows_hold_each_example_concatenated():
+  """Random examples of unique ids: each segment is its example's inputs then targets, rows are
+  filled in order while the concatenation fits, the prefix is the inputs plus one position."""
+  rng = np.random.default_rng(1)
+  n, inputs_length, targets_length = 40, 12, 6
+  input_lengths, target_lengths = rng.integers(0, 13, n), rng.integers(1, 7, n)
+  ids = np.arange(10, 10 + n * 18).reshape(n, 18)
+  inputs, targets = ids[:, :12], ids[:, 12:]
+  out = packing.pack_decoder_only(inputs, input_lengths, targets, target_lengths,
+                                  inputs_length=inputs_length, targets_length=targets_length,
+                                  cut=target_lengths == 6)
+  length = inputs_length + targets_length
+  expected_rows = reference_greedy_rows(input_lengths + target_lengths, [0] * n, length, 1)
+  assert len(out["decoder_target_ids"]) == len(expected_rows)
+  for row, examples in enumerate(expected_rows):
+    segments = out["decoder_segment_ids"][row]
+    for s, e in enumerate(examples, 1):
+      a = input_lengths[e]
+      sequence = out["decoder_target_ids"][row][segments == s]
+      assert sequence.tolist() == inputs[e, :a].tolist() + targets[e, :target_lengths[e]].tolist()
+      prefix = out["decoder_causal_attention"][row][segments == s]
+      assert prefix.tolist() == [1] * (a + 1) + [0] * (len(sequence) - a - 1)
+      loss = out["decoder_loss_weights"][row][segments == s]
+      assert loss.tolist() == [0] * a + [1] * target_lengths[e]
+      shifted = out["decoder_input_ids"][row][segments == s]
+      assert shifted.tolist() == [0] + sequence[:-1].tolist()
+    assert out["targets_cut"][row] == sum(target_lengths[e] == 6 for e in examples)
+  assert (out["decoder_causal_attention"][out["decoder_segment_ids"] == 0] == 0).all()
