@@ -134,7 +134,7 @@ def choice_features(tokenizer, examples: Sequence[dict], seq_len: int, layout: s
 # ----------------------------------------------------------------------------- token classification
 
 
-def _token_words(words: Sequence[str], offsets: np.ndarray) -> np.ndarray:
+def token_words(words: Sequence[str], offsets: np.ndarray) -> np.ndarray:
   """For each token of " ".join(words), the index of the word holding its last character, or -1
   for a token of no character (a bare '▁') or of whitespace only."""
   starts = np.cumsum([0] + [len(w) + 1 for w in words])[:-1]
@@ -175,7 +175,7 @@ def tagging_features(tokenizer, examples: Sequence[dict], seq_len: int) -> dict[
     kept = min(len(row_ids), seq_len - 2)
     ids_row = [tokenizer.cls_id, *row_ids[:kept], tokenizer.sep_id]
     _put(inputs, row, ids_row, len(ids_row))   # one segment
-    token_word = _token_words(example["words"], np.asarray(row_offsets).reshape(-1, 2))[:kept]
+    token_word = token_words(example["words"], np.asarray(row_offsets).reshape(-1, 2))[:kept]
     for token, word in enumerate(token_word):
       if word >= 0 and word_positions[row, word] < 0:
         word_positions[row, word] = token + 1   # after [CLS]

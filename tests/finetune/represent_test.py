@@ -1,0 +1,144 @@
+"""bertfam_jax.represent: per-token and per-word vectors of a run of every family. The vectors are
+the model's own hidden states (against a forward pass written here), a text's vectors do not
+depend on what it is batched with (padding, left for XLNet), word pooling equals a word-by-word
+loop, and the CLI writes its files or one line."""
+
+import os
+
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib as cl
+from bertfam_jax import represent
+from bertfam_jax import workdir as workdir_lib
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.models import encoder as encoder_lib
+from bertfam_jax.train import train
+from helpers import tiny
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEXTS = ["The dog barked at the postman yesterday .", "Hot dogs", "A bank of the river , and a "
+         "bank that lends money ; both are banks 1999 ."]
+
+
+def family_config(family: str):
+  """configs/<family>.py:runlocal, a 2-layer 32-wide model over 512 pieces, 2 steps."""
+  c = cl.load_config(os.path.join(_ROOT, "configs", f"{family}.py"), "runlocal")
+  c.data.update(seq_len=32, docs_per_chunk=16)
+  if family == "bert":
+    c.model = tiny.encoder(max_positions=64)
+    c.objective.max_predictions = 5
+  elif family == "xlnet":
+    c.model.update(hidden=32, heads=2, head_dim=16, mlp=64, layers=2, vocab_size=512,
+                   reuse_len=16, mem_len=16)
+    c.objective.update(num_predict=6, perm_size=16)
+  else:
+    c.model.update(hidden=32, heads=2, head_dim=16, mlp=64, layers=2, decoder_layers=2,
+                   vocab_size=532)
+    c.tokenizer.extra_ids = 20
+    c.objective.targets_length = 12
+  c.tokenizer.vocab_size = 512
+  c.optimizer.warmup_steps = 1
+  c.train.update(batch_size=8, total_steps=2, log_every=1, eval_batches=0, checkpoint_every=2)
+  return c
+
+
+@pytest.fixture(scope="module", params=["bert", "xlnet", "t5"])
+def run(request, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp(request.param))
+  train.run(family_config(request.param), workdir)
+  return request.param, workdir, represent.load(workdir)
+
+
+def test_a_text_is_represented_the_same_alone_or_batched_with_longer_ones(run):
+  _, _, r = run
+  together = represent.represent(r, TEXTS, unit="token", batch_size=3)
+  for text, vectors in zip(TEXTS, together):
+    alone, = represent.represent(r, [text], unit="token", max_tokens=48)
+    assert vectors.shape == alone.shape == (len(r.tokenizer.encode([" ".join(text.split())])[0]),
+                                            32)
+    np.testing.assert_allclose(vectors, alone, atol=2e-5)
+
+
+def test_word_pooling_equals_a_word_by_word_loop(run):
+  """SentencePiece pieces never cross a space, so a word's tokens are its own encoding's, less a
+  bare '▁' (a word start holding no character, which belongs to no word, as in tagging)."""
+  _, _, r = run
+  bare = r.tokenizer.piece_id("▁")
+  tokens = represent.represent(r, TEXTS, unit="token")
+  for pooling in represent.POOLINGS:
+    words = represent.represent(r, TEXTS, unit="word", pooling=pooling)
+    for text, token_vectors, word_vectors in zip(TEXTS, tokens, words):
+      start, expected = 0, []
+      for word in text.split():
+        ids = r.tokenizer.encode([word])[0]
+        own = np.flatnonzero(ids != bare) + start
+        mine = token_vectors[own]
+        start += len(ids)
+        expected.append(mine[0] if pooling == "first" else mine[-1] if pooling == "last"
+                        else mine.mean(axis=0))
+      assert start == len(token_vectors)
+      np.testing.assert_allclose(word_vectors, np.stack(expected), rtol=1e-6, atol=1e-6)
+
+
+def test_every_layer_equals_the_encoder_forward_pass(run):
+  family, workdir, r = run
+  if family != "bert":
+    assert r.num_states == 1   # XLNet's content stream and T5's encoder: the last layer
+    with pytest.raises(ConfigError, match="gives 1 hidden state"):
+      represent.represent(r, TEXTS, layers="0,1")
+    return
+  ids = [r.tokenizer.cls_id, *r.tokenizer.encode([TEXTS[0]])[0], r.tokenizer.sep_id]
+  inputs = np.asarray([ids], np.int32)
+  _, all_states = encoder_lib.Encoder(r.config.model).apply(
+      {"params": workdir_lib.restore_params(workdir)["encoder"]},
+      inputs, np.ones_like(inputs), np.zeros_like(inputs), deterministic=True,
+      return_all_layers=True)
+  expected = np.asarray(all_states)[:, 0, 1:-1].transpose(1, 0, 2)   # [tokens, 3, hidden]
+  got, = represent.represent(r, TEXTS[:1], unit="token", layers="all")
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  mean, = represent.represent(r, TEXTS[:1], unit="token", layers="0,-1", mix="mean")
+  np.testing.assert_allclose(mean, (expected[:, 0] + expected[:, 2]) / 2, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ConfigError, match="finetune.features=weighted_sum"):
+    represent.represent(r, TEXTS, layers="all", mix="learned")
+
+
+def test_the_cli_writes_vectors_and_rows_or_one_line(run, tmp_path, capsys):
+  family, workdir, _ = run
+  if family != "bert":
+    return
+  (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n\n")
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  argv = ["represent", f"--workdir={workdir}", f"--input={tmp_path / 'texts.txt'}",
+          f"--output={tmp_path / 'reps.npy'}", "--pooling=mean"]
+  flags.FLAGS(argv)
+  assert represent.main(argv) == 0
+  vectors = np.load(tmp_path / "reps.npy")
+  rows = (tmp_path / "reps.tsv").read_text().splitlines()
+  assert vectors.shape == (sum(len(t.split()) for t in TEXTS), 32) == (len(rows), 32)
+  assert rows[1] == "0\t1\tdog" and rows[-1].startswith("2\t")
+  flags.FLAGS(argv[:-1] + ["--layers=7"])
+  try:
+    assert represent.main(argv) == 2
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert capsys.readouterr().err.splitlines()[-1].startswith("error: layers='7': this model "
+                                                              "gives 3 hidden state(s)")
+
+
+def test_the_cli_names_each_token_row_by_its_text(run, tmp_path):
+  family, workdir, _ = run
+  if family != "t5":
+    return
+  (tmp_path / "texts.txt").write_text("Hot dogs\n")
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  argv = ["represent", f"--workdir={workdir}", f"--input={tmp_path / 'texts.txt'}",
+          f"--output={tmp_path / 'reps.npy'}", "--unit=token"]
+  flags.FLAGS(argv)
+  try:
+    assert represent.main(argv) == 0
+  finally:
+    flags.FLAGS.unparse_flags()
+  rows = [row.split("\t") for row in (tmp_path / "reps.tsv").read_text().splitlines()]
+  assert "".join(row[2] for row in rows) == "Hotdogs" and len(rows) == len(np.load(
+      tmp_path / "reps.npy"))
