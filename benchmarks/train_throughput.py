@@ -50,6 +50,7 @@ from ml_collections import config_flags
 from bertfam_jax import objectives
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax import flops as flops_lib
+from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import step as step_lib
 from bertfam_jax.train import train as train_lib
@@ -186,9 +187,22 @@ def batch_fn(config, batch_size: int):
 
 def _t5_batch_fn(config, batch_size: int):
   """The encoder-decoder batch of objectives/__init__.py: one example per row filling both
-  lengths (segment 1 everywhere), random ids, every target weighted."""
+  lengths (segment 1 everywhere), random ids, every target weighted; for a decoder-only model
+  (`model.architecture`) the same example concatenated into one row (`packing.
+  pack_decoder_only`'s keys), its inputs the prefix."""
   inputs, targets = config.data.seq_len, config.objective.targets_length
   vocab = config.model.vocab_size
+
+  def concatenated(rng):
+    length = inputs + targets
+    ids = jax.random.randint(rng, (batch_size, length), 5, vocab, jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
+    return dict(
+        decoder_target_ids=ids, decoder_input_ids=jnp.pad(ids[:, :-1], ((0, 0), (1, 0))),
+        decoder_segment_ids=jnp.ones((batch_size, length), jnp.int32),
+        decoder_positions=positions,
+        decoder_causal_attention=(positions <= inputs).astype(jnp.int32),
+        decoder_loss_weights=(positions >= inputs).astype(jnp.float32))
 
   def make(rng):
     input_rng, target_rng = jax.random.split(rng)
@@ -204,7 +218,7 @@ def _t5_batch_fn(config, batch_size: int):
         decoder_segment_ids=ones(targets), decoder_positions=positions(targets),
         decoder_loss_weights=jnp.ones((batch_size, targets), jnp.float32))
 
-  return make
+  return concatenated if t5_objective.decoder_only(config) else make
 
 
 def _xlnet_batch_fn(config, batch_size: int):

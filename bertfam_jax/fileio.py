@@ -3,11 +3,13 @@ URL (`gs://bucket/run`, `s3://…`, any scheme `etils.epath` knows) through `eti
 reaches Cloud Storage through gcsfs (the `[gcs]` extra). Orbax writes the checkpoints under the
 same path itself. Object stores have no rename and no append: `write_atomically` is one upload
 there (an object appears whole or not at all), and `train/metrics.py` writes metrics.jsonl in
-bounded parts instead of appending."""
+bounded parts instead of appending. A URL whose scheme has no filesystem package installed is a
+ConfigError naming the extra."""
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import glob as glob_lib
 import os
 import shutil
@@ -30,37 +32,63 @@ def is_absolute(path: str) -> bool:
 
 
 def absolute(path: str) -> str:
-  """A local path made absolute; a URL as it is."""
-  return str(path) if is_remote(path) else os.path.abspath(os.path.expanduser(path))
+  """A local path made absolute (`os.path.abspath`); a URL as it is."""
+  return str(path) if is_remote(path) else os.path.abspath(path)
+
+
+@contextlib.contextmanager
+def _package_named(path: str):
+  """Turns a missing filesystem package (gcsfs for gs://) into one line naming the extra."""
+  try:
+    yield
+  except ImportError as e:
+    raise errors.ConfigError(f"{path} needs a filesystem package for its scheme ({e}); for "
+                             f"gs:// install the [gcs] extra: pip install 'bertfam_jax[gcs]'."
+                             ) from None
 
 
 def exists(path: str) -> bool:
-  return epath.Path(path).exists() if is_remote(path) else os.path.exists(path)
+  if not is_remote(path):
+    return os.path.exists(path)
+  with _package_named(path):
+    return epath.Path(path).exists()
 
 
 def isdir(path: str) -> bool:
-  return epath.Path(path).is_dir() if is_remote(path) else os.path.isdir(path)
+  if not is_remote(path):
+    return os.path.isdir(path)
+  with _package_named(path):
+    return epath.Path(path).is_dir()
 
 
 def isfile(path: str) -> bool:
-  return epath.Path(path).is_file() if is_remote(path) else os.path.isfile(path)
+  if not is_remote(path):
+    return os.path.isfile(path)
+  with _package_named(path):
+    return epath.Path(path).is_file()
 
 
 def listdir(path: str) -> list[str]:
   """The names in a directory (a URL's prefix), sorted."""
-  if is_remote(path):
+  if not is_remote(path):
+    return sorted(os.listdir(path))
+  with _package_named(path):
     return sorted(p.name for p in epath.Path(path).iterdir())
-  return sorted(os.listdir(path))
 
 
 def glob(pattern: str) -> list[str]:
-  """Paths matching a shell pattern, sorted; `~` expanded locally."""
+  """Paths matching a shell pattern, sorted ([] when nothing, not even the bucket, exists); `~`
+  expanded locally."""
   if not is_remote(pattern):
     return sorted(glob_lib.glob(os.path.expanduser(pattern)))
   scheme, rest = str(pattern).split("://", 1)
   bucket, _, within = rest.partition("/")
   root = epath.Path(f"{scheme}://{bucket}")
-  return sorted(str(p) for p in root.glob(within)) if within else [str(root)]
+  with _package_named(pattern):
+    try:
+      return sorted(str(p) for p in root.glob(within)) if within else [str(root)]
+    except FileNotFoundError:
+      return []
 
 
 def makedirs(path: str) -> None:
@@ -70,13 +98,15 @@ def makedirs(path: str) -> None:
 
 
 def open(path: str, mode: str = "r", encoding: str | None = None) -> IO:  # pylint: disable=redefined-builtin
-  """A file object; on a URL, text or binary reads and whole writes ('w', 'wb'), never 'a'."""
+  """A file object; on a URL, reads and whole writes ('w', 'wb'), never appends."""
   if not is_remote(path):
     return builtins.open(path, mode, encoding=encoding)
   if "a" in mode or "+" in mode:
     raise ValueError(f"{path}: mode {mode!r} is not available on an object store")
-  return epath.Path(path).open(mode, encoding=encoding) if "b" not in mode else (
-      epath.Path(path).open(mode))
+  with _package_named(path):
+    if "b" in mode:
+      return epath.Path(path).open(mode)
+    return epath.Path(path).open(mode, encoding=encoding)
 
 
 def read_bytes(path: str) -> bytes:
@@ -90,19 +120,22 @@ def read_text(path: str) -> str:
 
 
 def remove(path: str) -> None:
-  if is_remote(path):
-    epath.Path(path).unlink()
-  else:
+  if not is_remote(path):
     os.remove(path)
+    return
+  with _package_named(path):
+    epath.Path(path).unlink()
 
 
-def rmtree(path: str) -> None:
-  """Removes a directory and everything under it, if it exists."""
-  if is_remote(path):
+def rmtree(path: str, ignore_errors: bool = True) -> None:
+  """Removes a directory and everything under it; with `ignore_errors` (locally), also when it
+  does not exist or a file cannot be removed."""
+  if not is_remote(path):
+    shutil.rmtree(path, ignore_errors=ignore_errors)
+    return
+  with _package_named(path):
     if epath.Path(path).exists():
       epath.Path(path).rmtree()
-  else:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -110,7 +143,8 @@ def write_atomically(path: str, data: bytes) -> None:
   (several hosts) are harmless: locally a temp file in the target directory renamed into place;
   on an object store a single upload, which is atomic there."""
   if is_remote(path):
-    epath.Path(path).write_bytes(data)
+    with _package_named(path):
+      epath.Path(path).write_bytes(data)
     return
   directory = os.path.dirname(path) or "."
   os.makedirs(directory, exist_ok=True)

@@ -155,8 +155,9 @@ def _mix_weights(mix: str, chosen: list[int], representer: Representer) -> np.nd
     raise ConfigError(f"mix='learned' needs the scalar mix of a run fine-tuned with "
                       f"finetune.features=weighted_sum; {representer.path} has none. Use "
                       f"mix='mean' (ELMo's fixed mix) or pick layers.")
-  if len(chosen) != representer.num_states:
-    raise ConfigError("mix='learned' mixes every layer as it was trained; pass layers='all'.")
+  if chosen != list(range(representer.num_states)):
+    raise ConfigError("mix='learned' mixes every layer, in order, as it was trained; pass "
+                      "layers='all'.")
   weights = np.asarray(mixed["weights"], np.float32)
   weights = np.exp(weights - weights.max())
   return float(np.asarray(mixed["gamma"])) * weights / weights.sum()
@@ -185,7 +186,7 @@ def represent(source: str | Representer, texts: Sequence[str], *, unit: str = "w
                       f"or 0 for all of them.")
   word_lists = [text.split() for text in texts]
   ids, offsets = r.tokenizer.encode_with_offsets([" ".join(w) for w in word_lists])
-  out, cut_words = [], 0
+  out, cut = [], 0
   for first in range(0, len(texts), batch_size):
     batch = range(first, min(first + batch_size, len(texts)))
     kept = [ids[i][:length - 2] for i in batch]
@@ -196,20 +197,24 @@ def represent(source: str | Representer, texts: Sequence[str], *, unit: str = "w
     for row, i in enumerate(batch):
       tokens = states[row, starts[row]:starts[row] + len(kept[row])]
       if unit == "token":
+        cut += len(ids[i]) - len(kept[row])
         out.append(tokens)
         continue
       token_word = features.token_words(word_lists[i], np.asarray(offsets[i]).reshape(-1, 2))
       vectors = pool_words(tokens, token_word[:len(kept[row])], len(word_lists[i]), pooling)
-      cut_words += int(np.isnan(vectors.reshape(len(vectors), -1)[:, 0]).sum())
+      cut += int(np.isnan(vectors).any(axis=tuple(range(1, vectors.ndim))).sum())
       out.append(vectors)
     if progress:
       print(f"\rrepresent: {batch[-1] + 1}/{len(texts)} texts", end="", file=sys.stderr,
             flush=True)
   if progress:
     print(file=sys.stderr)
-  if cut_words:
+  if cut and unit == "word":
     logging.warning("%d word(s) lie past max_tokens=%d tokens (or hold no character a token "
-                    "covers): their vectors are NaN.", cut_words, length)
+                    "covers): their vectors are NaN.", cut, length)
+  elif cut:
+    logging.warning("%d token(s) lie past max_tokens=%d tokens: they have no vectors.", cut,
+                    length)
   return out
 
 
@@ -228,34 +233,39 @@ def pool_words(tokens: np.ndarray, token_word: np.ndarray, num_words: int,
 
 # ------------------------------------------------------------------------------------------ CLI
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "a workdir of ours or a transformers directory")
-_INPUT = flags.DEFINE_string("input", None, "UTF-8 text, one text per line (empty lines skipped)")
-_OUTPUT = flags.DEFINE_string("output", None, "the .npy of vectors; a .tsv beside it names rows")
-_UNIT = flags.DEFINE_enum("unit", "word", UNITS, "word or token vectors")
-_POOLING = flags.DEFINE_enum("pooling", "first", POOLINGS, "a word's tokens → its vector")
-_LAYERS = flags.DEFINE_string("layers", "last", "last | all | comma-separated indices")
-_MIX = flags.DEFINE_enum("mix", "none", MIXES, "how several layers combine")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "texts per forward pass")
-_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 0, "row length; 0 = the model's positions")
+def define_flags() -> None:
+  """The CLI's flags (defined when run as a program: other CLIs' modules name theirs alike)."""
+  flags.DEFINE_string("workdir", None, "a workdir of ours or a transformers directory")
+  flags.DEFINE_string("input", None, "UTF-8 text, one text per line (empty lines skipped)")
+  flags.DEFINE_string("output", None, "the .npy of vectors; a .tsv beside it names the rows")
+  flags.DEFINE_enum("unit", "word", UNITS, "word or token vectors")
+  flags.DEFINE_enum("pooling", "first", POOLINGS, "a word's tokens → its vector")
+  flags.DEFINE_string("layers", "last", "last | all | comma-separated indices")
+  flags.DEFINE_enum("mix", "none", MIXES, "how several layers combine")
+  flags.DEFINE_integer("batch_size", 32, "texts per forward pass")
+  flags.DEFINE_integer("max_tokens", 0, "row length; 0 = the model's positions")
 
 
 def main(argv: Sequence[str]) -> int:
   del argv
+  f = flags.FLAGS
   try:
-    for name, value in (("workdir", _WORKDIR.value), ("input", _INPUT.value),
-                        ("output", _OUTPUT.value)):
-      if not value:
+    for name in ("workdir", "input", "output"):
+      if not f[name].value:
         raise ConfigError(f"--{name} is required.")
-    if not fileio.exists(_INPUT.value):
-      raise ConfigError(f"--input={_INPUT.value} does not exist; pass a text file, one text per "
+    if not fileio.isfile(f.input):
+      raise ConfigError(f"--input={f.input} is not a file; pass a UTF-8 text file, one text per "
                         f"line.")
-    texts = [line for line in fileio.read_text(_INPUT.value).splitlines() if line.strip()]
-    r = load(_WORKDIR.value)
-    vectors = represent(r, texts, unit=_UNIT.value, pooling=_POOLING.value,
-                        layers=_LAYERS.value, mix=_MIX.value, batch_size=_BATCH.value,
-                        max_tokens=_MAX_TOKENS.value, progress=True)
-    stem = os.path.splitext(_OUTPUT.value)[0]
-    _write(stem, texts, vectors, r.tokenizer if _UNIT.value == "token" else None)
+    try:
+      texts = [line for line in fileio.read_text(f.input).splitlines() if line.strip()]
+    except UnicodeDecodeError as e:
+      raise ConfigError(f"--input={f.input} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                        f"pass a UTF-8 text file, one text per line.") from None
+    r = load(f.workdir)
+    vectors = represent(r, texts, unit=f.unit, pooling=f.pooling, layers=f.layers, mix=f.mix,
+                        batch_size=f.batch_size, max_tokens=f.max_tokens, progress=True)
+    _write(os.path.splitext(f.output)[0], texts, vectors,
+           r.tokenizer if f.unit == "token" else None)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -276,6 +286,7 @@ def _write(stem: str, texts: Sequence[str], vectors: list[np.ndarray], tokenizer
     rows += [f"{t}\t{u}\t{units[u]}" for u in range(len(v))]
   stacked = np.concatenate(vectors) if vectors else np.zeros((0,), np.float32)
   try:
+    fileio.makedirs(os.path.dirname(stem) or ".")
     with fileio.open(stem + ".npy", "wb") as f:
       np.save(f, stacked)
     fileio.write_atomically(stem + ".tsv", "".join(row + "\n" for row in rows).encode("utf-8"))
@@ -287,4 +298,5 @@ def _write(stem: str, texts: Sequence[str], vectors: list[np.ndarray], tokenizer
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

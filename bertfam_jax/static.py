@@ -165,18 +165,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   return results
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/static.py[:method=...]",
-                                          lock_config=False)
-_WORKDIR = flags.DEFINE_string("workdir", None, "where the vectors and their evaluation go")
+def define_flags() -> None:
+  """The CLI's flags (defined when run as a program: other CLIs' modules name theirs alike)."""
+  config_flags.DEFINE_config_file("config", None, "configs/static.py[:method=...]",
+                                  lock_config=False)
+  flags.DEFINE_string("workdir", None, "where the vectors and their evaluation go")
 
 
 def main(argv: Sequence[str]) -> int:
   del argv
   try:
-    if not _WORKDIR.value:
+    if not flags.FLAGS.workdir:
       raise ConfigError("--workdir is required.")
-    config_lib.check_fields(_CONFIG.value, FIELD_RULES)
-    results = run(_CONFIG.value, _WORKDIR.value)
+    config_lib.check_fields(flags.FLAGS.config, FIELD_RULES)
+    results = run(flags.FLAGS.config, flags.FLAGS.workdir)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -186,4 +188,5 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -9,12 +9,12 @@ cost out of the first training step; `--output` also copies the model to a path 
 (then pass it as --config.tokenizer.model_path).
 """
 
-import shutil
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
+from bertfam_jax import fileio
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import sources, tokenizers
 
@@ -33,7 +33,7 @@ def main(argv):
     sys.exit(2)
   path = config.tokenizer.model_path or tokenizers.cache_path(config)
   if _OUTPUT.value:
-    shutil.copyfile(path, _OUTPUT.value)
+    fileio.write_atomically(_OUTPUT.value, fileio.read_bytes(path))
     path = _OUTPUT.value
   print(f"{tokenizer.vocab_size}-piece SentencePiece model: {path}")
 

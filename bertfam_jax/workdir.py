@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import tempfile
 from typing import Any
 
@@ -76,13 +77,14 @@ def check_writable(workdir: str) -> None:
 def _check_remote_writable(workdir: str) -> None:
   """An object-store --workdir: a probe object written and removed at once, so that a missing
   bucket or missing credentials is one line before anything runs."""
-  probe = os.path.join(workdir, ".bertfam_write_probe")
+  # One name per process and call: every process of a pod probes at once.
+  probe = os.path.join(workdir, f".bertfam_write_probe_{jax.process_index()}_"
+                                f"{secrets.token_hex(4)}")
   try:
     fileio.write_atomically(probe, b"")
     fileio.remove(probe)
-  except ImportError as e:
-    raise ConfigError(f"--workdir={workdir} needs a filesystem package for its scheme ({e}); "
-                      f"for gs:// install the [gcs] extra: pip install 'bertfam_jax[gcs]'.") from None
+  except ConfigError:
+    raise
   except Exception as e:  # pylint: disable=broad-except  (each store raises its own errors)
     raise ConfigError(f"--workdir={workdir} cannot be written ({type(e).__name__}: "
                       f"{str(e).splitlines()[0] if str(e) else ''}); check the bucket and your "
@@ -198,7 +200,7 @@ def _write_record(workdir: str, config, tokenizer, data: dict | None, fresh: boo
     for stale in (TOKENIZER_MODEL, TOKENIZER_DIR):
       stale = os.path.join(workdir, stale)
       if fileio.isdir(stale):
-        fileio.rmtree(stale)
+        fileio.rmtree(stale, ignore_errors=False)
       elif fileio.exists(stale):
         fileio.remove(stale)
     for name, content in files.items():

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import os
+import posixpath
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -227,7 +229,13 @@ def _weight_files(path: str) -> tuple[str, list[str]]:
 
 def _inside(directory: str, name: str, named_in: str) -> str:
   """`directory`/`name`, refused unless it resolves inside `directory` (an absolute or `../`
-  name, or a symlink out of it, would read a file elsewhere)."""
+  name, or a symlink out of it, would read a file elsewhere). A URL has no links: its names
+  are checked as paths."""
+  if fileio.is_remote(directory):
+    if posixpath.isabs(name) or ".." in posixpath.normpath(name).split("/"):
+      raise ConfigError(f"{named_in} names the weights file {name!r}, outside {directory}; a "
+                        f"checkpoint's files must lie in its directory.")
+    return posixpath.join(directory, posixpath.normpath(name))
   root = os.path.realpath(directory)
   path = os.path.realpath(os.path.join(directory, name))
   if os.path.commonpath([root, path]) != root:
@@ -244,7 +252,8 @@ def _read_torch(file: str) -> dict[str, np.ndarray]:
     raise ConfigError(f"{file} is a PyTorch pickle, which needs torch: pip install torch, or "
                       f"convert the checkpoint to {SAFETENSORS} (transformers' save_pretrained "
                       f"writes it).") from e
-  state = torch.load(file, map_location="cpu", weights_only=True)
+  state = torch.load(io.BytesIO(fileio.read_bytes(file)) if fileio.is_remote(file) else file,
+                     map_location="cpu", weights_only=True)
   return {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
 
 
@@ -254,8 +263,12 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   kind, files = _weight_files(path)
   state_dict = {}
   for file in files:
-    state_dict.update(safetensors_numpy.load_file(file) if kind == SAFETENSORS
-                      else _read_torch(file))
+    if kind != SAFETENSORS:
+      state_dict.update(_read_torch(file))
+    elif fileio.is_remote(file):
+      state_dict.update(safetensors_numpy.load(fileio.read_bytes(file)))
+    else:
+      state_dict.update(safetensors_numpy.load_file(file))
   return {_modern_name(k): (v.astype(np.float32) if v.dtype.kind == "f" else v)
           for k, v in state_dict.items()}
 
@@ -407,8 +420,12 @@ def _write(path: str, hf_config: dict, state_dict: dict, tokenizer) -> None:
   fileio.makedirs(path)
   with fileio.open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
-  fileio.write_atomically(os.path.join(path, SAFETENSORS),
-                          safetensors_numpy.save(state_dict, metadata={"format": "pt"}))
+  if fileio.is_remote(path):   # one upload; locally written as it is made
+    fileio.write_atomically(os.path.join(path, SAFETENSORS),
+                            safetensors_numpy.save(state_dict, metadata={"format": "pt"}))
+  else:
+    safetensors_numpy.save_file(state_dict, os.path.join(path, SAFETENSORS),
+                                metadata={"format": "pt"})
   if tokenizer is not None:
     tokenizer.save(path)
 

@@ -58,6 +58,12 @@ examples packed per row, segment ids 1..k, 0 = padding):
   decoder_loss_weights [n, Lt] float32 1.0 on every real target token
   targets_cut          [n] int32   the row's examples whose targets were cut at Lt (logged as
                                    the share `targets_cut`)
+  A decoder-only or prefix-LM model (`model.architecture`) gets each example's inputs and targets
+  concatenated instead (packing.pack_decoder_only, seqio's PrefixLMFeatureConverter), rows of
+  L = Li + Lt: decoder_target_ids, decoder_input_ids, decoder_segment_ids, decoder_positions
+  [n, L] int32; decoder_causal_attention [n, L] int32 1 on the inputs and one position more (the
+  prefix LM's bidirectional part); decoder_loss_weights [n, L] float32 on the targets (or every
+  token: objective.loss_on_targets_only=False); targets_cut as above.
 XLNet (objectives/xlnet.py; `P` = objective.num_predict; rows are consecutive windows of parallel
 streams, so the batch's row r continues row r of the previous batch):
   input_ids, segment_ids (0 R / A / first <sep>, 1 B / second <sep>, 2 <cls>), input_mask [n, L]

@@ -15,6 +15,7 @@ import os
 import secrets
 import sys
 import tempfile
+import time
 from typing import Any, Protocol
 
 import jax
@@ -32,25 +33,32 @@ class Writer(Protocol):
   def close(self) -> None: ...
 
 
+PART_RECORDS = 1000       # records per part of metrics.jsonl in an object store (JsonlWriter)
+UPLOAD_SECONDS = 2.0      # at most one upload of the open part per this many seconds
+
+
 class JsonlWriter:
   """WORKDIR/metrics.jsonl, one JSON object per logged step; a disk that is full is one line.
 
   An object store has no append: there the records of this start go to parts,
-  metrics.jsonl.part-00000, -00001, … beside it, each rewritten whole (one upload) at every record
-  and closed after PART_RECORDS records, so a write costs at most that many lines; `read_records`
-  reads the file and its parts in order, and the next start folds them into metrics.jsonl."""
+  metrics.jsonl.part-00000, -00001, … beside it, each rewritten whole (one upload) and closed
+  after PART_RECORDS records, so an upload costs at most that many lines. The open part is
+  uploaded at most every UPLOAD_SECONDS (GCS takes about one write per second per object), at a
+  part's end and at `close`: a crash loses at most that much of the log, and those steps ran after
+  the last checkpoint in all but that window. `read_lines` reads the file and its parts in order;
+  the next start folds them into metrics.jsonl."""
 
   def __init__(self, path: str):
     self.path = path
-    self._part, self._lines = 0, []
+    self._part, self._lines, self._uploaded, self._dirty = 0, [], 0.0, False
 
   def write(self, step: int, record: dict[str, float | None]) -> None:
     line = json.dumps({"step": step, **record}) + "\n"
     if fileio.is_remote(self.path):
       self._lines.append(line)
-      fileio.write_atomically(_part_path(self.path, self._part), "".join(self._lines).encode())
-      if len(self._lines) == PART_RECORDS:
-        self._part, self._lines = self._part + 1, []
+      self._dirty = True
+      if len(self._lines) == PART_RECORDS or time.time() - self._uploaded >= UPLOAD_SECONDS:
+        self._upload()
       return
     try:
       with open(self.path, "a") as f:
@@ -60,11 +68,15 @@ class JsonlWriter:
         raise
       raise errors.no_space_error(e, os.path.dirname(self.path), self.path) from e
 
+  def _upload(self) -> None:
+    fileio.write_atomically(_part_path(self.path, self._part), "".join(self._lines).encode())
+    self._uploaded, self._dirty = time.time(), False
+    if len(self._lines) == PART_RECORDS:
+      self._part, self._lines = self._part + 1, []
+
   def close(self) -> None:
-    pass
-
-
-PART_RECORDS = 1000   # records per part of metrics.jsonl in an object store (JsonlWriter)
+    if self._dirty:
+      self._upload()
 
 
 def _part_path(path: str, part: int) -> str:
@@ -72,21 +84,34 @@ def _part_path(path: str, part: int) -> str:
 
 
 def _parts(path: str) -> list[str]:
-  """The parts of `path` in an object store, in order (none locally)."""
-  if not fileio.is_remote(path) or not fileio.isdir(os.path.dirname(path)):
+  """The parts of `path` (`JsonlWriter`; a workdir copied from an object store has them
+  locally too), in order."""
+  directory, prefix = os.path.dirname(path), os.path.basename(path) + ".part-"
+  if not fileio.isdir(directory):
     return []
-  prefix = os.path.basename(path) + ".part-"
-  return [os.path.join(os.path.dirname(path), name)
-          for name in fileio.listdir(os.path.dirname(path)) if name.startswith(prefix)]
+  numbered = [(int(name[len(prefix):]), name) for name in fileio.listdir(directory)
+              if name.startswith(prefix) and name[len(prefix):].isdigit()]
+  return [os.path.join(directory, name) for _, name in sorted(numbered)]
 
 
 def read_lines(path: str) -> list[str]:
-  """The lines of metrics.jsonl at `path` and of its parts (`JsonlWriter`), in order."""
-  lines = []
-  for name in ([path] if fileio.exists(path) else []) + _parts(path):
-    with fileio.open(name) as f:
-      lines += f.read().splitlines(keepends=True)
+  """The lines of metrics.jsonl at `path`, then those of its parts (`JsonlWriter`) logged after
+  its last step: a start that died between folding the parts into the file and removing them
+  left them behind, and they must not count twice."""
+  lines = fileio.read_text(path).splitlines(keepends=True) if fileio.exists(path) else []
+  last = max((_step(line) for line in lines), default=-1)
+  for part in _parts(path):
+    lines += [line for line in fileio.read_text(part).splitlines(keepends=True)
+              if _step(line) > last]
   return lines
+
+
+def _step(line: str) -> int:
+  """The step of a metrics.jsonl line; -1 for one that is not a whole record."""
+  try:
+    return int(json.loads(line)["step"])
+  except (ValueError, KeyError, TypeError):
+    return -1
 
 
 def read_records(workdir: str) -> list[dict]:
@@ -228,15 +253,15 @@ def _truncate_after(path: str, step: int) -> None:
       continue
     if record["step"] <= step:
       kept.append(line if line.endswith("\n") else line + "\n")
-  if fileio.is_remote(path):   # the parts folded into metrics.jsonl, then removed
+  if fileio.is_remote(path):
     fileio.write_atomically(path, "".join(kept).encode())
-    for part in parts:
-      fileio.remove(part)
-    return
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.writelines(kept)
-  os.replace(tmp, path)
+  else:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      f.writelines(kept)
+    os.replace(tmp, path)
+  for part in parts:   # folded into metrics.jsonl (`read_lines` skips them should this stop here)
+    fileio.remove(part)
 
 
 def format_duration(seconds: float) -> str:

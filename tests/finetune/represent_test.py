@@ -4,6 +4,8 @@ depend on what it is batched with (padding, left for XLNet), word pooling equals
 loop, and the CLI writes its files or one line."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ from bertfam_jax import represent
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import encoder as encoder_lib
+from bertfam_jax.models import finetune as finetune_models
+from bertfam_jax.models import t5 as t5_model
 from bertfam_jax.train import train
 from helpers import tiny
 
@@ -43,11 +47,36 @@ def family_config(family: str):
   return c
 
 
+_RUNS = {}
+
+
+def trained(family: str, tmp_path_factory):
+  """(family, workdir, Representer) of a 2-step run of `family`, once per module."""
+  if family not in _RUNS:
+    workdir = str(tmp_path_factory.mktemp(family))
+    train.run(family_config(family), workdir)
+    _RUNS[family] = (family, workdir, represent.load(workdir))
+  return _RUNS[family]
+
+
 @pytest.fixture(scope="module", params=["bert", "xlnet", "t5"])
 def run(request, tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp(request.param))
-  train.run(family_config(request.param), workdir)
-  return request.param, workdir, represent.load(workdir)
+  return trained(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["xlnet", "t5"])
+def last_layer_run(request, tmp_path_factory):
+  return trained(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory):
+  return trained("bert", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def t5_run(tmp_path_factory):
+  return trained("t5", tmp_path_factory)
 
 
 def test_a_text_is_represented_the_same_alone_or_batched_with_longer_ones(run):
@@ -58,6 +87,12 @@ def test_a_text_is_represented_the_same_alone_or_batched_with_longer_ones(run):
     assert vectors.shape == alone.shape == (len(r.tokenizer.encode([" ".join(text.split())])[0]),
                                             32)
     np.testing.assert_allclose(vectors, alone, atol=2e-5)
+
+
+def test_a_text_without_words_has_no_vectors(run):
+  _, _, r = run
+  empty, words = represent.represent(r, ["", "two words"], unit="word")
+  assert empty.shape == (0, 32) and words.shape == (2, 32) and np.isfinite(words).all()
 
 
 def test_word_pooling_equals_a_word_by_word_loop(run):
@@ -81,13 +116,31 @@ def test_word_pooling_equals_a_word_by_word_loop(run):
       np.testing.assert_allclose(word_vectors, np.stack(expected), rtol=1e-6, atol=1e-6)
 
 
-def test_every_layer_equals_the_encoder_forward_pass(run):
-  family, workdir, r = run
-  if family != "bert":
-    assert r.num_states == 1   # XLNet's content stream and T5's encoder: the last layer
-    with pytest.raises(ConfigError, match="gives 1 hidden state"):
-      represent.represent(r, TEXTS, layers="0,1")
-    return
+def test_the_last_layer_equals_the_network_on_an_unpadded_row(last_layer_run):
+  """XLNet: the text, <sep>, <cls> (segments 0, 0, 2) with no left padding; T5: the text and
+  EOS; against `represent`'s rows of 64 (padded), from the first token on."""
+  family, workdir, r = last_layer_run
+  assert r.num_states == 1   # XLNet's content stream and T5's encoder: the last layer
+  with pytest.raises(ConfigError, match="gives 1 hidden state"):
+    represent.represent(r, TEXTS, layers="0,1")
+  t, params = r.tokenizer, workdir_lib.restore_params(workdir)
+  ids = [int(i) for i in t.encode([TEXTS[0]])[0]]
+  if family == "xlnet":
+    row = np.asarray([ids + [t.sep_id, t.cls_id]], np.int32)
+    segments = np.asarray([[0] * (len(ids) + 1) + [2]], np.int32)
+    tree = {k: v for k, v in params.items() if k != "lm_loss"}
+    expected = finetune_models.XLNetContent(r.config.model).apply(
+        {"params": tree}, row, np.ones_like(row), segments, deterministic=True)
+  else:
+    row = np.asarray([ids + [t.eos_id]], np.int32)
+    expected = t5_model.T5(r.config.model).apply({"params": params}, row, np.ones_like(row),
+                                                 deterministic=True, method=t5_model.T5.encode)
+  got, = represent.represent(r, TEXTS[:1], unit="token", max_tokens=64)
+  np.testing.assert_allclose(got, np.asarray(expected)[0, :len(ids)], rtol=2e-5, atol=2e-5)
+
+
+def test_every_layer_equals_the_encoder_forward_pass(bert_run):
+  _, workdir, r = bert_run
   ids = [r.tokenizer.cls_id, *r.tokenizer.encode([TEXTS[0]])[0], r.tokenizer.sep_id]
   inputs = np.asarray([ids], np.int32)
   _, all_states = encoder_lib.Encoder(r.config.model).apply(
@@ -103,42 +156,37 @@ def test_every_layer_equals_the_encoder_forward_pass(run):
     represent.represent(r, TEXTS, layers="all", mix="learned")
 
 
-def test_the_cli_writes_vectors_and_rows_or_one_line(run, tmp_path, capsys):
-  family, workdir, _ = run
-  if family != "bert":
-    return
+def cli(*args):
+  return subprocess.run([sys.executable, "-m", "bertfam_jax.represent", *args], cwd=_ROOT,
+                        capture_output=True, text=True, check=False)
+
+
+def test_the_cli_writes_vectors_and_rows_or_one_line(bert_run, tmp_path):
+  _, workdir, r = bert_run
   (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n\n")
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  argv = ["represent", f"--workdir={workdir}", f"--input={tmp_path / 'texts.txt'}",
-          f"--output={tmp_path / 'reps.npy'}", "--pooling=mean"]
-  flags.FLAGS(argv)
-  assert represent.main(argv) == 0
-  vectors = np.load(tmp_path / "reps.npy")
-  rows = (tmp_path / "reps.tsv").read_text().splitlines()
+  args = [f"--workdir={workdir}", f"--input={tmp_path / 'texts.txt'}",
+          f"--output={tmp_path / 'out' / 'reps.npy'}", "--pooling=mean"]
+  done = cli(*args)
+  assert done.returncode == 0, done.stderr
+  vectors = np.load(tmp_path / "out" / "reps.npy")
+  rows = (tmp_path / "out" / "reps.tsv").read_text().splitlines()
   assert vectors.shape == (sum(len(t.split()) for t in TEXTS), 32) == (len(rows), 32)
   assert rows[1] == "0\t1\tdog" and rows[-1].startswith("2\t")
-  flags.FLAGS(argv[:-1] + ["--layers=7"])
-  try:
-    assert represent.main(argv) == 2
-  finally:
-    flags.FLAGS.unparse_flags()
-  assert capsys.readouterr().err.splitlines()[-1].startswith("error: layers='7': this model "
-                                                              "gives 3 hidden state(s)")
+  np.testing.assert_allclose(vectors, np.concatenate(represent.represent(r, TEXTS,
+                                                                         pooling="mean")),
+                             rtol=1e-5, atol=1e-6)
+  for bad, message in (("--layers=7", "error: layers='7': this model gives 3 hidden state(s)"),
+                       (f"--input={tmp_path}", f"error: --input={tmp_path} is not a file")):
+    done = cli(*args, bad)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(message), done.stderr
 
 
-def test_the_cli_names_each_token_row_by_its_text(run, tmp_path):
-  family, workdir, _ = run
-  if family != "t5":
-    return
+def test_the_cli_names_each_token_row_by_its_text(t5_run, tmp_path):
+  _, workdir, _ = t5_run
   (tmp_path / "texts.txt").write_text("Hot dogs\n")
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  argv = ["represent", f"--workdir={workdir}", f"--input={tmp_path / 'texts.txt'}",
-          f"--output={tmp_path / 'reps.npy'}", "--unit=token"]
-  flags.FLAGS(argv)
-  try:
-    assert represent.main(argv) == 0
-  finally:
-    flags.FLAGS.unparse_flags()
+  done = cli(f"--workdir={workdir}", f"--input={tmp_path / 'texts.txt'}",
+             f"--output={tmp_path / 'reps.npy'}", "--unit=token")
+  assert done.returncode == 0, done.stderr
   rows = [row.split("\t") for row in (tmp_path / "reps.tsv").read_text().splitlines()]
   assert "".join(row[2] for row in rows) == "Hotdogs" and len(rows) == len(np.load(
       tmp_path / "reps.npy"))

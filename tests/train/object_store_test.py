@@ -10,6 +10,7 @@ the local export."""
 
 import os
 
+import numpy as np
 import pytest
 from etils import epath
 
@@ -60,8 +61,8 @@ def test_pretrain_kill_resume_and_export_on_gs(gcs, tmp_path):
   assert any(name.startswith("events.out.tfevents")
              for name in fileio.listdir(f"{remote}/tensorboard"))
   # Records went to parts (an object store has no append), one object per start.
-  assert not fileio.exists(f"{remote}/metrics.jsonl")
-  assert fileio.listdir(remote).count("metrics.jsonl.part-00000") == 1
+  assert [n for n in fileio.listdir(remote) if n.startswith("metrics")] == [
+      "metrics.jsonl.part-00000"]
 
   # Killed after the step-4 checkpoint: the step-8 one never completed.
   fileio.rmtree(f"{remote}/checkpoints/8")
@@ -79,6 +80,13 @@ def test_pretrain_kill_resume_and_export_on_gs(gcs, tmp_path):
   assert fileio.listdir(f"{gcs}/export") == names
   for name in names:
     assert fileio.read_bytes(f"{gcs}/export/{name}") == (tmp_path / "export" / name).read_bytes()
+  # And read back from gs:// as a transformers checkpoint (import, finetune.init).
+  from bertfam_jax.hf import io as hf_io  # pylint: disable=g-import-not-at-top
+  remote_state = hf_io.read_state_dict(f"{gcs}/export")
+  local_state = hf_io.read_state_dict(str(tmp_path / "export"))
+  assert sorted(remote_state) == sorted(local_state) and len(local_state) > 10
+  for name, value in local_state.items():
+    np.testing.assert_array_equal(remote_state[name], value)
 
 
 def test_an_unwritable_bucket_is_one_line_before_anything_runs(gcs):
@@ -86,4 +94,24 @@ def test_an_unwritable_bucket_is_one_line_before_anything_runs(gcs):
                                         r"written .*check the bucket"):
     workdir_lib.check_writable("gs://no-such-bucket-here/run")
   workdir_lib.check_writable(f"{gcs}/writable")   # the probe is removed again
-  assert not fileio.exists(f"{gcs}/writable/.bertfam_write_probe")
+  assert not fileio.exists(f"{gcs}/writable")
+
+
+def test_metrics_parts_roll_over_fold_and_never_count_twice(gcs, monkeypatch):
+  monkeypatch.setattr(metrics_lib, "PART_RECORDS", 3)
+  monkeypatch.setattr(metrics_lib, "UPLOAD_SECONDS", 0.0)
+  path = f"{gcs}/parts/metrics.jsonl"
+  writer = metrics_lib.JsonlWriter(path)
+  for step in range(1, 8):
+    writer.write(step, {"loss": float(step)})
+  writer.close()
+  names = [n for n in fileio.listdir(f"{gcs}/parts")]
+  assert names == [f"metrics.jsonl.part-0000{i}" for i in range(3)]
+  assert [r["step"] for r in metrics_lib.read_records(f"{gcs}/parts")] == list(range(1, 8))
+  # The next start (restored at step 5) folds them; a stale part left by a fold that died before
+  # removing it adds nothing.
+  stale = fileio.read_bytes(f"{path}.part-00000")
+  metrics_lib._truncate_after(path, 5)  # pylint: disable=protected-access
+  assert fileio.listdir(f"{gcs}/parts") == ["metrics.jsonl"]
+  fileio.write_atomically(f"{path}.part-00000", stale)
+  assert [r["step"] for r in metrics_lib.read_records(f"{gcs}/parts")] == [1, 2, 3, 4, 5]
