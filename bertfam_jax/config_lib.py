@@ -884,8 +884,11 @@ def finetune_config() -> ml_collections.ConfigDict:
       method="full",           # full | adapters (Houlsby: only adapters, LayerNorms, head)
       adapter_size=64,
       features="last",         # last | weighted_sum (ELMo's scalar mix of every layer)
-      layer_decay=_DEFAULT(float),  # layer-wise lr decay (ELECTRA: 0.8, large 0.9); 1 = off
+      layer_decay=_DEFAULT(float),  # layer-wise lr decay (ELECTRA: 0.8, large 0.9; ULMFiT's
+                                    # discriminative rates 1/2.6); 1 = off
       freeze_layers=0,         # embeddings + the lowest N layers get no update
+      unfreeze_every=0,        # ULMFiT's gradual unfreezing: the head first, then one more layer
+                               # from the top every this many steps (ULMFiT: an epoch); 0 = off
       reuse_pooler=True,       # start the head's pooler from the pre-trained NSP pooler if any
       # Text-to-text fine-tuning of a T5 init (finetune/seq2seq.py):
       targets_length=0,        # decoder length; 0 = the task's max_target_tokens
@@ -898,6 +901,9 @@ def finetune_config() -> ml_collections.ConfigDict:
       warmup_fraction=_DEFAULT(float),  # warmup over this fraction of the steps, then linear decay
       weight_decay=_DEFAULT(float),
       clip_norm=_DEFAULT(float),
+      schedule="linear",      # linear (BERT's warmup + decay) | slanted_triangular (ULMFiT)
+      cut_frac=0.1,           # slanted_triangular: the share of steps rising (ULMFiT)
+      ratio=32.0,             # slanted_triangular: how much smaller the lowest rate is (ULMFiT)
   ))
   c.train = ml_collections.ConfigDict(dict(
       batch_size=32,
@@ -941,6 +947,7 @@ ELECTRA_FINETUNE_BY_WIDTH = {256: dict(optimizer=dict(peak_lr=3e-4)),
                                         finetune=dict(layer_decay=0.9))}
 # The rest of the optimizer by its name, whichever recipe: BERT's AdamWeightDecay (10% warmup,
 # decay 0.01, clip 1.0) and T5's Adafactor (constant rate, no decay, update clipping only).
+FINETUNE_SCHEDULES = ("linear", "slanted_triangular")
 FINETUNE_OPTIMIZERS_DEFAULTS = {
     "adamw": dict(warmup_fraction=0.1, weight_decay=0.01, clip_norm=1.0),
     "adafactor": dict(warmup_fraction=0.0, weight_decay=0.0, clip_norm=0.0),
@@ -1032,6 +1039,16 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   if o.peak_lr < 0 or o.weight_decay < 0 or o.clip_norm < 0 or not 0 <= o.warmup_fraction < 1:
     raise ConfigError("optimizer.peak_lr, weight_decay and clip_norm must be >= 0 and "
                       "warmup_fraction in [0, 1).")
+  if o.get("schedule", "linear") not in FINETUNE_SCHEDULES:
+    raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {FINETUNE_SCHEDULES}.")
+  if o.get("schedule") == "slanted_triangular" and (
+      not 0 < o.cut_frac < 1 or o.ratio < 1 or o.name != "adamw"):
+    raise ConfigError(f"optimizer.schedule='slanted_triangular' needs optimizer.name='adamw', "
+                      f"cut_frac in (0, 1) and ratio >= 1 (ULMFiT: 0.1 and 32); got "
+                      f"{o.name!r}, {o.cut_frac} and {o.ratio}.")
+  if f.get("unfreeze_every", 0) < 0:
+    raise ConfigError(f"finetune.unfreeze_every={f.unfreeze_every} must be >= 0 (0 = off; "
+                      f"ULMFiT: one epoch's steps).")
   if o.name == "adafactor" and o.warmup_fraction:
     raise ConfigError(f"optimizer.warmup_fraction={o.warmup_fraction}: Adafactor fine-tunes at a "
                       f"constant rate (T5); set --config.optimizer.warmup_fraction=0.")

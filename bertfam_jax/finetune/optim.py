@@ -20,6 +20,12 @@ layer_decay, freeze_layers, method) and the encoder's `config.model`.
   "task_specific/" (its pooler has no weights). A scanned stack ('layers', [L, ...]) gets one
   multiplier per slice. Layers that share parameters (ALBERT) have no single depth, so d < 1
   is refused for them, as ELECTRA raises for a variable no key matches.
+- ULMFiT (Howard & Ruder 2018): discriminative rates are `layer_decay` 1/2.6 (its η^(l−1) =
+  η^l / 2.6); `optimizer.schedule='slanted_triangular'` its slanted triangular rates
+  (`train.optimizer.learning_rate_schedule`); `unfreeze_every` S its gradual unfreezing: the
+  head alone for S steps, then one more layer from the top every S steps, the embeddings last
+  (`unfrozen_depth`; ULMFiT's S is an epoch). Frozen depths get neither gradients into the
+  optimizer (no moments) nor updates (no weight decay).
 - `freeze_layers` N: the embeddings and layers 0..N−1 get no update; frozen leaves go through
   optax.set_to_zero (no optimizer state) and are left out of the clipped norm. A scanned stack
   is one array: its frozen slices get zero gradients and updates, its optimizer state covers
@@ -37,6 +43,7 @@ import collections
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -98,11 +105,14 @@ def _check(ft, config_model) -> None:
                       f"{config_model.layers}].")
 
 
-def layer_multipliers(ft, config_model, params):
-  """ELECTRA's per-parameter learning-rate factor d^(L + 2 − depth): a tree like `params` of
-  float32 numpy arrays, 0-d or [layers, 1, ...] for a scanned stack."""
+def layer_depths(ft, config_model, params, what: str = "finetune.layer_decay"):
+  """Each parameter's depth: 0 the embeddings, i + 1 layer i, L + 2 outside the encoder (the
+  head); a tree like `params` of float32 numpy arrays, 0-d or [layers, 1, ...] for a scanned
+  stack. Layers that share parameters have no single depth: `what` (the field that needs one)
+  is refused for them unless it is off."""
   _check(ft, config_model)
-  n, decay = config_model.layers, ft.layer_decay
+  n = config_model.layers
+  off = ft.layer_decay == 1 and not ft.get("unfreeze_every", 0)
 
   def depth(position, leaf):
     if position == TASK:
@@ -111,14 +121,46 @@ def layer_multipliers(ft, config_model, params):
       return np.float32(0)
     if position == STACK:
       return _per_slice(np.arange(1, n + 1, dtype=np.float32), leaf)
-    if len(position.indices) > 1 and decay != 1:
-      raise ConfigError(f"finetune.layer_decay={decay} needs one parameter set per layer, but "
-                        f"model.share_layers={config_model.share_layers!r} applies one at layers "
-                        f"{list(position.indices)}; set --config.finetune.layer_decay=1.0.")
+    if len(position.indices) > 1 and not off:
+      raise ConfigError(f"{what}={ft.layer_decay if 'decay' in what else ft.unfreeze_every} "
+                        f"needs one parameter set per layer, but model.share_layers="
+                        f"{config_model.share_layers!r} applies one at layers "
+                        f"{list(position.indices)}; turn it off for this model.")
     return np.float32(position.indices[0] + 1)
 
-  depths = jax.tree.map(depth, _positions(config_model, params), params)
-  return jax.tree.map(lambda k: np.float32(decay) ** (n + 2 - k), depths)
+  return jax.tree.map(depth, _positions(config_model, params), params)
+
+
+def layer_multipliers(ft, config_model, params):
+  """ELECTRA's per-parameter learning-rate factor d^(L + 2 − depth) (`layer_depths`)."""
+  n, decay = config_model.layers, ft.layer_decay
+  if decay == 1:
+    _check(ft, config_model)
+    return jax.tree.map(lambda _: np.float32(1), params)
+  return jax.tree.map(lambda k: np.float32(decay) ** (n + 2 - k),
+                      layer_depths(ft, config_model, params))
+
+
+def unfrozen_depth(step, num_layers: int, every: int):
+  """ULMFiT's gradual unfreezing: the lowest depth (`layer_depths`) trained at `step`: the head
+  alone for the first `every` steps, then one more layer from the top every `every` steps, the
+  embeddings last (at stage L + 1)."""
+  stage = step // every
+  return jnp.where(stage == 0, num_layers + 2, jnp.maximum(num_layers + 1 - stage, 0))
+
+
+def _gradual_unfreezing(depths, num_layers: int, every: int) -> optax.GradientTransformation:
+  """Zeroes the updates of the depths not yet unfrozen (`unfrozen_depth`), counting its own
+  steps; placed before the optimizer (no moments build up while frozen) and after it (decoupled
+  weight decay moves no frozen weight)."""
+
+  def update_fn(updates, count, params=None):
+    del params
+    lowest = unfrozen_depth(count, num_layers, every)
+    gated = jax.tree.map(lambda u, k: u * (k >= lowest).astype(u.dtype), updates, depths)
+    return gated, count + 1
+
+  return optax.GradientTransformation(lambda _: jnp.zeros([], jnp.int32), update_fn)
 
 
 def trainable_mask(ft, config_model, params):
@@ -180,6 +222,10 @@ def base_optimizer(o, total_steps: int) -> ml_collections.ConfigDict:
   if o.name == "adafactor":   # a constant rate (`config_lib.validate_finetune`: no warmup)
     section = config_lib.t5_adafactor(peak_lr=o.peak_lr, schedule="constant", warmup_steps=0,
                                       weight_decay=o.weight_decay, clip_norm=o.clip_norm)
+  elif o.get("schedule", "linear") == "slanted_triangular":   # ULMFiT: no separate warmup
+    section = config_lib.bert_adamw(peak_lr=o.peak_lr, weight_decay=o.weight_decay,
+                                    clip_norm=o.clip_norm, schedule="slanted_triangular",
+                                    warmup_steps=0, cut_frac=o.cut_frac, ratio=o.ratio)
   else:
     section = config_lib.bert_adamw(peak_lr=o.peak_lr, weight_decay=o.weight_decay,
                                     clip_norm=o.clip_norm,
@@ -199,8 +245,11 @@ def make_finetune_optimizer(config, params, total_steps: int
   as_float = lambda m: m.astype(np.float32)  # noqa: E731
   multipliers = jax.tree.map(lambda m, k: as_float(m) * k, mask,
                              layer_multipliers(ft, config_model, params))
-  tx = optax.chain(
-      _scale_by(jax.tree.map(as_float, mask)),  # zero gradients of frozen stack slices (unclipped)
-      optax.multi_transform({"trainable": adamw, "frozen": optax.set_to_zero()}, labels),
-      _scale_by(multipliers))
-  return tx, schedule
+  parts = [_scale_by(jax.tree.map(as_float, mask)),  # zero frozen stack slices' gradients
+           optax.multi_transform({"trainable": adamw, "frozen": optax.set_to_zero()}, labels),
+           _scale_by(multipliers)]
+  if ft.get("unfreeze_every", 0):
+    depths = layer_depths(ft, config_model, params, "finetune.unfreeze_every")
+    gate = lambda: _gradual_unfreezing(depths, config_model.layers, ft.unfreeze_every)  # noqa: E731
+    parts = [gate(), *parts, gate()]
+  return optax.chain(*parts), schedule

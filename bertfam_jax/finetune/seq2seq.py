@@ -135,6 +135,13 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   optimizer (T5's: adafactor at a constant peak_lr) and train.{batch_size, eval_batch_size
   (decoding batches), total_steps (0 = from epochs)}."""
   ft = config.finetune
+  head_only = [f"finetune.{name}={ft.get(name, off)}" for name, off in (
+      ("method", "full"), ("freeze_layers", 0), ("layer_decay", 1.0), ("unfreeze_every", 0))
+      if ft.get(name, off) != off]
+  if head_only:
+    raise ConfigError(f"{', '.join(head_only)}: these shape an encoder's fine-tuning; a T5 "
+                      f"fine-tunes text-to-text with every weight at one rate. Leave them at "
+                      f"their defaults (full, 0, 1.0, 0).")
   task = text_tasks.get(ft.task)
   if task.kind == "generation":   # scored with ROUGE and BLEU: fail now, not after training
     metrics_lib.require_generation_scores()

@@ -71,6 +71,10 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
     W)), constant lr for the first W steps (no ramp), then inverse square root; T5's 0.01 at
     W = 10^4 is 1/sqrt(10^4).
   constant: lr (T5 fine-tuning, 0.001).
+  slanted_triangular (ULMFiT, Howard & Ruder 2018 eq. 3): cut = ⌊T·cut_frac⌋; p = step/cut
+    before it, else 1 − (step − cut)/(cut·(1/cut_frac − 1)); lr·(1 + p·(ratio − 1))/ratio, from
+    lr/ratio up to lr at cut and back down to lr/ratio at T (`optimizer.cut_frac` 0.1,
+    `optimizer.ratio` 32, the paper's).
   """
   lr, warmup = o.peak_lr, o.warmup_steps
   end_lr = o.min_lr_ratio * lr if o.get("min_lr_ratio") else o.end_lr
@@ -100,8 +104,16 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
   def constant(step):
     return jnp.full(jnp.shape(step), lr, jnp.float32)
 
+  def slanted_triangular(step):
+    step = jnp.minimum(jnp.asarray(step, jnp.float32), total)
+    cut_frac, ratio = o.cut_frac, o.ratio
+    cut = max(int(total * cut_frac), 1)
+    p = jnp.where(step < cut, step / cut, 1.0 - (step - cut) / (cut * (1.0 / cut_frac - 1.0)))
+    return lr * (1.0 + jnp.maximum(p, 0.0) * (ratio - 1.0)) / ratio
+
   schedules = {"linear_from_zero": linear_from_zero, "linear_after_warmup": linear_after_warmup,
-               "warmup_times_linear": warmup_times_linear, "rsqrt": rsqrt, "constant": constant}
+               "warmup_times_linear": warmup_times_linear, "rsqrt": rsqrt, "constant": constant,
+               "slanted_triangular": slanted_triangular}
   if o.schedule not in schedules:
     raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {sorted(schedules)}.")
   return schedules[o.schedule]

@@ -214,3 +214,59 @@ def test_settings_that_cannot_apply_are_refused():
                      (dict(layer_decay=0.0), "layer_decay")]:
     with pytest.raises(ConfigError, match=match):
       optim.make_finetune_optimizer(run_config(ft(**bad), config), abstract_params(config), TOTAL)
+
+
+def test_slanted_triangular_rates_are_ulmfits():
+  """Howard & Ruder (2018) eq. 3 at T = 1,000, cut_frac 0.1, ratio 32: lr/32 at 0, lr at the
+  cut (step 100), back to lr/32 at T, linear in between."""
+  section = optim.base_optimizer(ml_collections.ConfigDict(dict(
+      name="adamw", peak_lr=0.01, weight_decay=0.0, clip_norm=1.0, warmup_fraction=0.1,
+      schedule="slanted_triangular", cut_frac=0.1, ratio=32.0)), 1000)
+  _, schedule = optimizer.make_optimizer(section)
+  def stlr(t, total=1000, cut_frac=0.1, ratio=32, lr=0.01):
+    cut = math.floor(total * cut_frac)
+    p = t / cut if t < cut else 1 - (t - cut) / (cut * (1 / cut_frac - 1))
+    return lr * (1 + p * (ratio - 1)) / ratio
+  for t in (0, 1, 50, 99, 100, 101, 550, 999, 1000):
+    np.testing.assert_allclose(float(schedule(t)), stlr(t), rtol=1e-6, err_msg=str(t))
+  assert float(schedule(0)) == pytest.approx(0.01 / 32)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_gradual_unfreezing_trains_the_head_then_one_layer_more_each_stage(scan):
+  """unfreeze_every=1 on a 2-layer encoder: step 1 moves the head only, step 2 the head and layer
+  1, step 3 layer 0 too, step 4 the embeddings too; weight decay moves nothing frozen, and
+  frozen leaves build no Adam moments (a leaf unfrozen later starts from zero moments, so its
+  first update equals a fresh optimizer's)."""
+  config = tiny_config(scan_layers=scan)
+  shapes = abstract_params(config)
+  params = random_like(shapes, 0)
+  grads = [random_like(shapes, 10 + i, 2.0) for i in range(4)]
+  tx, _ = optim.make_finetune_optimizer(run_config(ft(unfreeze_every=1, warmup_fraction=0.0),
+                                                   config), shapes, TOTAL)
+  history, _ = trajectory(tx, params, grads)
+  before = flat(params)
+  def moved(step, name, layer=None):
+    value, start = flat(history[step])[name], flat(history[step - 1] if step else params)[name]
+    if layer is not None:
+      value, start = value[layer], start[layer]
+    return bool(np.any(value != start))
+  for name in before:
+    if "/layers/" in name:
+      expected = [[False, False], [False, True], [True, True], [True, True]]
+      assert [[moved(s, name, layer) for layer in (0, 1)] for s in range(4)] == expected, name
+      continue
+    if not name.startswith("encoder/"):
+      first = 0                                  # the head
+    elif "layer_1/" in name:
+      first = 1
+    elif "layer_0/" in name:
+      first = 2
+    else:
+      first = 3                                  # the embeddings
+    assert [moved(s, name) for s in range(4)] == [s >= first for s in range(4)], name
+  assert [int(optim.unfrozen_depth(s, 2, 1)) for s in range(5)] == [4, 2, 1, 0, 0]
+  _, state = trajectory(tx, params, grads[:3])   # the embeddings still frozen: no moments
+  moments = [np.abs(leaf).max() for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+             if "word_embeddings" in jax.tree_util.keystr(path)]
+  assert len(moments) == 2 and max(moments) == 0
