@@ -472,12 +472,14 @@ def t5_objective(**overrides) -> ml_collections.ConfigDict:
   fields (experiments/t5_objectives.py)."""
   o = ml_collections.ConfigDict(dict(
       name="t5",
-      noise_mask="random_spans",      # random_spans | iid | random_prefix | bart_infilling
+      noise_mask="random_spans",      # random_spans | iid | random_prefix | mass_fragment |
+                                      # bart_infilling
       noise_density=0.15,
       mean_noise_span_length=3.0,     # random_spans only
       inputs_encoding="noise_span_to_unique_sentinel",
       targets_encoding="nonnoise_span_to_unique_sentinel",
       random_prob=0.1,                # noise_token_to_random_token_or_sentinel (BERT-style row)
+      keep_prob=0.1,                  # noise_token_to_sentinel_keep_or_random (MASS's 80/10/10)
       concat_documents=True,          # reduce_concat_tokens (off for prefix LM and deshuffling)
       targets_length=114,             # decoder length; random spans need at least the helper's
       permute_sentences=0.0,          # BART sentence permutation: fraction of sentences shuffled

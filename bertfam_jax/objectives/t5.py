@@ -8,11 +8,13 @@ Every row of the T5 objective comparison is configuration of one composition, th
              (`segment_length`: random_spans_helper's length for random spans, else
              data.seq_len − 1 as split_tokens_to_inputs_length).
   noise mask `noise_mask`        random_spans | iid | random_prefix (`noise_density`,
-                                 `mean_noise_span_length`), or bart_infilling (BART's Poisson
-                                 spans, each one <mask>; `poisson_lambda`, `mask_random`).
+                                 `mean_noise_span_length`), mass_fragment (MASS: one contiguous
+                                 fragment of density · length), or bart_infilling (BART's
+                                 Poisson spans, each one <mask>; `poisson_lambda`, `mask_random`).
   inputs     `inputs_encoding`   e.g. noise_span_to_unique_sentinel (T5), noise_token_to_sentinel
                                  (MASS-style), noise_token_to_random_token_or_sentinel
-                                 (BERT-style, `random_prob`), drop_noise_tokens, permute_noise_
+                                 (BERT-style, `random_prob`), noise_token_to_sentinel_keep_or_
+                                 random (MASS's 80/10/10, `random_prob`, `keep_prob`), drop_noise_tokens, permute_noise_
                                  tokens (deshuffling), drop_nonnoise_tokens (prefix LM's prefix).
   targets    `targets_encoding`  nonnoise_span_to_unique_sentinel (T5), original (full text),
                                  drop_nonnoise_tokens, drop_noise_tokens (prefix LM's suffix).
@@ -61,6 +63,7 @@ FIELD_RULES = {
     "objective.noise_density": config_lib.Range(0, 1, low_open=True),
     "objective.mean_noise_span_length": config_lib.Range(1),
     "objective.random_prob": config_lib.PROBABILITY,
+    "objective.keep_prob": config_lib.PROBABILITY,
     "objective.targets_length": config_lib.Range(2),
     "objective.permute_sentences": config_lib.PROBABILITY,
     "objective.poisson_lambda": config_lib.POSITIVE,
@@ -222,9 +225,12 @@ def noise_segments(tokens, lengths, sentence_start, rng: np.random.Generator, *,
     return inputs, (originals, lengths)
   mask_params = (dict(mean_noise_span_length=o.mean_noise_span_length)
                  if o.noise_mask == "random_spans" else {})
-  random_params = (dict(random_prob=o.random_prob)
-                   if o.inputs_encoding == "noise_token_to_random_token_or_sentinel" else {})
-  if o.inputs_encoding.startswith("noise_token_to_random_token"):
+  random_params = {
+      "noise_token_to_random_token_or_sentinel": dict(random_prob=o.random_prob),
+      "noise_token_to_sentinel_keep_or_random": dict(random_prob=o.random_prob,
+                                                     keep_prob=o.get("keep_prob", 0.1)),
+  }.get(o.inputs_encoding, {})
+  if "random" in o.inputs_encoding:
     random_params["num_reserved_tokens"] = num_reserved_tokens
   noised = t5_noise.denoise(
       tokens, lengths, rng, noise_density=o.noise_density,

@@ -241,11 +241,35 @@ def random_prefix_noise_mask(lengths: np.ndarray, max_len: int, rng: np.random.G
   return np.arange(max_len)[None, :] < num_inputs[:, None]
 
 
+def mass_fragment_noise_mask(lengths: np.ndarray, max_len: int, rng: np.random.Generator, *,
+                             noise_density: float = 0.5) -> np.ndarray:
+  """MASS (Song et al. 2019; MASS-unsupNMT trainer.py `restricted_mask_sent`, `mask_start`): one
+  contiguous fragment of m = max(1, round(density · ℓ)) tokens, starting at the segment's first
+  token with probability 0.2, ending at its last with 0.2, else at a start uniform on
+  [0, ℓ − m) (MASS's `randint(1, end)`, its positions counted after the BOS). Draws n uniforms,
+  then n integers.
+
+  Returns:
+    [n, max_len] bool, True on the fragment.
+  """
+  lengths = np.asarray(lengths, np.int64)
+  span = np.maximum(1, np.round(noise_density * lengths)).astype(np.int64)
+  span = np.minimum(span, np.maximum(lengths, 1))
+  coin = rng.random(len(lengths))
+  last = lengths - span
+  uniform = rng.integers(0, np.maximum(last, 1))
+  start = np.where(coin >= 0.8, 0, np.where(coin >= 0.6, last, uniform))
+  columns = np.arange(max_len)[None, :]
+  return (columns >= start[:, None]) & (columns < (start + span)[:, None]) & _valid(lengths,
+                                                                                    max_len)
+
+
 # Keys: the reference function names without "_noise_mask".
 NOISE_MASKS = {
     "random_spans": random_spans_noise_mask,
     "iid": iid_noise_mask,
     "random_prefix": random_prefix_noise_mask,
+    "mass_fragment": mass_fragment_noise_mask,
 }
 # objective.noise_mask's choices: these masks, and BART's text infilling (Poisson spans, each
 # replaced by one mask; objectives/t5.py).
@@ -384,6 +408,23 @@ def noise_token_to_random_token_or_sentinel(tokens, lengths, noise_mask, rng, *,
   return np.where(use_random, random_tokens, sentinels).astype(np.int32), sentinel_lengths
 
 
+def noise_token_to_sentinel_keep_or_random(tokens, lengths, noise_mask, rng, *, sentinel_start,
+                                           vocab_size, random_prob=0.1, keep_prob=0.1,
+                                           num_reserved_tokens=3):
+  """BERT's and MASS's 80/10/10 (MASS `word_mask_keep_rand` 0.8,0.1,0.1): each noise token ->
+  a random token with probability random_prob, itself with keep_prob, else the shared sentinel
+  (the [MASK]). Draws n · L uniforms, then `noise_token_to_random_token`'s."""
+  coin = rng.random(tokens.shape)
+  random_tokens, _ = noise_token_to_random_token(tokens, lengths, noise_mask, rng,
+                                                 sentinel_start=sentinel_start,
+                                                 vocab_size=vocab_size,
+                                                 num_reserved_tokens=num_reserved_tokens)
+  sentinels, sentinel_lengths = noise_token_to_sentinel(
+      tokens, lengths, noise_mask, rng, sentinel_start=sentinel_start, vocab_size=vocab_size)
+  kept = np.where(coin < random_prob + keep_prob, tokens, sentinels)
+  return np.where(coin < random_prob, random_tokens, kept).astype(np.int32), sentinel_lengths
+
+
 ENCODINGS = {
     "original": original,
     "noise_token_to_sentinel": noise_token_to_sentinel,
@@ -397,6 +438,7 @@ ENCODINGS = {
     "noise_token_to_gathered_token": noise_token_to_gathered_token,
     "noise_token_to_random_token": noise_token_to_random_token,
     "noise_token_to_random_token_or_sentinel": noise_token_to_random_token_or_sentinel,
+    "noise_token_to_sentinel_keep_or_random": noise_token_to_sentinel_keep_or_random,
 }
 
 

@@ -530,3 +530,43 @@ def test_a_mask_that_starts_with_noise_shifts_the_target_numbering_as_the_refere
   targets, _ = t5_noise.nonnoise_span_to_unique_sentinel(tokens, lengths, noise, None, **encode)
   assert inputs[0, :5].tolist() == [999, 11, 12, 998, 15]
   assert targets[0, :5].tolist() == [10, 999, 13, 14, 998]
+
+
+def test_mass_fragment_is_one_run_of_half_placed_as_mass_places_it():
+  """MASS `restricted_mask_sent` / `mask_start`: one contiguous fragment of round(0.5 · ℓ) tokens;
+  it starts at 0 with probability 0.2 + 0.6 / (ℓ − m) (the uniform part can draw 0 too) and ends
+  at the last token with probability 0.2 exactly (the uniform part stops short of that start)."""
+  n, length = 20_000, 40
+  lengths = np.full(n, length)
+  lengths[:10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+  mask = t5_noise.mass_fragment_noise_mask(lengths, 48, np.random.default_rng(0),
+                                           noise_density=0.5)
+  assert not mask[:, length:].any()
+  for row, ell in enumerate(lengths[:10]):
+    run = np.flatnonzero(mask[row])
+    assert len(run) == max(1, round(0.5 * ell)) and np.all(np.diff(run) == 1), (ell, run)
+  rows = mask[10:]
+  assert (rows.sum(axis=1) == 20).all()
+  starts = rows.argmax(axis=1)
+  assert np.all(np.diff(np.flatnonzero(rows[0])) == 1)
+  np.testing.assert_allclose(np.mean(starts == 0), 0.2 + 0.6 / 20, atol=0.01)
+  np.testing.assert_allclose(np.mean(starts == 20), 0.2, atol=0.01)
+  assert 0.55 < np.mean((starts > 0) & (starts < 20)) < 0.6
+
+
+def test_mass_inputs_are_80_masked_10_kept_10_random():
+  n, length, vocab, sentinel = 400, 50, 1000, 999
+  tokens = np.random.default_rng(1).integers(10, 900, (n, length)).astype(np.int32)
+  lengths = np.full(n, length)
+  noise = t5_noise.mass_fragment_noise_mask(lengths, length, np.random.default_rng(2),
+                                            noise_density=0.5)
+  inputs, input_lengths = t5_noise.noise_token_to_sentinel_keep_or_random(
+      tokens, lengths, noise, np.random.default_rng(3), sentinel_start=sentinel,
+      vocab_size=vocab, random_prob=0.1, keep_prob=0.1, num_reserved_tokens=5)
+  assert (input_lengths == length).all()
+  assert np.array_equal(inputs[~noise], tokens[~noise])
+  masked, kept = inputs[noise] == sentinel, inputs[noise] == tokens[noise]
+  other = ~masked & ~kept
+  shares = np.array([masked.mean(), kept.mean(), other.mean()])
+  np.testing.assert_allclose(shares, [0.8, 0.1, 0.1], atol=0.01)
+  assert inputs[noise][other].min() >= 5
