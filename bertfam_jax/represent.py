@@ -54,14 +54,14 @@ MIXES = ("none", "mean", "learned")
 
 
 class Representer:
-  """A loaded run: `hidden_states(texts)` and `represent(texts, ...)`; built by `load`."""
+  """A loaded run: its input `rows` and their `hidden_states`; built by `load`."""
 
   def __init__(self, config, tokenizer, params, path: str):
     self.config, self.tokenizer, self.path = config, tokenizer, path
     self.kind = config.model.get("kind", "encoder")
-    self.layout = "xlnet" if self.kind == "xlnet" else "t5" if self.kind == "t5" else "bert"
     self.mix_params = params.get("scalar_mix") if isinstance(params, dict) else None
-    self._forward, self.num_states = _network(config.model, params, self.kind)
+    network, self.num_states = _network(config.model, params, self.kind)
+    self._forward = jax.jit(lambda *a: network(*a).astype(jnp.float32))
 
   def rows(self, token_ids: Sequence[np.ndarray], length: int) -> tuple[dict, np.ndarray]:
     """The model's input rows of `token_ids` (each at most length − 2 tokens) and the position of
@@ -72,10 +72,10 @@ class Representer:
     starts = np.zeros(len(token_ids), np.int64)
     for row, ids in enumerate(token_ids):
       ids = [int(i) for i in ids]
-      if self.layout == "xlnet":
+      if self.kind == "xlnet":
         features._put_xlnet(inputs, row, [ids + [t.sep_id]], t.cls_id)  # pylint: disable=protected-access
         starts[row] = length - len(ids) - 2
-      elif self.layout == "t5":
+      elif self.kind == "t5":
         features._put(inputs, row, ids + [t.eos_id], len(ids) + 1)  # pylint: disable=protected-access
       else:
         features._put(inputs, row, [t.cls_id, *ids, t.sep_id], len(ids) + 2)  # pylint: disable=protected-access
@@ -90,21 +90,21 @@ class Representer:
 
 
 def _network(model_config, params, kind: str) -> tuple[Callable, int]:
-  """(jitted fn(ids, mask, segments) → [states, batch, length, hidden] float32, states)."""
+  """(fn(ids, mask, segments) → [states, batch, length, hidden], states)."""
   if kind == "t5":
     from bertfam_jax.models import t5  # pylint: disable=g-import-not-at-top
     model = t5.T5(model_config)
     def t5_encoder(ids, mask, _):
       return model.apply({"params": params}, ids, mask, deterministic=True,
                          method=t5.T5.encode)[None]
-    return jax.jit(lambda *a: t5_encoder(*a).astype(jnp.float32)), 1
+    return t5_encoder, 1
   if kind == "xlnet":
     model = finetune_models.XLNetContent(model_config)
     tree = params["encoder"] if "encoder" in params else {
         k: v for k, v in params.items() if k != "lm_loss"}
     def content_stream(ids, mask, segments):
       return model.apply({"params": tree}, ids, mask, segments, deterministic=True)[None]
-    return jax.jit(lambda *a: content_stream(*a).astype(jnp.float32)), 1
+    return content_stream, 1
   if "encoder" not in params:
     raise ConfigError(f"The parameters have no 'encoder' (they have {sorted(params)}); pass a "
                       f"workdir of a BERT-family, XLNet or T5 run.")
@@ -114,7 +114,7 @@ def _network(model_config, params, kind: str) -> tuple[Callable, int]:
     _, all_NBLD = model.apply({"params": tree}, ids, mask, segments, deterministic=True,
                               return_all_layers=True)
     return all_NBLD
-  return jax.jit(lambda *a: every_layer(*a).astype(jnp.float32)), model_config.layers + 1
+  return every_layer, model_config.layers + 1
 
 
 def load(path: str) -> Representer:

@@ -12,7 +12,7 @@ deterministic given `seed`: one worker thread and a fixed string hash for the in
 (gensim's default hash is Python's, which is salted per process).
 
 Words are gensim's `tokenize(lowercase=True)` tokens of each sentence (`sources.split_sentences`),
-letters only, as the evaluation sets are; `represent` looks words up the same way.
+letters only, as the evaluation sets are; `word_vectors` looks words up the same way.
 """
 
 from __future__ import annotations

@@ -307,7 +307,6 @@ def fill_metrics(batch, config) -> dict:
   batches only). A decoder-only row's shares are of rows × data.seq_len input and rows ×
   targets_length target positions, as an encoder-decoder's."""
   f32 = jnp.float32
-  starts = lambda: (batch["decoder_positions"] == 0) & (batch["decoder_segment_ids"] > 0)  # noqa: E731
   if "input_ids" in batch:
     input_tokens = batch["input_segment_ids"] > 0
     metrics = {"input_fill": (jnp.sum(input_tokens.astype(f32)), f32(input_tokens.size)),
@@ -316,10 +315,17 @@ def fill_metrics(batch, config) -> dict:
   else:   # the prefix mask holds the inputs and one target position per example
     rows = batch["decoder_segment_ids"].shape[0]
     tokens = jnp.sum((batch["decoder_segment_ids"] > 0).astype(f32))
-    inputs = jnp.sum(batch["decoder_causal_attention"].astype(f32)) - jnp.sum(starts().astype(f32))
+    inputs = (jnp.sum(batch["decoder_causal_attention"].astype(f32))
+              - jnp.sum(_example_starts(batch).astype(f32)))
     metrics = {"input_fill": (inputs, f32(rows * config.data.seq_len)),
                "target_fill": (tokens - inputs, f32(rows * config.objective.targets_length))}
   if "targets_cut" in batch:
     metrics["targets_cut"] = (jnp.sum(batch["targets_cut"].astype(f32)),
-                              jnp.sum(starts().astype(f32)))
+                              jnp.sum(_example_starts(batch).astype(f32)))
   return metrics
+
+
+def _example_starts(batch):
+  """[rows, L] bool: each packed example's first decoder position (pre-training batches only:
+  fine-tuning's have no decoder_positions)."""
+  return (batch["decoder_positions"] == 0) & (batch["decoder_segment_ids"] > 0)

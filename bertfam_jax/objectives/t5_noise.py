@@ -396,16 +396,12 @@ def noise_token_to_random_token_or_sentinel(tokens, lengths, noise_mask, rng, *,
   random_prob, else the shared sentinel; never left unchanged (spec §3.3).
 
   Draws n · L uniforms (the per-position coin, as the reference draws it for every position),
-  then the `noise_token_to_random_token` draws.
+  then the `noise_token_to_random_token` draws: `noise_token_to_sentinel_keep_or_random` with
+  nothing kept.
   """
-  use_random = rng.random(tokens.shape) < random_prob
-  random_tokens, _ = noise_token_to_random_token(tokens, lengths, noise_mask, rng,
-                                                 sentinel_start=sentinel_start,
-                                                 vocab_size=vocab_size,
-                                                 num_reserved_tokens=num_reserved_tokens)
-  sentinels, sentinel_lengths = noise_token_to_sentinel(
-      tokens, lengths, noise_mask, rng, sentinel_start=sentinel_start, vocab_size=vocab_size)
-  return np.where(use_random, random_tokens, sentinels).astype(np.int32), sentinel_lengths
+  return noise_token_to_sentinel_keep_or_random(
+      tokens, lengths, noise_mask, rng, sentinel_start=sentinel_start, vocab_size=vocab_size,
+      random_prob=random_prob, keep_prob=0.0, num_reserved_tokens=num_reserved_tokens)
 
 
 def noise_token_to_sentinel_keep_or_random(tokens, lengths, noise_mask, rng, *, sentinel_start,
