@@ -181,6 +181,7 @@ def base_config() -> ml_collections.ConfigDict:
       packing="sentence_pairs",   # sentence_pairs (BERT) | full_sentences (RoBERTa) |
                                   # document_blocks (SpanBERT) | electra_segments (ELECTRA)
                                   # | t5_segments (T5) | xlnet_streams (XLNet)
+                                  # | lm_stream (GPT)
       short_seq_prob=0.1,
       docs_per_chunk=2000,
       # Independent data streams (data/pipeline.py); 0 = one per process. Fixed, the batches do
@@ -422,6 +423,46 @@ XLNET_SIZES = {
 }
 
 
+# GPT sizes: GPT-1 (Radford et al. 2018: 12 layers, 768, 12 heads, FFN 3072) and GPT-2's four
+# (HF gpt2, gpt2-medium, gpt2-large, gpt2-xl config.json: n_embd, n_layer, n_head; FFN 4·n_embd).
+GPT_SIZES = {
+    "mini": dict(hidden=128, layers=2, heads=2, mlp=512),
+    "base": dict(hidden=768, layers=12, heads=12, mlp=3072),
+    "medium": dict(hidden=1024, layers=24, heads=16, mlp=4096),
+    "large": dict(hidden=1280, layers=36, heads=20, mlp=5120),
+    "xl": dict(hidden=1600, layers=48, heads=25, mlp=6400),
+}
+
+
+def gpt_model(size: str, version: int = 1, **overrides) -> ml_collections.ConfigDict:
+  """GPT's decoder (spec §8; openai/finetune-transformer-lm train.py model()): our BERT-style
+  `Encoder` with causal self-attention, learned positions, no token types and no embedding
+  LayerNorm, LayerNorm ε 1e-5, the tanh GELU, dropout 0.1 on embeddings, attention and residuals,
+  output tied to the token embedding. version 1: post-LN, 512 positions, 40,478 tokens
+  (40,000 BPE merges); version 2 (GPT-2, Radford et al. 2019): `pre_layer_norm` with a final
+  LayerNorm, 1,024 positions, 50,257 tokens."""
+  if version not in (1, 2):
+    raise ConfigError(f"GPT version {version!r}; choose 1 or 2.")
+  m = encoder(size, sizes=GPT_SIZES, vocab_size=40478 if version == 1 else 50257,
+              max_positions=512 if version == 1 else 1024, type_vocab_size=0,
+              layer_norm_eps=1e-5, activation="gelu_tanh")
+  m.update(causal=True, pre_layer_norm=version == 2, embedding_layer_norm=False)
+  m.update(overrides)
+  return m
+
+
+def gpt_adam(**overrides) -> ml_collections.ConfigDict:
+  """GPT's Adam (finetune-transformer-lm opt.py `adam`): bias-corrected, ε 1e-8, decoupled L2
+  0.01 on every weight matrix (not biases or gains), gradient clipping at 1; the paper's
+  pre-training rate 2.5e-4, 2,000 warmup steps, cosine to 0 (`warmup_cosine`)."""
+  o = ml_collections.ConfigDict(dict(
+      name="adamw", peak_lr=2.5e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01,
+      bias_correction=True, decay_norm_and_bias=False, clip_norm=1.0,
+      schedule="warmup_cosine", warmup_steps=2000, end_lr=0.0))
+  o.update(overrides)
+  return o
+
+
 def xlnet_model(size: str, **overrides) -> ml_collections.ConfigDict:
   """XLNet's Transformer-XL (models/xlnet.py; zihangdai/xlnet modeling.py, spec §6.4): relative
   positions (sinusoidal, r_w / r_r biases), relative segments (r_s, seg_embed), untied per-layer
@@ -576,6 +617,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if m.get("kind") in ("t5", "xlnet") and c.objective.get("name") != m.kind:
     raise ConfigError(f"model.kind={m.kind!r} trains with objective.name={m.kind!r}, not "
                       f"{c.objective.get('name')!r}.")
+  if m.get("causal", False) != (c.objective.get("name") == "causal_lm"):
+    raise ConfigError(f"model.causal={m.get('causal', False)} with objective.name="
+                      f"{c.objective.get('name')!r}: causal attention is the causal_lm objective's "
+                      "(configs/gpt.py) and only its.")
   if m.get("kind") not in ("t5", "xlnet") and d.seq_len > m.max_positions:
     raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions={m.max_positions}; "
                       f"lower --config.data.seq_len or raise --config.model.max_positions.")
@@ -601,7 +646,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if t.get("init_state", "params") == "all" and not t.init_from:
     raise ConfigError("train.init_state='all' continues another run: set --config.train.init_from="
                       "<its workdir>/checkpoints (BERT's phase 2: the phase-1 run's).")
-  if c.optimizer.warmup_steps >= t.total_steps and c.optimizer.schedule == "linear_after_warmup":
+  if c.optimizer.warmup_steps >= t.total_steps and c.optimizer.schedule in (
+      "linear_after_warmup", "warmup_cosine"):
     raise ConfigError(f"optimizer.warmup_steps={c.optimizer.warmup_steps} must be below "
                       f"train.total_steps={t.total_steps}.")
   sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]
@@ -620,7 +666,7 @@ DROPOUT_BITS = (32, 16)
 OPTIMIZERS = ("adamw", "lamb", "adafactor")
 SHARE_LAYERS = ("none", "all", "attention", "ffn")
 PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments",
-            "t5_segments", "xlnet_streams")
+            "t5_segments", "xlnet_streams", "lm_stream")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -663,7 +709,7 @@ RATE = Range(0, 1, high_open=True)      # a dropout rate, a held-out fraction, A
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 SCHEDULES = ("constant", "linear_after_warmup", "linear_from_zero", "rsqrt",
-             "warmup_times_linear")
+             "warmup_times_linear", "warmup_cosine")
 SOURCES = ("embedded_wiki", "tfds", "text")
 TEXT_FORMATS = ("auto", "blank_lines", "lines", "jsonl")
 TOKENIZER_KINDS = ("sentencepiece", "hf")
@@ -699,7 +745,10 @@ FIELD_RULES = {
     "model.head_dim": AT_LEAST_1,
     "model.mlp": AT_LEAST_1,
     "model.max_positions": AT_LEAST_1,
-    "model.type_vocab_size": AT_LEAST_1,
+    "model.type_vocab_size": AT_LEAST_0,
+    "model.causal": (False, True),
+    "model.pre_layer_norm": (False, True),
+    "model.embedding_layer_norm": (False, True),
     "model.embedding_size": AT_LEAST_0,
     "model.hidden_groups": AT_LEAST_1,
     "model.adapter_size": AT_LEAST_0,

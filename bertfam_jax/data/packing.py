@@ -552,6 +552,40 @@ def token_segments(docs: list[Document], segment_len: int, *, concat_documents: 
               sentence_start=sentence_start)
 
 
+def lm_stream(docs: list[Document], seq_len: int, *, eod_id: int,
+              pad_id: int) -> dict[str, np.ndarray]:
+  """GPT's language-model rows: the documents as one token stream, each followed by `eod_id`
+  (GPT-2's <|endoftext|>), cut into consecutive rows of `seq_len` tokens whose targets are the
+  next token of the stream, so that every token but the stream's first is predicted exactly once
+  (the last target of a row is the first input of the next). Attention crosses document
+  boundaries, as in finetune-transformer-lm's contiguous 512-token BooksCorpus sequences and
+  transformers' run_clm `group_texts`. Only the last row may be short; it is padded. Empty
+  documents are skipped; deterministic.
+
+  Args:
+    docs: documents, each a list of [len] int token arrays (sentences).
+    seq_len: L, the tokens of a row.
+    eod_id: the end-of-document id; pad_id: the id filling the short last row.
+
+  Returns:
+    input_ids [n, L] int32, input_mask [n, L] int32 (1 on real inputs), target_ids [n, L] int32
+    (the next token; pad_id beyond the stream), loss_weights [n, L] float32 (1.0 on real targets).
+  """
+  tokens = [np.concatenate(doc) for doc in docs if any(len(s) for s in doc)]
+  if not tokens:
+    empty = np.zeros((0, seq_len), np.int32)
+    return dict(input_ids=empty, input_mask=empty, target_ids=empty,
+                loss_weights=empty.astype(np.float32))
+  lengths = np.fromiter((len(t) for t in tokens), np.int64, len(tokens))
+  stream = np.insert(np.concatenate(tokens).astype(np.int32), np.cumsum(lengths), eod_id)
+  num_rows = -(-(len(stream) - 1) // seq_len)
+  index = np.arange(num_rows)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
+  rows = np.append(stream, np.full(num_rows * seq_len + 1 - len(stream), pad_id, np.int32))[index]
+  real = index < len(stream)
+  return dict(input_ids=rows[:, :-1], input_mask=real[:, :-1].astype(np.int32),
+              target_ids=rows[:, 1:], loss_weights=real[:, 1:].astype(np.float32))
+
+
 def _place_packed(tokens: np.ndarray, lengths: np.ndarray, row: np.ndarray, offset: np.ndarray,
                   num_rows: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Writes example e's first lengths[e] tokens to row[e] from column offset[e].

@@ -306,6 +306,8 @@ class Pipeline:
       objective = self._config.objective
       return packing.xlnet_streams(docs, self._batch_size, bi_data=objective.bi_data,
                                    eod_id=packing.eod_id(tok), use_eod=objective.use_eod)
+    if data.packing == "lm_stream":
+      return packing.lm_stream(docs, data.seq_len, eod_id=packing.eod_id(tok), pad_id=tok.pad_id)
     if data.packing == "electra_segments":
       return packing.electra_segments(docs, data.seq_len, rng, cls_id=tok.cls_id,
                                       sep_id=tok.sep_id, pad_id=tok.pad_id)

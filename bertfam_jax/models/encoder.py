@@ -71,8 +71,10 @@ def layer_plan(c) -> list[tuple[tuple[str, str], ...]]:
 
 
 class TransformerLayer(nn.Module):
-  """x = LN(x + Drop(Attn(x))); x = LN(x + Drop(MLP(x)))  (post-LN, BERT); with adapters
+  """x = LN(x + Drop(Attn(x))); x = LN(x + Drop(MLP(x)))  (post-LN, BERT and GPT); with adapters
   x = LN(x + Adapter(Drop(Attn(x)))) and likewise for the MLP (adapter-bert transformer_model).
+  `model.pre_layer_norm` (GPT-2): x = x + Drop(Attn(LN(x))); x = x + Drop(MLP(LN(x))), the same
+  two LayerNorms ('attention_ln', 'output_ln') now before their sublayer.
 
   `sublayers='attention'` or `'ffn'` holds and applies only that residual block, for sharing one
   of the two across layers while the other stays per layer (`layer_plan`).
@@ -81,38 +83,62 @@ class TransformerLayer(nn.Module):
   sublayers: str = "both"  # both | attention | ffn
 
   @nn.compact
-  def __call__(self, x_BLD, mask_B11L, deterministic: bool):
-    """x: [batch, length, hidden]; mask: [batch, 1, 1, length] bool → [batch, length, hidden]."""
+  def __call__(self, x_BLD, mask_B11L, deterministic: bool, decode: bool = False):
+    """x: [batch, length, hidden]; mask: [batch, 1, 1, length] bool → [batch, length, hidden].
+    `decode`: the attention's KV cache (layers.SelfAttention; causal models only)."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
     if self.sublayers != "ffn":
-      attn = layers.SelfAttention(
-          heads=c.heads, head_dim=c.hidden // c.heads, attention_dropout=c.attention_dropout,
-          initializer_range=c.initializer_range, attention_impl=c.attention_impl, dtype=dtype,
-          dropout_bits=c.dropout_bits, name="attention")(x_BLD, mask_B11L,
-                                                         deterministic=deterministic)
-      attn = layers.Dropout(c.dropout, c.dropout_bits)(attn, deterministic=deterministic)
-      if c.adapter_size:
-        attn = layers.Adapter(c.adapter_size, dtype=dtype, name="attention_adapter")(attn)
-      x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="attention_ln")(x_BLD + attn)
-      x_BLD = nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
+      x_BLD = self._residual(x_BLD, "attention_ln", "attention_adapter", lambda h: (
+          layers.SelfAttention(
+              heads=c.heads, head_dim=c.hidden // c.heads, attention_dropout=c.attention_dropout,
+              initializer_range=c.initializer_range, attention_impl=c.attention_impl,
+              dtype=dtype, dropout_bits=c.dropout_bits, causal=c.get("causal", False),
+              name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
+          deterministic)
     if self.sublayers != "attention":
-      mlp = layers.MLP(c.mlp, c.activation, c.initializer_range, dtype, name="mlp")(x_BLD)
-      mlp = layers.Dropout(c.dropout, c.dropout_bits)(mlp, deterministic=deterministic)
-      if c.adapter_size:
-        mlp = layers.Adapter(c.adapter_size, dtype=dtype, name="ffn_adapter")(mlp)
-      x_BLD = layers.LayerNorm(c.layer_norm_eps, dtype, name="output_ln")(x_BLD + mlp)
-      x_BLD = nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
+      x_BLD = self._residual(x_BLD, "output_ln", "ffn_adapter", layers.MLP(
+          c.mlp, c.activation, c.initializer_range, dtype, name="mlp"), deterministic)
     return x_BLD
+
+  def _residual(self, x_BLD, norm_name: str, adapter_name: str, sublayer, deterministic: bool):
+    """One residual block around `sublayer` ([batch, length, hidden] → same), post- or pre-LN."""
+    c = self.config
+    dtype = jnp.dtype(c.dtype)
+    norm = layers.LayerNorm(c.layer_norm_eps, dtype, name=norm_name)
+    pre = c.get("pre_layer_norm", False)
+    h_BLD = layers.Dropout(c.dropout, c.dropout_bits)(sublayer(norm(x_BLD) if pre else x_BLD),
+                                                       deterministic=deterministic)
+    if c.adapter_size:
+      h_BLD = layers.Adapter(c.adapter_size, dtype=dtype, name=adapter_name)(h_BLD)
+    x_BLD = x_BLD + h_BLD if pre else norm(x_BLD + h_BLD)
+    return nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
 
 
 class ScannedLayer(TransformerLayer):
   """TransformerLayer with the (carry, x) → (carry, y) signature `nn.scan` needs; y is the layer's
   output when `collect` (stacked by the scan into [layers, batch, length, hidden]), else None."""
 
-  def __call__(self, x_BLD, mask_B11L, deterministic: bool, collect: bool):
-    x_BLD = super().__call__(x_BLD, mask_B11L, deterministic)
+  def __call__(self, x_BLD, mask_B11L, deterministic: bool, collect: bool,
+               decode: bool = False):
+    x_BLD = super().__call__(x_BLD, mask_B11L, deterministic, decode)
     return x_BLD, (x_BLD if collect else None)
+
+
+class DecodePosition(nn.Module):
+  """While decoding with a KV cache: the position of a call's first token, from the "cache"
+  collection's `position_index`, advanced by the call's `length`; 0 at the first call, which
+  creates the caches and advances nothing."""
+
+  @nn.compact
+  def __call__(self, length: int):
+    if not self.has_variable("cache", "position_index"):
+      self.variable("cache", "position_index", lambda: jnp.array(0, jnp.int32))
+      return 0
+    index = self.variable("cache", "position_index")
+    first = index.value
+    index.value = first + length
+    return first
 
 
 class Encoder(nn.Module):
@@ -146,7 +172,8 @@ class Encoder(nn.Module):
       if c.type_vocab_size:
         self.type_embeddings = layers.Embedding(c.type_vocab_size, width, c.initializer_range,
                                                 rows_axis="types", features_axis=axis)
-      self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=axis)
+      if c.get("embedding_layer_norm", True):
+        self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=axis)
     self.embeddings_dropout = layers.Dropout(c.dropout, c.dropout_bits)
     if factorized_embedding(c):
       self.embeddings_projection = nn.Dense(
@@ -154,6 +181,10 @@ class Encoder(nn.Module):
           kernel_init=layers.param_init(c.initializer_range, ("embed_factor", "embed")),
           bias_init=layers.zeros_init(("embed",)))
     self.layers = self._make_layers()
+    if c.get("pre_layer_norm", False):
+      self.final_ln = layers.LayerNorm(c.layer_norm_eps, dtype)
+    if c.get("causal", False):
+      self.decode_position = DecodePosition()
 
   def _make_layers(self):
     """Unrolled: {name: module} for the names of `layer_plan`. Scanned: the scans in layer order,
@@ -165,44 +196,51 @@ class Encoder(nn.Module):
       if c.remat_policy not in REMAT_POLICIES:
         raise ValueError(f"model.remat_policy={c.remat_policy!r}; choose none or one of "
                          f"{sorted(REMAT_POLICIES)}.")
-      static = (3, 4) if c.scan_layers else (3,)  # deterministic (and collect); self is 0
+      # deterministic, (collect,) decode; self is 0
+      static = (3, 4, 5) if c.scan_layers else (3, 4)
       layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[c.remat_policy], static_argnums=static)
     plan = layer_plan(c)
     if not c.scan_layers:
       modules = dict(step for layer in plan for step in layer)  # name → sublayers, deduplicated
       return {name: layer_cls(c, sublayers, name=name) for name, sublayers in modules.items()}
     if c.share_layers == "none":
-      scanned = nn.scan(layer_cls, variable_axes={"params": 0},
+      scanned = nn.scan(layer_cls, variable_axes={"params": 0, "cache": 0},
                         split_rngs={"params": True, "dropout": True},
-                        in_axes=(nn.broadcast,) * 3, length=c.layers,
+                        in_axes=(nn.broadcast,) * 4, length=c.layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
       return [scanned(c, name="layers")]
     if c.share_layers == "all":
       runs = collections.Counter(name for ((name, _),) in plan)  # groups are consecutive
-      return [nn.scan(layer_cls, variable_broadcast="params",
+      return [nn.scan(layer_cls, variable_broadcast="params", variable_axes={"cache": 0},
                       split_rngs={"params": False, "dropout": True},
-                      in_axes=(nn.broadcast,) * 3, length=run)(c, name=name)
+                      in_axes=(nn.broadcast,) * 4, length=run)(c, name=name)
               for name, run in runs.items()]
     raise ValueError(f"model.scan_layers cannot scan share_layers={c.share_layers!r}; set "
                      "--config.model.scan_layers=False.")
 
-  def embed(self, input_ids, segment_ids=None):
-    """Word + position (+ type) embeddings after the embedding LayerNorm, before dropout:
-    [batch, length] → [batch, length, E] (E = embedding_size when factorised, else hidden)."""
+  def embed(self, input_ids, segment_ids=None, first_position=0):
+    """Word + position (+ type) embeddings after the embedding LayerNorm (none when
+    `model.embedding_layer_norm` is False: GPT), before dropout: [batch, length] → [batch,
+    length, E] (E = embedding_size when factorised, else hidden); positions count from
+    `first_position` (a traced scalar while decoding)."""
     c = self.config
-    length = input_ids.shape[1]
-    x_BLE = self.word_embeddings(input_ids) + self.position_embeddings(jnp.arange(length))[None]
+    positions_L = first_position + jnp.arange(input_ids.shape[1])
+    x_BLE = self.word_embeddings(input_ids) + self.position_embeddings(positions_L)[None]
     if c.type_vocab_size:
       ids = jnp.zeros_like(input_ids) if segment_ids is None else segment_ids
       x_BLE = x_BLE + self.type_embeddings(ids)
-    return self.embeddings_ln(x_BLE)
+    return self.embeddings_ln(x_BLE) if c.get("embedding_layer_norm", True) else x_BLE
 
   def __call__(self, input_ids, input_mask, segment_ids=None, *, deterministic: bool,
-               return_all_layers: bool = False):
+               return_all_layers: bool = False, decode: bool = False):
+    """`decode` (causal models): generate with the KV cache. The first call, with the full
+    length [batch, max_length], creates the caches; each later call appends its tokens
+    [batch, length] at the next positions (models/pretraining.CausalLM.generate)."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
     owner = self if self.embeddings_from is None else self.embeddings_from
-    x_BLE = self.embeddings_dropout(owner.embed(input_ids, segment_ids),
+    first = self.decode_position(input_ids.shape[1]) if decode else 0
+    x_BLE = self.embeddings_dropout(owner.embed(input_ids, segment_ids, first),
                                     deterministic=deterministic)
     x_BLD = self.embeddings_projection(x_BLE) if factorized_embedding(c) else x_BLE
     x_BLD = nn.with_logical_constraint(x_BLD.astype(dtype), ("batch", "length", "act_embed"))
@@ -210,16 +248,19 @@ class Encoder(nn.Module):
     hidden = [x_BLD[None]]  # [1 or run, batch, length, hidden] pieces, in layer order
     if c.scan_layers:
       for scanned in self.layers:
-        x_BLD, outputs = scanned(x_BLD, mask_B11L, deterministic, return_all_layers)
+        x_BLD, outputs = scanned(x_BLD, mask_B11L, deterministic, return_all_layers, decode)
         hidden.append(outputs)
     else:
       for layer in layer_plan(c):
         for name, _ in layer:
-          x_BLD = self.layers[name](x_BLD, mask_B11L, deterministic)
+          x_BLD = self.layers[name](x_BLD, mask_B11L, deterministic, decode)
         hidden.append(x_BLD[None])
+    if c.get("pre_layer_norm", False):   # GPT-2's ln_f; the last layer's output is after it (HF)
+      x_BLD = self.final_ln(x_BLD)
     if not return_all_layers:
       return x_BLD
-    return x_BLD, jnp.concatenate(hidden, axis=0)
+    all_LBLD = jnp.concatenate(hidden, axis=0)
+    return x_BLD, all_LBLD.at[-1].set(x_BLD) if c.get("pre_layer_norm", False) else all_LBLD
 
   def attend(self, h):
     """[..., E] → logits over the vocabulary [..., vocab] with the tied embedding table, in the

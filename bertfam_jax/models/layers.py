@@ -91,6 +91,11 @@ def attention_mask_from_input_mask(input_mask):
   return input_mask[:, None, None, :].astype(jnp.bool_)
 
 
+def causal_mask(length: int):
+  """[1, 1, length, length] bool: query i may attend to key j when j <= i."""
+  return jnp.tril(jnp.ones((length, length), jnp.bool_))[None, None]
+
+
 class HeadProjection(nn.Module):
   """An einsum with a kernel and bias whose dimensions keep their own logical names (e.g. the
   Q/K/V kernels are [embed, heads, head_dim], so tensor parallelism can split heads)."""
@@ -167,10 +172,18 @@ class SelfAttention(nn.Module):
   attention_impl: str = ""
   dtype: Dtype = jnp.float32
   dropout_bits: int = 32
+  causal: bool = False  # query i attends keys j <= i only (GPT); cuDNN's `is_causal`
 
   @nn.compact
-  def __call__(self, x_BLD, mask_B11L, *, deterministic: bool):
-    """x: [batch, length, embed]; mask: [batch, 1, 1, length] bool → [batch, length, embed]."""
+  def __call__(self, x_BLD, mask_B11L, *, deterministic: bool, decode: bool = False):
+    """x: [batch, length, embed]; mask: [batch, 1, 1, length] bool (padding) → [batch, length,
+    embed].
+
+    `decode` (causal only): a KV cache in the flax "cache" collection. The first call (the full
+    length to generate) creates zero caches [batch, max_length, heads, kv] and computes as
+    without; each later call writes its `length` new keys and values at `cache_index`, advances
+    it, and attends over the cache up to each query's own position (`mask_B11L` is not read:
+    every cached position holds a real token)."""
     embed = x_BLD.shape[-1]
     qkv_shape, qkv_axes = (embed, self.heads, self.head_dim), ("embed", "heads", "kv")
     project = lambda name: HeadProjection(  # noqa: E731
@@ -179,22 +192,54 @@ class SelfAttention(nn.Module):
     q_BLNH, k_BLNH, v_BLNH = project("query"), project("key"), project("value")
     axes = ("batch", "length", "act_heads", "act_kv")
     q_BLNH, k_BLNH, v_BLNH = (nn.with_logical_constraint(t, axes) for t in (q_BLNH, k_BLNH, v_BLNH))
+    padding_B11L = mask_B11L
+    if decode and self.has_variable("cache", "cached_key"):
+      k_BLNH, v_BLNH, mask_B11L = self._cached(k_BLNH, v_BLNH)
+    elif decode or self.causal:
+      if decode:
+        self._create_cache(k_BLNH, v_BLNH)
+      mask_B11L = mask_B11L & causal_mask(x_BLD.shape[1])
     if self.attention_dropout > 0 and not deterministic:
       out_BLNH = self._explicit_attention(q_BLNH, k_BLNH, v_BLNH, mask_B11L)
-    elif self.attention_impl == "cudnn":
+    elif self.attention_impl == "cudnn" and not decode:
       # cuDNN flash attention takes padding as key lengths (its PADDING mask type) rather than a
       # materialised mask; every pipeline here pads on the right, so the mask is a prefix.
-      lengths_B = jnp.sum(mask_B11L[:, 0, 0, :], axis=-1, dtype=jnp.int32)
+      lengths_B = jnp.sum(padding_B11L[:, 0, 0, :], axis=-1, dtype=jnp.int32)
       out_BLNH = jax.nn.dot_product_attention(q_BLNH, k_BLNH, v_BLNH,
                                               key_value_seq_lengths=lengths_B,
-                                              implementation="cudnn")
+                                              is_causal=self.causal, implementation="cudnn")
     else:
-      out_BLNH = jax.nn.dot_product_attention(
-          q_BLNH, k_BLNH, v_BLNH, mask=mask_B11L, implementation=self.attention_impl or None)
+      impl = None if decode else (self.attention_impl or None)
+      out_BLNH = jax.nn.dot_product_attention(q_BLNH, k_BLNH, v_BLNH, mask=mask_B11L,
+                                              implementation=impl)
     out_BLNH = nn.with_logical_constraint(out_BLNH, axes)
     return HeadProjection("blnh,nhd->bld", (self.heads, self.head_dim, embed),
                           ("heads", "kv", "embed"), (embed,), ("embed",), self.initializer_range,
                           self.dtype, name="output")(out_BLNH)
+
+  def _create_cache(self, k_BLNH, v_BLNH):
+    """The zero caches, as long as the first decode call: [batch, max_length, heads, kv]."""
+    if not self.causal:
+      raise ValueError("A KV cache (decode=True) needs causal attention (model.causal=True).")
+    self.variable("cache", "cached_key", jnp.zeros, k_BLNH.shape, k_BLNH.dtype)
+    self.variable("cache", "cached_value", jnp.zeros, v_BLNH.shape, v_BLNH.dtype)
+    self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+
+  def _cached(self, k_BLNH, v_BLNH):
+    """Writes the new keys/values [batch, length, ...] at `cache_index` and advances it; returns
+    the whole caches and the mask [1, 1, length, max_length] of the keys each new query sees."""
+    cached_key = self.variable("cache", "cached_key")
+    cached_value = self.variable("cache", "cached_value")
+    index = self.variable("cache", "cache_index")
+    start = index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k_BLNH, (0, start, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v_BLNH,
+                                                      (0, start, 0, 0))
+    index.value = start + k_BLNH.shape[1]
+    query_positions_Q = start + jnp.arange(k_BLNH.shape[1])
+    key_positions_K = jnp.arange(cached_key.value.shape[1])
+    mask_QK = key_positions_K[None, :] <= query_positions_Q[:, None]
+    return cached_key.value, cached_value.value, mask_QK[None, None]
 
   def _explicit_attention(self, q_BLNH, k_BLNH, v_BLNH, mask_B11L):
     scores_BNLL = jnp.einsum("bqnh,bknh->bnqk", q_BLNH, k_BLNH) / jnp.sqrt(self.head_dim).astype(

@@ -47,3 +47,19 @@ class MaskedLM(nn.Module):
       outputs["sbo_logits"] = self.sbo_head(x_BLD, sbo_boundaries, sbo_offsets,
                                             self.encoder.attend)
     return outputs
+
+
+class CausalLM(nn.Module):
+  """GPT (Radford et al., 2018): the Transformer stack with causal self-attention
+  (`model.causal`; module name `encoder`, as every BERT-style stack here) and the output tied to
+  the token embedding, with no output bias (finetune-transformer-lm, HF GPT2LMHeadModel)."""
+  config: Any  # the `config.model` section
+
+  def setup(self):
+    self.encoder = encoder.Encoder(self.config)
+
+  def __call__(self, input_ids, input_mask, *, deterministic: bool, decode: bool = False):
+    """input_ids, input_mask: [batch, length] → next-token logits [batch, length, vocab] in the
+    compute dtype; `decode`: the KV cache (encoder.Encoder)."""
+    x_BLD = self.encoder(input_ids, input_mask, deterministic=deterministic, decode=decode)
+    return self.encoder.attend(x_BLD)

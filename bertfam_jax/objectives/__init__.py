@@ -64,6 +64,9 @@ examples packed per row, segment ids 1..k, 0 = padding):
   [n, L] int32; decoder_causal_attention [n, L] int32 1 on the inputs and one position more (the
   prefix LM's bidirectional part); decoder_loss_weights [n, L] float32 on the targets (or every
   token: objective.loss_on_targets_only=False); targets_cut as above.
+GPT (objectives/causal_lm.py; rows of one document stream, `packing.lm_stream`):
+  input_ids, input_mask [n, L] int32; target_ids [n, L] int32 the next token of the stream;
+  loss_weights [n, L] float32 1.0 on real targets
 XLNet (objectives/xlnet.py; `P` = objective.num_predict; rows are consecutive windows of parallel
 streams, so the batch's row r continues row r of the previous batch):
   input_ids, segment_ids (0 R / A / first <sep>, 1 B / second <sep>, 2 <cls>), input_mask [n, L]
@@ -82,10 +85,11 @@ import jax
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.objectives import electra, mlm, t5, xlnet
+from bertfam_jax.objectives import causal_lm, electra, mlm, t5, xlnet
 
 OBJECTIVES = {
     "mlm": mlm,
+    "causal_lm": causal_lm,
     "electra": electra,
     "t5": t5,
     "xlnet": xlnet,

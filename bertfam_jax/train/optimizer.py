@@ -71,6 +71,10 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
     W)), constant lr for the first W steps (no ramp), then inverse square root; T5's 0.01 at
     W = 10^4 is 1/sqrt(10^4).
   constant: lr (T5 fine-tuning, 0.001).
+  warmup_cosine (GPT: finetune-transformer-lm opt.py `warmup_cosine`, the paper's "increased
+    linearly from zero over the first 2000 updates and annealed to 0 using a cosine schedule"):
+    lr·step/W during warmup, then lr·½(1 + cos(π·step/T)), the cosine over the whole run as in
+    that code (so it resumes just below lr at W).
   slanted_triangular (ULMFiT, Howard & Ruder 2018 eq. 3): cut = ⌊T·cut_frac⌋; p = step/cut
     before it, else 1 − (step − cut)/(cut·(1/cut_frac − 1)); lr·(1 + p·(ratio − 1))/ratio, from
     lr/ratio up to lr at cut and back down to lr/ratio at T (`optimizer.cut_frac` 0.1,
@@ -104,6 +108,11 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
   def constant(step):
     return jnp.full(jnp.shape(step), lr, jnp.float32)
 
+  def warmup_cosine(step):
+    step = jnp.asarray(step, jnp.float32)
+    cosine = 0.5 * lr * (1.0 + jnp.cos(jnp.pi * jnp.minimum(step, total) / total))
+    return jnp.where(step < warmup, lr * step / max(warmup, 1), cosine)
+
   def slanted_triangular(step):
     step = jnp.minimum(jnp.asarray(step, jnp.float32), total)
     cut_frac, ratio = o.cut_frac, o.ratio
@@ -113,7 +122,7 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
 
   schedules = {"linear_from_zero": linear_from_zero, "linear_after_warmup": linear_after_warmup,
                "warmup_times_linear": warmup_times_linear, "rsqrt": rsqrt, "constant": constant,
-               "slanted_triangular": slanted_triangular}
+               "slanted_triangular": slanted_triangular, "warmup_cosine": warmup_cosine}
   if o.schedule not in schedules:
     raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {sorted(schedules)}.")
   return schedules[o.schedule]

@@ -619,3 +619,21 @@ def test_electra_edge_cases():
   assert electra([[np.zeros(0, np.int32)]], 16, 0)["input_mask"].shape == (0, 16)
   with pytest.raises(ValueError, match="seq_len"):
     electra([[np.arange(10, 20)]], 4, 0)
+
+
+def test_lm_stream_predicts_every_token_of_the_stream_once():
+  """GPT's rows: documents closed by <eod> (9) in one stream; row r holds stream[rL : rL + L] and
+  predicts stream[rL + 1 : rL + L + 1], so every token but the first is a target exactly once;
+  only the last row is short, padded (0) with zero weights (its last real input, the stream's
+  final <eod>, has no target); empty documents are skipped."""
+  docs = [[np.array([1, 2, 3]), np.array([4])], [], [np.array([5, 6])], [np.array([], np.int32)],
+          [np.array([7])]]
+  stream = [1, 2, 3, 4, 9, 5, 6, 9, 7, 9]
+  rows = packing.lm_stream(docs, 4, eod_id=9, pad_id=0)
+  np.testing.assert_array_equal(rows["input_ids"], [[1, 2, 3, 4], [9, 5, 6, 9], [7, 9, 0, 0]])
+  np.testing.assert_array_equal(rows["target_ids"], [[2, 3, 4, 9], [5, 6, 9, 7], [9, 0, 0, 0]])
+  np.testing.assert_array_equal(rows["input_mask"], [[1] * 4, [1] * 4, [1, 1, 0, 0]])
+  np.testing.assert_array_equal(rows["loss_weights"], [[1] * 4, [1] * 4, [1, 0, 0, 0]])
+  targets = rows["target_ids"][rows["loss_weights"] > 0]
+  assert targets.tolist() == stream[1:]
+  assert packing.lm_stream([[]], 4, eod_id=9, pad_id=0)["input_ids"].shape == (0, 4)

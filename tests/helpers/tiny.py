@@ -48,3 +48,11 @@ def xlnet(**overrides):
   return config_lib.xlnet_model("mini", **{
       **SIZE, "head_dim": 8, "vocab_size": VOCAB, "dropout": 0.0, "attention_dropout": 0.0,
       "mem_len": 6, "reuse_len": 6, **overrides})
+
+
+def gpt(version=1, **overrides):
+  """A GPT (`config_lib.gpt_model`: post-LN GPT-1, or pre-LN GPT-2 with `version=2`) of SIZE, no
+  dropout."""
+  return config_lib.gpt_model("mini", version, **{
+      **SIZE, "vocab_size": VOCAB, "max_positions": LENGTH, "dropout": 0.0,
+      "attention_dropout": 0.0, **overrides})

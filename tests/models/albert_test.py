@@ -267,7 +267,7 @@ def test_shared_layer_draws_new_dropout_mask_at_each_layer(remat_policy):
 
   def twice(m):
     layer = m.encoder.layers["group_0"]
-    return layer(x, mask, False), layer(x, mask, False)
+    return layer(x, mask, False, False), layer(x, mask, False, False)  # not decoding
 
   first, second = model.apply({"params": params}, method=twice, rngs={"dropout": dropout_key(3)})
   assert not np.allclose(first, second, atol=1e-3)

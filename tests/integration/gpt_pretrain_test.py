@@ -1,0 +1,102 @@
+"""GPT pre-training through the one train loop: configs/gpt.py shrunk (GPT-1's post-LN and
+GPT-2's pre-LN), on the embedded corpus: the loss falls, a resumed run equals the uninterrupted
+one, and sharded steps equal one device."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib as cl
+from bertfam_jax.data import pipeline as pipeline_lib
+from bertfam_jax.data import sources, tokenizers
+from bertfam_jax.objectives import causal_lm
+from bertfam_jax.train import sharding, step as step_lib, train
+from helpers.run_records import copy_until, metric_records, train_records
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BATCH, VOCAB = 8, 512
+
+
+def tiny_config(version=1):
+  """configs/gpt.py:runlocal at 32-token rows, a 2-layer 32-wide GPT over 512 pieces."""
+  c = cl.load_config(os.path.join(_ROOT, "configs", "gpt.py"), f"runlocal,version={version}")
+  c.data.update(seq_len=32, docs_per_chunk=16)
+  c.model.update(hidden=32, heads=4, mlp=64, layers=2, vocab_size=VOCAB, max_positions=32)
+  c.optimizer.update(peak_lr=1e-2, warmup_steps=5)
+  c.train.update(batch_size=BATCH, total_steps=30, log_every=5, eval_every=30, eval_batches=2,
+                 checkpoint_every=15, keep_checkpoints=5)
+  return c
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("gpt"))
+  train.run(tiny_config(), workdir)
+  return workdir
+
+
+def test_loss_falls_and_the_run_writes_its_outputs(uninterrupted):
+  metrics = train_records(uninterrupted)
+  assert sorted(metrics) == [5, 10, 15, 20, 25, 30]
+  assert metrics[30]["lm_loss"] < metrics[5]["lm_loss"] - 0.5
+  evals = [r for r in metric_records(uninterrupted) if "eval_lm_loss" in r]
+  # Held out, below the first steps' loss, which is the uniform prior's log(512) = 6.24.
+  assert evals[-1]["eval_lm_loss"] < metrics[5]["lm_loss"] - 0.4
+  assert sorted(os.listdir(os.path.join(uninterrupted, "checkpoints"))) == ["15", "30"]
+
+
+def test_resume_reproduces_the_run(uninterrupted, tmp_path):
+  workdir = str(tmp_path / "resumed")
+  copy_until(uninterrupted, workdir, 15)
+  train.run(tiny_config(), workdir)
+  resumed, reference = train_records(workdir), train_records(uninterrupted)
+  assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
+                                                        for s in (20, 25, 30)]
+
+
+@pytest.fixture(scope="module")
+def batches():
+  config = tiny_config()
+  docs = sources.get_documents(config.data, "train")
+  tokenizer = tokenizers.load_or_train(config, docs)
+  pipe = pipeline_lib.Pipeline(config, tokenizer, docs, causal_lm.make_features(config, tokenizer),
+                               0, 1, BATCH)
+  out = [next(pipe) for _ in range(2)]
+  pipe.close()
+  return out, tokenizer
+
+
+def test_rows_are_next_token_pairs(batches):
+  """Each row's targets are its inputs shifted by one, from a tokenizer with <eod> (packing_test
+  checks the rows against the stream)."""
+  (batch, _), tokenizer = batches
+  np.testing.assert_array_equal(batch["target_ids"][:, :-1], batch["input_ids"][:, 1:])
+  assert tokenizer.eod_id is not None
+  assert batch["loss_weights"].all() and batch["input_mask"].all()
+
+
+def run_steps(config, batches, devices):
+  mesh = sharding.make_mesh(config.mesh, devices)
+  state, train_step = step_lib.fresh_train_step(config, mesh, causal_lm)
+  losses = []
+  for batch in batches:
+    state, metrics = train_step(state, {k: jax.device_put(v, sharding.batch_sharding(mesh))
+                                        for k, v in batch.items()})
+    losses.append(step_lib.finalize_metrics(jax.device_get(metrics))["loss"])
+  return losses, jax.device_get(state.params)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_sharded_steps_equal_single_device(batches, version):
+  """Two steps on a 2 x 2 x 2 mesh equal one device: losses and parameters."""
+  config = tiny_config(version)
+  config.mesh.update(data=2, fsdp=2, tensor=2)
+  losses, params = run_steps(config, batches[0], jax.devices())
+  config.mesh.update(data=1, fsdp=1, tensor=1)
+  ref_losses, ref_params = run_steps(config, batches[0], jax.devices()[:1])
+  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+  assert ("final_ln" in params["params"]["encoder"]) == (version == 2)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
+               params, ref_params)

@@ -1,0 +1,135 @@
+"""GPT (models/pretraining.CausalLM over the causal `Encoder`) and its generation
+(bertfam_jax.generate): no position sees a later token, in every layer layout; the KV cache
+gives the recomputing path's logits and tokens; top-k / top-p keep the tokens they name."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bertfam_jax import generate
+from bertfam_jax.models import pretraining
+
+from helpers import tiny
+
+BATCH = 3
+
+
+def model_and_params(config, seed=0):
+  model = pretraining.CausalLM(ml_collections.FrozenConfigDict(config))
+  ids = jnp.zeros((1, tiny.LENGTH), jnp.int32)
+  params = nn.meta.unbox(model.init(jax.random.key(seed), ids, jnp.ones_like(ids),
+                                    deterministic=True))["params"]
+  return model, params
+
+
+def random_ids(seed=0, length=tiny.LENGTH):
+  return jnp.asarray(np.random.default_rng(seed).integers(4, tiny.VOCAB, (BATCH, length)),
+                     jnp.int32)
+
+
+LAYOUTS = {
+    "gpt1": dict(),
+    "gpt2": dict(version=2),
+    "gpt2_scanned_remat": dict(version=2, scan_layers=True, remat_policy="dots"),
+    "gpt1_dropout": dict(dropout=0.1, attention_dropout=0.1),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_no_position_sees_a_later_token(layout):
+  """Changing the token at t + 1 leaves every logit at positions <= t unchanged (and changes
+  those after), for each t; with dropout the masks are the same draw in both passes."""
+  model, params = model_and_params(tiny.gpt(**LAYOUTS[layout]))
+  ids = random_ids()
+  dropout = "dropout" in layout
+  apply = jax.jit(lambda ids: model.apply({"params": params}, ids, jnp.ones_like(ids),
+                                          deterministic=not dropout,
+                                          rngs={"dropout": jax.random.key(1)}))
+  reference = np.asarray(apply(ids))
+  for t in range(0, tiny.LENGTH - 1, 5):
+    changed = np.asarray(apply(ids.at[:, t + 1].set((ids[:, t + 1] + 1) % tiny.VOCAB)))
+    np.testing.assert_array_equal(changed[:, :t + 1], reference[:, :t + 1])
+    assert not np.allclose(changed[:, t + 1:], reference[:, t + 1:])
+
+
+def test_pre_ln_has_a_final_norm_and_post_ln_none():
+  _, gpt1 = model_and_params(tiny.gpt())
+  _, gpt2 = model_and_params(tiny.gpt(version=2))
+  assert "final_ln" not in gpt1["encoder"] and "final_ln" in gpt2["encoder"]
+  assert "embeddings_ln" not in gpt1["encoder"] and "type_embeddings" not in gpt1["encoder"]
+  assert set(gpt1["encoder"]["layer_0"]) == set(gpt2["encoder"]["layer_0"])
+
+
+@pytest.mark.parametrize("layout", ["gpt1", "gpt2_scanned_remat"])
+def test_the_cache_gives_the_full_forward_logits(layout):
+  """Feeding a sequence through the KV cache in chunks of 5, 1, 1, ... gives the logits of one
+  full forward pass at every position."""
+  model, params = model_and_params(tiny.gpt(**LAYOUTS[layout]))
+  ids = random_ids()
+  full = model.apply({"params": params}, ids, jnp.ones_like(ids), deterministic=True)
+  _, variables = model.apply({"params": params}, jnp.zeros_like(ids), jnp.ones_like(ids),
+                             deterministic=True, decode=True, mutable=["cache"])
+  cache, pieces = variables["cache"], []
+  for start, stop in [(0, 5)] + [(t, t + 1) for t in range(5, tiny.LENGTH)]:
+    chunk = ids[:, start:stop]
+    logits, variables = model.apply({"params": params, "cache": cache}, chunk,
+                                    jnp.ones_like(chunk), deterministic=True, decode=True,
+                                    mutable=["cache"])
+    cache = variables["cache"]
+    pieces.append(logits)
+  np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9, top_k=5),
+                                      dict(temperature=1.2, top_p=0.8)])
+def test_cached_generation_equals_recomputation(sampling):
+  """Prompts of 3, 7 and 1 tokens: the rows keep their prompts, the cached and the recomputing
+  decodes produce the same tokens, and greedy decoding is each step's argmax of the full pass."""
+  model, params = model_and_params(tiny.gpt(version=2))
+  prompts, lengths = random_ids(2, 7), np.array([3, 7, 1])
+  run = lambda use_cache: generate.generate(  # noqa: E731
+      model, params, prompts, lengths, max_length=20, rng=jax.random.key(4),
+      use_cache=use_cache, **sampling)
+  cached, recomputed = run(True), run(False)
+  np.testing.assert_array_equal(cached, recomputed)
+  for row, length in enumerate(lengths):
+    np.testing.assert_array_equal(cached[row, :length], prompts[row, :length])
+  if sampling["temperature"] == 0.0:
+    logits = model.apply({"params": params}, jnp.asarray(cached), jnp.ones_like(cached),
+                         deterministic=True)
+    for row, length in enumerate(lengths):
+      np.testing.assert_array_equal(cached[row, length:],
+                                    np.argmax(logits[row, length - 1:-1], axis=-1))
+
+
+def test_generation_stops_rows_at_the_end_token():
+  """With eos_id the greedy continuation of each row after its first eos is 0s."""
+  model, params = model_and_params(tiny.gpt())
+  prompts, lengths = random_ids(3, 4), np.array([4, 4, 4])
+  free = generate.generate(model, params, prompts, lengths, max_length=24,
+                           rng=jax.random.key(0), temperature=0.0)
+  eos = int(free[0, 6])   # row 0's third generated token, taken as the end token
+  stopped = generate.generate(model, params, prompts, lengths, max_length=24,
+                              rng=jax.random.key(0), temperature=0.0, eos_id=eos)
+  for row in range(BATCH):
+    hits = np.flatnonzero(free[row, 4:] == eos)
+    end = 4 + (hits[0] + 1 if len(hits) else 20)
+    np.testing.assert_array_equal(stopped[row, :end], free[row, :end])
+    assert not stopped[row, end:].any()
+
+
+def test_top_k_and_top_p_keep_the_tokens_they_name():
+  logits = jnp.log(jnp.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+  kept = lambda **kw: np.asarray(generate.filter_logits(logits, **kw) > -1e8)[0]  # noqa: E731
+  np.testing.assert_array_equal(kept(top_k=2), [1, 1, 0, 0, 0])
+  np.testing.assert_array_equal(kept(top_p=0.5), [1, 0, 0, 0, 0])     # 0.5 reaches 0.5
+  np.testing.assert_array_equal(kept(top_p=0.6), [1, 1, 0, 0, 0])
+  np.testing.assert_array_equal(kept(top_p=0.86), [1, 1, 1, 1, 0])
+  np.testing.assert_array_equal(kept(top_k=3, top_p=0.99), [1, 1, 1, 0, 0])
+  draws = generate.next_tokens(jnp.tile(logits, (4000, 1)), jax.random.key(0), temperature=1.0,
+                               top_k=0, top_p=0.6)
+  share = np.bincount(np.asarray(draws), minlength=5) / 4000
+  np.testing.assert_allclose(share, [5 / 7, 2 / 7, 0, 0, 0], atol=0.03)
