@@ -2,7 +2,8 @@ r"""Does each paper's quick-start recipe learn? `configs/<family>.py:runlocal` t
 then its last held-out evaluation against the trivial baseline on the same held-out batches:
 
   MLM families (bert, roberta, albert, spanbert, structbert), ELECTRA's generator, T5 (span
-    corruption's decoder targets) and XLNet (its permutation LM's targets): eval accuracy and
+    corruption's decoder targets), XLNet (its permutation LM's targets) and GPT (every next token):
+    eval accuracy and
     cross-entropy against the unigram predictor (`unigram_baseline`: the most frequent target,
     and the unigram distribution of the training batches' targets);
   ELECTRA's discriminator: eval accuracy against the base rate, 1 − the replaced share (a
@@ -29,9 +30,10 @@ from bertfam_jax.train import train
 from experiments import common
 from experiments.unigram_baseline import unigram_baseline
 
-FAMILIES = ("bert", "roberta", "albert", "spanbert", "structbert", "electra", "t5", "xlnet")
+FAMILIES = ("bert", "roberta", "albert", "spanbert", "structbert", "electra", "t5", "xlnet",
+            "gpt")
 # The held-out metrics' prefix per family: {prefix}_accuracy and {prefix}_loss.
-METRIC_PREFIX = {"electra": "generator_mlm", "t5": "t5", "xlnet": "plm"}
+METRIC_PREFIX = {"electra": "generator_mlm", "t5": "t5", "xlnet": "plm", "gpt": "lm"}
 _FAMILIES = flags.DEFINE_list("families", list(FAMILIES), f"Of {FAMILIES}.")
 _WORKDIRS = flags.DEFINE_string("workdirs", "/tmp/runlocal_check", "Where the runs train.")
 _OUT = flags.DEFINE_string("out", "experiments/results/runlocal_check", "Results folder.")

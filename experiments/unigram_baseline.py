@@ -1,6 +1,7 @@
 """The unigram baseline of a pre-training config: what a model that ignores the context scores.
 
-It counts the target tokens (masked tokens; T5's decoder targets; XLNet's permutation targets)
+It counts the target tokens (masked tokens; T5's decoder targets; XLNet's permutation targets;
+GPT's next tokens)
 of `--train_batches` training batches, then predicts the most frequent one (accuracy) and the
 unigram distribution (cross-entropy) at the predicted positions of the same held-out batches the
 train loop evaluates on. A pre-trained model must beat both.
@@ -23,7 +24,8 @@ if __name__ == "__main__":  # flags of the script only, so that others can impor
 # Each objective's prediction targets and their weights in a batch (the masked-LM families and
 # ELECTRA's generator: mlm_targets / mlm_weights).
 TARGET_KEYS = {"t5": ("decoder_target_ids", "decoder_loss_weights"),
-               "xlnet": ("target_ids", "target_weights")}
+               "xlnet": ("target_ids", "target_weights"),
+               "causal_lm": ("target_ids", "loss_weights")}
 MLM_TARGET_KEYS = ("mlm_targets", "mlm_weights")
 
 
