@@ -2,10 +2,9 @@ r"""Does each paper's quick-start recipe learn? `configs/<family>.py:runlocal` t
 then its last held-out evaluation against the trivial baseline on the same held-out batches:
 
   MLM families (bert, roberta, albert, spanbert, structbert), ELECTRA's generator, T5 (span
-    corruption's decoder targets), XLNet (its permutation LM's targets) and GPT (every next token):
-    eval accuracy and
-    cross-entropy against the unigram predictor (`unigram_baseline`: the most frequent target,
-    and the unigram distribution of the training batches' targets);
+    corruption's decoder targets), XLNet (its permutation LM's targets) and GPT (every next
+    token): eval accuracy and cross-entropy against the unigram predictor (`unigram_baseline`:
+    the most frequent target, and the unigram distribution of the training batches' targets);
   ELECTRA's discriminator: eval accuracy against the base rate, 1 − the replaced share (a
     detector that always says 'original').
 

@@ -4,7 +4,8 @@ Each file layout is built from `tokenizers` components exactly as transformers 5
 matching class (so ids equal transformers' and offsets are characters of the original text):
   tokenizer.json           the serialised tokenizer itself
   vocab.txt                BertTokenizer: WordPiece, BertNormalizer, BertPreTokenizer
-  vocab.json + merges.txt  RobertaTokenizer: byte-level BPE
+  vocab.json + merges.txt  RobertaTokenizer: byte-level BPE (GPT2Tokenizer: the same, with GPT-2's
+                           one special token <|endoftext|>, also its padding here)
   spiece.model             AlbertTokenizer: the SentencePiece pieces and scores as a Unigram model
                            behind ALBERT's normalizers (``/'' → ", NFKD + strip accents unless
                            keep_accents, lowercase if do_lower_case, the model's precompiled
@@ -49,9 +50,14 @@ BYTE_LEVEL_SPECIALS = dict(cls="<s>", sep="</s>", pad="<pad>", unk="<unk>", mask
 SPIECE_SPECIALS = dict(cls="[CLS]", sep="[SEP]", pad="<pad>", unk="<unk>", mask="[MASK]")
 XLNET_SPECIALS = dict(cls="<cls>", sep="<sep>", pad="<pad>", unk="<unk>", mask="<mask>")
 T5_SPECIALS = dict(eos="</s>", pad="<pad>", unk="<unk>")
+# GPT-2's one special token ends documents and stands for unknown bytes; it has no padding token,
+# and transformers users pad with it, as we do (padding is never attended to nor predicted).
+ENDOFTEXT = "<|endoftext|>"
+GPT2_SPECIALS = dict(eos=ENDOFTEXT, pad=ENDOFTEXT, unk=ENDOFTEXT)
 # tokenizer.json's layout: the first whose cls (T5: eos) and pad tokens the vocabulary has (XLNet's
 # also has RoBERTa's <s>, so it comes first).
-LAYOUTS = (WORDPIECE_SPECIALS, XLNET_SPECIALS, BYTE_LEVEL_SPECIALS, SPIECE_SPECIALS, T5_SPECIALS)
+LAYOUTS = (WORDPIECE_SPECIALS, XLNET_SPECIALS, BYTE_LEVEL_SPECIALS, SPIECE_SPECIALS, T5_SPECIALS,
+           GPT2_SPECIALS)
 EOD = "<eod>"  # XLNet's end of document (data.tokenizers.EOD)
 SENTINEL = re.compile(r"<extra_id_(\d+)>")
 _PUNCTUATION = set(string.punctuation)
@@ -67,7 +73,7 @@ class HFTokenizer:
   that begins a word: not a WordPiece '##' continuation, or starting with the byte-level 'Ġ' /
   SentencePiece '▁' word marker, or punctuation, or special); pair_separator_ids: what
   separates segment A from B ((sep,) BERT/ALBERT/ELECTRA, (sep, sep) RoBERTa, () without a
-  separator); eod_id: XLNet's <eod>, or None; extra_ids, sentinel_start, num_pieces: T5's
+  separator); eod_id: XLNet's <eod> or GPT-2's <|endoftext|>, or None; extra_ids, sentinel_start, num_pieces: T5's
   sentinels `<extra_id_k>` = id sentinel_start − k, the last extra_ids ids, after the
   num_pieces pieces (0, vocab_size − 1, vocab_size without sentinels), as
   data.tokenizers.Tokenizer; files: {name: bytes} of the directory it was read from.
@@ -88,7 +94,8 @@ class HFTokenizer:
     self.cls_id, self.sep_id, self.pad_id, self.unk_id, self.mask_id = (
         ids.get(r) for r in SPECIAL_ROLES[:5])
     self.eos_id = ids.get("eos", self.sep_id)
-    self.eod_id = tokenizer.token_to_id(EOD)
+    self.eod_id = next((i for i in map(tokenizer.token_to_id, (EOD, ENDOFTEXT)) if i is not None),
+                       None)
     special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
     special |= {i for role, i in ids.items() if role != "unk"}
     self.special_ids = np.asarray(sorted(special - {self.unk_id}), np.int32)
@@ -199,8 +206,11 @@ def from_files(files: dict[str, bytes]) -> HFTokenizer:
     tokenizer, defaults = _wordpiece(files["vocab.txt"], options), WORDPIECE_SPECIALS
   else:
     tokenizer = _byte_level_bpe(files["vocab.json"], files["merges.txt"], options)
-    defaults = BYTE_LEVEL_SPECIALS
+    defaults = (GPT2_SPECIALS if options.get("tokenizer_class") == "GPT2Tokenizer"
+                else BYTE_LEVEL_SPECIALS)
   named = {role: options.get(f"{role}_token", defaults.get(role)) for role in SPECIAL_ROLES}
+  if defaults is GPT2_SPECIALS:   # its config says pad_token null
+    named["pad"] = named["pad"] or named["eos"]
   specials = {role: _token_text(token) for role, token in named.items() if token is not None}
   tokenizer.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
                                 for t in specials.values()])

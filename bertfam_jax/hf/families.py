@@ -1,8 +1,9 @@
 """The HF model families we read and write: config translation and which heads each HF class holds.
 
 `FAMILIES[model_type]` is a `Family`: bert, roberta, albert, electra (our BERT-style `Encoder`
-plus heads, Network ENCODER), t5 (T5ForConditionalGeneration ↔ models/t5.py, Network T5) and
-xlnet (XLNetLMHeadModel ↔ models/xlnet.py, Network XLNET). The `Network` holds what differs
+plus heads, Network ENCODER), t5 (T5ForConditionalGeneration ↔ models/t5.py, Network T5),
+xlnet (XLNetLMHeadModel ↔ models/xlnet.py, Network XLNET), gpt2 and openai-gpt
+(GPT2LMHeadModel / OpenAIGPTLMHeadModel ↔ models/pretraining.CausalLM, Network GPT). The `Network` holds what differs
 between those kinds of model: the HF config keys and their translation, the name table
 (mapping.py), the pre-training recipe of an imported checkpoint and the token ids of an export.
 A family lists its `Architecture`s (HF classes) most heads first; `detect` picks the first whose
@@ -30,6 +31,7 @@ import numpy as np
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.data import packing
 from bertfam_jax.hf import mapping
 from bertfam_jax.models import finetune as finetune_models
 from bertfam_jax.models.encoder import factorized_embedding
@@ -414,6 +416,114 @@ XLNET = Network(
     token_ids=_pad_id, names=_xlnet_names)
 
 
+# GPT (GPT2LMHeadModel, OpenAIGPTLMHeadModel ↔ our causal Encoder in models/pretraining.CausalLM):
+# the keys both configs share, and each one's own defaults (Family.defaults).
+GPT_REQUIRED = ("n_embd", "n_layer", "n_head")
+GPT_DEFAULTS = dict(n_inner=None, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
+                    layer_norm_epsilon=1e-5, initializer_range=0.02, tie_word_embeddings=True)
+GPT2_DEFAULTS = dict(vocab_size=50257, n_positions=1024, activation_function="gelu_new",
+                     scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                     add_cross_attention=False)
+OPENAI_GPT_DEFAULTS = dict(vocab_size=40478, n_positions=512, afn="gelu")
+# GPT-2's forward options that our GPT computes only at these values.
+GPT2_FORWARD = dict(scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                    add_cross_attention=False)
+# OpenAI GPT's `afn` (modeling_openai.py ACT_FNS: its 'gelu' is the tanh approximation).
+OPENAI_ACTIVATIONS_FROM_HF = {"gelu": "gelu_tanh", "relu": "relu"}
+OPENAI_ACTIVATIONS_TO_HF = {v: k for k, v in OPENAI_ACTIVATIONS_FROM_HF.items()}
+
+
+def _is_openai(family: Family) -> bool:
+  return family.model_type == "openai-gpt"
+
+
+def _gpt_activation(family: Family, hf: dict) -> str:
+  key, table = (("afn", OPENAI_ACTIVATIONS_FROM_HF) if _is_openai(family)
+                else ("activation_function", ACTIVATIONS_FROM_HF))
+  if hf[key] not in table:
+    raise ConfigError(f"{family.model_type} {key}={hf[key]!r} has no counterpart here; "
+                      f"supported: {sorted(table)}.")
+  return table[hf[key]]
+
+
+def _gpt_model_from_hf(family: Family, hf: dict) -> ml_collections.ConfigDict:
+  """Our GPT of a GPT2Config (pre-LN) or OpenAIGPTConfig (post-LN); resid_pdrop is our dropout
+  (embeddings and residuals; HF's embd_pdrop is read as equal to it)."""
+  if not _is_openai(family):
+    differ = {k: hf[k] for k, v in GPT2_FORWARD.items() if hf[k] != v}
+    if differ:
+      raise ConfigError(f"GPT-2 with {differ}: our GPT computes HF's forward only with "
+                        f"{GPT2_FORWARD}; set those in config.json to import.")
+  return config_lib.gpt_model(
+      "base", 1 if _is_openai(family) else 2, vocab_size=hf["vocab_size"], hidden=hf["n_embd"],
+      layers=hf["n_layer"], heads=hf["n_head"], mlp=hf["n_inner"] or 4 * hf["n_embd"],
+      max_positions=hf["n_positions"], activation=_gpt_activation(family, hf),
+      dropout=hf["resid_pdrop"], attention_dropout=hf["attn_pdrop"],
+      layer_norm_eps=hf["layer_norm_epsilon"], initializer_range=hf["initializer_range"])
+
+
+def _gpt_model_to_hf(family: Family, model, hf: dict) -> dict:
+  """The GPT2Config / OpenAIGPTConfig fields of our GPT; its layout (pre- or post-LN) must be
+  the family's."""
+  del hf
+  if model.pre_layer_norm == _is_openai(family) or model.get("embedding_layer_norm", True):
+    raise ConfigError(f"model.pre_layer_norm={model.pre_layer_norm}: {family.model_type} is "
+                      f"{'post' if _is_openai(family) else 'pre'}-LN without an embedding "
+                      "LayerNorm; export a GPT of configs/gpt.py's version "
+                      f"{1 if _is_openai(family) else 2} as {family.model_type}.")
+  if _is_openai(family):
+    if model.activation not in OPENAI_ACTIVATIONS_TO_HF:
+      raise ConfigError(f"model.activation={model.activation!r}: OpenAI GPT's afn has "
+                        f"{sorted(OPENAI_ACTIVATIONS_TO_HF)} only.")
+    activation = dict(afn=OPENAI_ACTIVATIONS_TO_HF[model.activation])
+  else:
+    activation = dict(activation_function=ACTIVATIONS_TO_HF[model.activation], **GPT2_FORWARD,
+                      n_inner=model.mlp)
+  if _is_openai(family) and model.mlp != 4 * model.hidden:
+    raise ConfigError(f"model.mlp={model.mlp}: OpenAI GPT's MLP is 4 × n_embd = "
+                      f"{4 * model.hidden} wide.")
+  return dict(vocab_size=model.vocab_size, n_embd=model.hidden, n_layer=model.layers,
+              n_head=model.heads, n_positions=model.max_positions, resid_pdrop=model.dropout,
+              embd_pdrop=model.dropout, attn_pdrop=model.attention_dropout,
+              layer_norm_epsilon=model.layer_norm_eps, initializer_range=model.initializer_range,
+              tie_word_embeddings=True, **activation)
+
+
+def _gpt_entries(family: Family, model, hf: dict) -> list[mapping.Entry]:
+  del hf
+  return [dataclasses.replace(e, ours=("encoder",) + e.ours)
+          for e in mapping.gpt_entries(model, openai=_is_openai(family))]
+
+
+def _gpt_recipe(family: Family, arch: Architecture, config) -> None:
+  """GPT's causal LM (configs/gpt.py) on rows of the model's positions (at most 1,024)."""
+  del family, arch
+  config.objective = ml_collections.ConfigDict(dict(name="causal_lm"))
+  config.optimizer = config_lib.gpt_adam()
+  config.data.update(packing="lm_stream", seq_len=min(config.model.max_positions, 1024))
+
+
+def _gpt_token_ids(tokenizer) -> dict:
+  """GPT-2's bos / eos are its <|endoftext|>, our end of document."""
+  eod = packing.eod_id(tokenizer)
+  return dict(bos_token_id=eod, eos_token_id=eod)
+
+
+# The token embedding's name in each GPT family: it tells a head class's names from a bare model's.
+GPT_WORD_EMBEDDING = {"gpt2": "wte", "openai-gpt": "tokens_embed"}
+
+
+def _gpt_names(family: Family, hf: dict, state_dict: dict) -> dict:
+  del hf
+  return with_prefix(state_dict, "transformer",
+                     f"transformer.{GPT_WORD_EMBEDDING[family.model_type]}.weight")
+
+GPT = Network(
+    required=GPT_REQUIRED, defaults=GPT_DEFAULTS, model_from_hf=_gpt_model_from_hf,
+    model_to_hf=_gpt_model_to_hf, entries=_gpt_entries, recipe=_gpt_recipe,
+    token_ids=_gpt_token_ids, names=_gpt_names)
+
+
 # --------------------------------------------------------------------------------------- families
 
 
@@ -575,6 +685,15 @@ FAMILIES = {
         architectures=(Architecture("XLNetLMHeadModel", "xlnet", "",
                                     {"lm_loss": {"bias": "lm_loss.bias"}}),),
         base="XLNetLMHeadModel"),
+    # GPT-2 (pre-LN) and GPT-1 (post-LN): the LM head is the tied token embedding.
+    "gpt2": Family(
+        "gpt2", GPT,
+        architectures=(Architecture("GPT2LMHeadModel", "causal_lm", "", {}),),
+        base="GPT2LMHeadModel", defaults=GPT2_DEFAULTS),
+    "openai-gpt": Family(
+        "openai-gpt", GPT,
+        architectures=(Architecture("OpenAIGPTLMHeadModel", "causal_lm", "", {}),),
+        base="OpenAIGPTLMHeadModel", defaults=OPENAI_GPT_DEFAULTS),
 }
 
 

@@ -194,11 +194,24 @@ def _xlnet_heads(m, input_ids, types, mask, perm_mask, target_mapping):
   return {"hidden_states": out["content"], "logits": logits.astype(jnp.float32)}
 
 
+def _causal_lm_outputs(model, params, input_ids, mask, types):
+  """GPT2LMHeadModel's / OpenAIGPTLMHeadModel's next-token logits [batch, length, vocab]
+  (float32) and the last hidden states (after GPT-2's ln_f); `types` unused (no token types)."""
+  del types
+  return model.apply({"params": params}, input_ids, mask, method=_causal_lm_heads)
+
+
+def _causal_lm_heads(m, input_ids, mask):
+  x_BLD = m.encoder(input_ids, mask, deterministic=True)
+  return {"hidden_states": x_BLD, "logits": m.encoder.attend(x_BLD).astype(jnp.float32)}
+
+
 # objective → (the HFModel outputs of its model, the keyword inputs beyond input_ids,
 # attention_mask and token_type_ids that they take).
 OUTPUTS = {"mlm": (_pretraining_outputs, ()), "electra": (_pretraining_outputs, ()),
            "t5": (_t5_outputs, ("decoder_input_ids",)),
-           "xlnet": (_xlnet_outputs, ("perm_mask", "target_mapping"))}
+           "xlnet": (_xlnet_outputs, ("perm_mask", "target_mapping")),
+           "causal_lm": (_causal_lm_outputs, ())}
 
 
 # ------------------------------------------------------------------------------------ reading

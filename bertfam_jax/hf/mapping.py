@@ -1,5 +1,6 @@
 """HuggingFace state_dict names ↔ our parameter trees: BERT-style encoders and their heads, T5
-(T5ForConditionalGeneration) and XLNet (XLNetLMHeadModel).
+(T5ForConditionalGeneration), XLNet (XLNetLMHeadModel) and GPT (GPT2LMHeadModel,
+OpenAIGPTLMHeadModel).
 
 One table drives both directions: `encoder_entries` / `head_entries` / `t5_entries` /
 `xlnet_entries` list every parameter as an `Entry` (our path, HF name, how the array is laid out
@@ -40,7 +41,9 @@ SHARED_EMBEDDINGS = ("word_embeddings", "position_embeddings", "type_embeddings"
 @dataclasses.dataclass(frozen=True)
 class Entry:
   """One parameter: `ours` its path in our tree, `theirs` its HF name, `to_ours` / `to_hf` the
-  array conversions between the two layouts."""
+  array conversions between the two layouts. A fused HF tensor (GPT's c_attn: query, key and
+  value in one) maps to a subtree of ours: `to_ours` returns a nested dict, merged into the tree
+  beside the other entries' leaves, and `to_hf` reads that subtree."""
   ours: tuple[str, ...]
   theirs: str
   to_ours: Callable[[np.ndarray], np.ndarray] = lambda x: x
@@ -192,8 +195,18 @@ def params_from_hf(state_dict: dict[str, np.ndarray], entries: list[Entry]) -> d
     node = tree
     for key in e.ours[:-1]:
       node = node.setdefault(key, {})
-    node[e.ours[-1]] = np.asarray(e.to_ours(state_dict[e.theirs]))
+    _merge(node, e.ours[-1], e.to_ours(state_dict[e.theirs]))
   return tree
+
+
+def _merge(node: dict, key: str, value) -> None:
+  """node[key] = value, a subtree (dict) merged into what node[key] holds."""
+  if not isinstance(value, dict):
+    node[key] = np.asarray(value)
+    return
+  inner = node.setdefault(key, {})
+  for k, v in value.items():
+    _merge(inner, k, v)
 
 
 def params_to_hf(params: dict[str, Any], entries: list[Entry]) -> dict[str, np.ndarray]:
@@ -203,7 +216,8 @@ def params_to_hf(params: dict[str, Any], entries: list[Entry]) -> dict[str, np.n
     node = params
     for key in e.ours:
       node = node[key]
-    state_dict[e.theirs] = np.ascontiguousarray(e.to_hf(np.asarray(node)))
+    state_dict[e.theirs] = np.ascontiguousarray(
+        e.to_hf(node if isinstance(node, dict) else np.asarray(node)))
   return state_dict
 
 
@@ -286,4 +300,63 @@ def xlnet_entries(config) -> list[Entry]:
                 *dense(ours + ("ff", "layer_1"), f"{theirs}.ff.layer_1"),
                 *dense(ours + ("ff", "layer_2"), f"{theirs}.ff.layer_2"),
                 *layer_norm(ours + ("ff", "layer_norm"), f"{theirs}.ff.layer_norm")]
+  return entries
+
+
+# Our causal `Encoder` (GPT: model.causal) inside HF's GPT-2 and OpenAI GPT, whose Conv1D weights
+# are [in, out] as our kernels; c_attn holds query, key and value side by side ([hidden,
+# 3·hidden] and [3·hidden]). {ours: (GPT-2's name, OpenAI GPT's name)}.
+GPT_NAMES = dict(word_embeddings=("wte", "tokens_embed"),
+                 position_embeddings=("wpe", "positions_embed"))
+GPT_QKV = ("query", "key", "value")
+
+
+def _fused_qkv(part: str, heads: int):
+  """(to_ours, to_hf) of c_attn's `part` ('kernel' [hidden, 3·hidden] or 'bias' [3·hidden]) ↔
+  {query, key, value: {part: [hidden,] heads, head_dim}}."""
+
+  def to_ours(w):
+    return {name: {part: piece.reshape(piece.shape[:-1] + (heads, -1))}
+            for name, piece in zip(GPT_QKV, np.split(w, 3, axis=-1))}
+
+  def to_hf(subtree):
+    pieces = [np.asarray(subtree[name][part]) for name in GPT_QKV]
+    return np.concatenate([p.reshape(p.shape[:-2] + (-1,)) for p in pieces], axis=-1)
+
+  return to_ours, to_hf
+
+
+def gpt_entries(config, openai: bool) -> list[Entry]:
+  """The entries of our causal `Encoder` (config: its model section) inside HF's
+  GPT2LMHeadModel (`openai` False) or OpenAIGPTLMHeadModel (True), names with the `transformer.`
+  prefix; the LM head is the tied token embedding:
+    word_embeddings, position_embeddings/embedding   transformer.{wte, wpe | tokens_embed,
+                                                      positions_embed}.weight
+    layer_{i}/attention/{query,key,value}            transformer.h.{i}.attn.c_attn (fused)
+    layer_{i}/attention/output                       transformer.h.{i}.attn.c_proj
+    layer_{i}/mlp/{intermediate,output}              transformer.h.{i}.mlp.{c_fc,c_proj}
+    layer_{i}/{attention_ln,output_ln}               transformer.h.{i}.{ln_1,ln_2}
+    final_ln (pre-LN, GPT-2)                         transformer.ln_f"""
+  heads = config.heads
+  entries = [Entry((ours, "embedding"), f"transformer.{names[openai]}.weight")
+             for ours, names in GPT_NAMES.items()]
+  for i in range(config.layers):
+    ours, theirs = (f"layer_{i}",), f"transformer.h.{i}"
+    attention = ours + ("attention",)
+    for part, suffix in (("kernel", "weight"), ("bias", "bias")):
+      entries.append(Entry(attention, f"{theirs}.attn.c_attn.{suffix}",
+                           *_fused_qkv(part, heads)))
+    entries += [
+        Entry(attention + ("output", "kernel"), f"{theirs}.attn.c_proj.weight",
+              lambda w: w.reshape(heads, -1, w.shape[-1]),
+              lambda k: k.reshape(-1, k.shape[-1])),
+        Entry(attention + ("output", "bias"), f"{theirs}.attn.c_proj.bias"),
+        Entry(ours + ("mlp", "intermediate", "kernel"), f"{theirs}.mlp.c_fc.weight"),
+        Entry(ours + ("mlp", "intermediate", "bias"), f"{theirs}.mlp.c_fc.bias"),
+        Entry(ours + ("mlp", "output", "kernel"), f"{theirs}.mlp.c_proj.weight"),
+        Entry(ours + ("mlp", "output", "bias"), f"{theirs}.mlp.c_proj.bias"),
+        *layer_norm(ours + ("attention_ln",), f"{theirs}.ln_1"),
+        *layer_norm(ours + ("output_ln",), f"{theirs}.ln_2")]
+  if config.pre_layer_norm:
+    entries += layer_norm(("final_ln",), "transformer.ln_f")
   return entries

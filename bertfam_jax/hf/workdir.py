@@ -86,11 +86,13 @@ def save_initial_checkpoint(config, params, directory: str) -> None:
 
 
 def run_family(config) -> families.Family:
-  """The HF family of one of our runs' model: T5's or XLNet's for those models, ELECTRA's for an
-  ELECTRA objective (its discriminator), else ALBERT's with every layer shared, BERT's with
-  none."""
+  """The HF family of one of our runs' model: T5's or XLNet's for those models, GPT-2's for a
+  pre-LN causal LM and OpenAI GPT's for a post-LN one, ELECTRA's for an ELECTRA objective (its
+  discriminator), else ALBERT's with every layer shared, BERT's with none."""
   if config.model.get("kind") in families.FAMILIES:
     return families.get(config.model.kind)
+  if config.objective.name == "causal_lm":
+    return families.get("gpt2" if config.model.pre_layer_norm else "openai-gpt")
   if config.objective.name == "electra":
     return families.get("electra")
   if config.model.share_layers not in ("none", "all"):
@@ -101,11 +103,11 @@ def run_family(config) -> families.Family:
 
 def run_architecture(config) -> tuple[families.Family, families.Architecture]:
   """The HF family and class of one of our pre-training runs: T5 → T5ForConditionalGeneration,
-  XLNet → XLNetLMHeadModel; ELECTRA (detection head) → ElectraForPreTraining; masked LM with
+  XLNet → XLNetLMHeadModel; GPT → GPT2LMHeadModel (pre-LN) or OpenAIGPTLMHeadModel; ELECTRA (detection head) → ElectraForPreTraining; masked LM with
   every layer shared → ALBERT, else BERT; with NSP / SOP the *ForPreTraining class, without the
   *ForMaskedLM one."""
   o = config.objective
-  if config.model.get("kind") in families.FAMILIES:
+  if config.model.get("kind") in families.FAMILIES or o.name == "causal_lm":
     family = run_family(config)
     return family, family.architectures[0]
   if o.name == "electra":

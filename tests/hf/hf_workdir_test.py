@@ -182,8 +182,8 @@ def test_activation_and_unsupported_families():
     families.model_from_hf(bert, dict(fields, hidden_act="silu"))
   with pytest.raises(ConfigError, match="inner_group_num"):
     families.model_from_hf(families.get("albert"), dict(fields, inner_group_num=2))
-  with pytest.raises(ConfigError, match="'gpt2' is not supported.*'t5', 'xlnet'"):
-    families.get("gpt2")
+  with pytest.raises(ConfigError, match="'llama' is not supported.*'t5', 'xlnet'"):
+    families.get("llama")
 
 
 def test_cli_refuses_a_non_empty_target(our_run, tmp_path, capsys):
