@@ -941,6 +941,10 @@ def finetune_config() -> ml_collections.ConfigDict:
       unfreeze_every=0,        # ULMFiT's gradual unfreezing: the head first, then one more layer
                                # from the top every this many steps (ULMFiT: an epoch); 0 = off
       reuse_pooler=True,       # start the head's pooler from the pre-trained NSP pooler if any
+      # GPT (a causal_lm init): the auxiliary LM loss's weight λ (the paper's 0.5; 0 = off), and
+      # similarity's input transformation: 2 = both orders of a pair, their extract states summed.
+      lm_coef=_DEFAULT(float),
+      pair_orders=1,
       # Text-to-text fine-tuning of a T5 init (finetune/seq2seq.py):
       targets_length=0,        # decoder length; 0 = the task's max_target_tokens
       beam_size=1,             # 1 = greedy decoding (the paper); > 1 beam search
@@ -975,9 +979,13 @@ def finetune_config() -> ml_collections.ConfigDict:
 # al. §3.1.4; t5x finetune.gin): Adafactor at a constant 0.001, 512 input tokens.
 # ELECTRA (configure_finetuning.py; the paper's Table 7): layer-wise decay 0.8 (large 0.9), lr by
 # size (small 3e-4, base 1e-4, large 5e-5), 3 epochs at 128 tokens, SQuAD 2 epochs at 512.
+# GPT (Radford et al. 2018 §4.1; finetune-transformer-lm train.py): lr 6.25e-5, batch 32, 3
+# epochs, warmup over 0.2% of the steps then linear decay, weight decay 0.01, clip 1, the
+# auxiliary LM loss at λ = 0.5.
 _ENCODER = dict(optimizer=dict(name="adamw", peak_lr=5e-5),
                 finetune=dict(max_seq_len=128, epochs=3.0, doc_stride=128, max_query_len=64,
-                              max_train_examples=0, max_eval_examples=0, layer_decay=1.0),
+                              max_train_examples=0, max_eval_examples=0, layer_decay=1.0,
+                              lm_coef=0.0),
                 train=dict(total_steps=0))
 _ELECTRA = dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=1e-4),
                 finetune=dict(_ENCODER["finetune"], layer_decay=0.8))
@@ -990,6 +998,8 @@ FINETUNE_DEFAULTS = {
                                                epochs=2.0)),
     "text_to_text": dict(_ENCODER, optimizer=dict(name="adafactor", peak_lr=1e-3),
                          finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0)),
+    "gpt": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=6.25e-5, warmup_fraction=0.002),
+                finetune=dict(_ENCODER["finetune"], lm_coef=0.5)),
 }
 # ELECTRA's sizes (by the discriminator's width) where they change the recipe; other widths
 # (the :runlocal models) take base's.
@@ -1021,16 +1031,19 @@ FINETUNE_RUNLOCAL = {
 }
 
 
-# ELECTRA's runlocal slices are the encoder's and the QA's.
+# ELECTRA's runlocal slices are the encoder's and the QA's; GPT's the encoder's.
 FINETUNE_RUNLOCAL.update(electra=FINETUNE_RUNLOCAL["encoder"],
-                         electra_qa=FINETUNE_RUNLOCAL["extractive_qa"])
+                         electra_qa=FINETUNE_RUNLOCAL["extractive_qa"],
+                         gpt=FINETUNE_RUNLOCAL["encoder"])
 
 
 def finetune_recipe(text_to_text: bool, task_kind: str, objective: str = "") -> str:
   """The key of FINETUNE_DEFAULTS for a T5 (text-to-text) or an encoder's task of `task_kind`,
-  ELECTRA's own where the pre-trained run's `objective` is ELECTRA."""
+  ELECTRA's own where the pre-trained run's `objective` is ELECTRA, GPT's for a causal LM."""
   if text_to_text:
     return "text_to_text"
+  if objective == "causal_lm":
+    return "gpt"
   qa = task_kind == "extractive_qa"
   if objective == "electra":
     return "electra_qa" if qa else "electra"
@@ -1081,6 +1094,9 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   if f.freeze_layers < 0 or f.epochs <= 0 or f.max_seq_len < 8 or f.adapter_size < 1:
     raise ConfigError("finetune.freeze_layers must be >= 0, epochs > 0, max_seq_len >= 8 and "
                       "adapter_size >= 1.")
+  if f.lm_coef < 0 or f.get("pair_orders", 1) not in (1, 2):
+    raise ConfigError(f"finetune.lm_coef={f.lm_coef} must be >= 0 and finetune.pair_orders="
+                      f"{f.get('pair_orders')} 1 or 2 (GPT's similarity: both orders).")
   if f.doc_stride < 1 or f.max_query_len < 1:
     raise ConfigError(f"finetune.doc_stride={f.doc_stride} and max_query_len={f.max_query_len} "
                       f"must be >= 1.")

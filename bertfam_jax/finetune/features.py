@@ -18,6 +18,14 @@ classification, regression and multiple choice: `A <sep> (B <sep>) <cls>` with s
 2 (SEG_ID_CLS), padded on the LEFT with segment 4 (SEG_ID_PAD), so that <cls>, the summary
 token, is always last. Tagging and QA rows keep BERT's layout for XLNet too (the reference's
 SQuAD puts the context first; not built).
+
+GPT's input transformations (`layout='gpt'`, Radford et al. 2018 §3.3, finetune-transformer-lm
+train.py transform_roc): `[start] A [extract]` and `[start] A [delim] B [extract]` (one row per
+choice for multiple choice: context as A, the choice as B), padded on the RIGHT (its positions
+are absolute), segment 0 everywhere. GPT adds three tokens at fine-tuning; here they are the
+tokenizer's cls_id, sep_id and mask_id, pieces that causal pre-training never sees
+(`packing.lm_stream` rows hold text and <eod> only), so they start untrained as the paper's.
+Similarity (`ft.pair_orders=2`): both orders of each pair, [examples, 2, length].
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ def _put(inputs: dict[str, np.ndarray], row: int, ids: Sequence[int], length_a: 
   inputs["segment_ids"][row, length_a:len(ids)] = 1
 
 
-LAYOUTS = ("bert", "xlnet")
+LAYOUTS = ("bert", "xlnet", "gpt")
 XLNET_SEGMENT_CLS, XLNET_SEGMENT_PAD = 2, 4
 
 
@@ -73,7 +81,7 @@ def encode_pairs(tokenizer, texts: Sequence[str], seq_len: int,
                  texts_b: Sequence[str] | None = None, layout: str = "bert"
                  ) -> dict[str, np.ndarray]:
   """BERT's `convert_single_example` for classification and regression (XLNet's with
-  `layout='xlnet'`: the module docstring).
+  `layout='xlnet'`, GPT's input transformations with 'gpt': the module docstring).
 
   Single texts are cut to seq_len - 2 tokens; pairs lose tokens from the end of the longer
   segment first (`truncated_pair_lengths`), to seq_len - 3 in both layouts.
@@ -85,6 +93,13 @@ def encode_pairs(tokenizer, texts: Sequence[str], seq_len: int,
     raise ValueError(f"layout={layout!r}; choose one of {LAYOUTS}.")
   separator = [] if texts_b is None else list(tokenizer.pair_separator_ids)
   specials = 2 + len(separator)
+  if layout == "gpt":
+    separator = [] if texts_b is None else [tokenizer.sep_id]
+    specials = 2 + len(separator)
+    if None in (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id):
+      raise ConfigError("GPT's input transformations take the tokenizer's [CLS], [SEP] and [MASK] "
+                        "as start, delimiter and extract tokens, and this tokenizer lacks one "
+                        "(GPT-2's has <|endoftext|> only); fine-tune a GPT of configs/gpt.py.")
   if seq_len <= specials:
     raise ConfigError(f"seq_len={seq_len} leaves no room for text after {specials} special tokens.")
   if texts_b is not None and len(texts_b) != len(texts):
@@ -101,14 +116,15 @@ def encode_pairs(tokenizer, texts: Sequence[str], seq_len: int,
         segments.append([*b[:kept_b], tokenizer.sep_id])
       _put_xlnet(inputs, row, segments, tokenizer.cls_id)
       continue
+    last = tokenizer.mask_id if layout == "gpt" else tokenizer.sep_id   # GPT's extract token
     if b is None:
-      ids = [tokenizer.cls_id, *a[:seq_len - 2], tokenizer.sep_id]
+      ids = [tokenizer.cls_id, *a[:seq_len - 2], last]
       length_a = len(ids)
     else:
       kept_a, kept_b = truncated_pair_lengths(len(a), len(b), seq_len - specials)
-      ids = [tokenizer.cls_id, *a[:kept_a], *separator, *b[:kept_b], tokenizer.sep_id]
+      ids = [tokenizer.cls_id, *a[:kept_a], *separator, *b[:kept_b], last]
       length_a = 1 + kept_a + len(separator)
-    _put(inputs, row, ids, length_a)
+    _put(inputs, row, ids, length_a if layout != "gpt" else len(ids))
   return inputs
 
 
@@ -370,14 +386,22 @@ def featurize(task, tokenizer, examples: Sequence[dict], ft, training: bool,
     task: a `finetune.tasks.Task`.
     ft: the `config.finetune` section (max_seq_len, doc_stride, max_query_len).
     training: QA drops examples whose answer_start misses the answer text (run_squad.py).
-    layout: 'bert', or 'xlnet' for an XLNet's classification, regression and multiple choice.
+    layout: 'bert', or 'xlnet' / 'gpt' for an XLNet's / a GPT's classification, regression and
+      multiple choice.
   """
   if task.kind in ("classification", "regression"):
     texts_b = [e["text_b"] for e in examples]
     if any(t is None for t in texts_b) and not all(t is None for t in texts_b):
       raise ValueError(f"Task {task.name!r} mixes single texts and pairs.")
-    data = encode_pairs(tokenizer, [e["text"] for e in examples], ft.max_seq_len,
-                        None if all(t is None for t in texts_b) else texts_b, layout)
+    texts_a = [e["text"] for e in examples]
+    pairs = not all(t is None for t in texts_b)
+    data = encode_pairs(tokenizer, texts_a, ft.max_seq_len, texts_b if pairs else None, layout)
+    if getattr(ft, "pair_orders", 1) == 2:
+      if not pairs:
+        raise ConfigError(f"finetune.pair_orders=2 reads both orders of a pair; {task.name} has "
+                          "single texts: set --config.finetune.pair_orders=1.")
+      swapped = encode_pairs(tokenizer, texts_b, ft.max_seq_len, texts_a, layout)
+      data = {k: np.stack([v, swapped[k]], axis=1) for k, v in data.items()}
     dtype = np.float32 if task.kind == "regression" else np.int32
     return dict(data, label=np.asarray([e["label"] for e in examples], dtype).reshape(-1))
   if task.kind == "token_classification":

@@ -47,6 +47,7 @@ from bertfam_jax.finetune import features, optim, recipe as recipe_lib, seq2seq,
 from bertfam_jax.finetune import text_tasks
 from bertfam_jax.finetune import losses as finetune_losses
 from bertfam_jax.models import finetune as finetune_models
+from bertfam_jax.objectives import losses as objective_losses
 from bertfam_jax.train import metrics as train_metrics
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import train as train_lib
@@ -216,6 +217,7 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
     # (its mask_emb, the query stream's start, is kept and unused).
     params = None if params is None else {
         "encoder": {k: v for k, v in params.items() if k != "lm_loss"}}
+  check_gpt_fields(ft, task, finetune_models.backbone_for(config.model))
   if ft.max_seq_len > config.model.get("max_positions", ft.max_seq_len):
     raise ConfigError(f"finetune.max_seq_len={ft.max_seq_len} exceeds the encoder's "
                       f"max_positions={config.model.max_positions}; pass "
@@ -249,7 +251,8 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
     return model.apply(variables, *(inputs[k] for k in INPUT_KEYS), deterministic=True)
 
   return recipe_lib.Recipe(
-      model=model, example=example, tx=tx, schedule=schedule, loss_fn=_make_loss_fn(task.kind),
+      model=model, example=example, tx=tx, schedule=schedule,
+      loss_fn=_make_loss_fn(task.kind, ft.get("lm_coef", 0.0)),
       transfer=None if params is None else functools.partial(
           transfer_pretrained, pretrained=params, reuse_pooler=ft.reuse_pooler),
       train_data=train_data, total_steps=total_steps, steps_per_epoch=num_train // batch_size,
@@ -260,11 +263,29 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
       extra=dict(trained_fraction=fraction))
 
 
+def check_gpt_fields(ft, task, backbone: str) -> None:
+  """GPT's fields belong to a causal backbone, which fine-tunes the sequence-level kinds, and
+  pair_orders=2 (similarity) to a pair classification or regression task."""
+  if backbone != "causal":
+    if ft.lm_coef or ft.pair_orders != 1:
+      raise ConfigError(f"finetune.lm_coef={ft.lm_coef} and pair_orders={ft.pair_orders} are "
+                        "GPT's (a causal_lm init); set --config.finetune.lm_coef=0 and "
+                        "--config.finetune.pair_orders=1.")
+    return
+  if task.kind not in finetune_models.SEQUENCE_KINDS:
+    raise ConfigError(f"A GPT fine-tunes {', '.join(finetune_models.SEQUENCE_KINDS)} tasks (its "
+                      f"input transformations); {ft.task} is {task.kind}.")
+  if ft.pair_orders == 2 and task.kind == "multiple_choice":
+    raise ConfigError("finetune.pair_orders=2 is GPT's similarity input for pair "
+                      "classification or regression, not multiple choice; set it to 1.")
+
+
 def featurize(task, tokenizer, examples, config, training: bool) -> dict[str, np.ndarray]:
   """`features.featurize`, then every array the train step does not read dropped from training
   data, and the segment ids zeroed for encoders with one token type (RoBERTa: its pairs are
   `<s> A </s></s> B </s>`, all type 0)."""
-  layout = "xlnet" if config.model.get("kind") == "xlnet" else "bert"
+  backbone = finetune_models.backbone_for(config.model)
+  layout = {"xlnet": "xlnet", "causal": "gpt"}.get(backbone, "bert")
   data = features.featurize(task, tokenizer, examples, config.finetune, training, layout)
   if config.model.get("type_vocab_size", 2) <= 1:  # XLNet's relative segments: A vs B matters
     data["segment_ids"] = np.zeros_like(data["segment_ids"])
@@ -310,8 +331,10 @@ def build_model(config) -> tuple[finetune_models.FineTuneModel, dict[str, np.nda
   task = tasks.get(config.finetune.task)
   model = finetune_models.FineTuneModel(
       ml_collections.FrozenConfigDict(config.model), task.kind, task.num_outputs,
-      features=config.finetune.features, backbone=finetune_models.backbone_for(config.model))
-  shape = (1, 2, 8) if task.kind == "multiple_choice" else (1, 8)
+      features=config.finetune.features, backbone=finetune_models.backbone_for(config.model),
+      orders=config.finetune.get("pair_orders", 1))
+  folded = task.kind == "multiple_choice" or config.finetune.get("pair_orders", 1) == 2
+  shape = (1, 2, 8) if folded else (1, 8)
   example = dict(input_ids=np.zeros(shape, np.int32), input_mask=np.ones(shape, np.int32),
                  segment_ids=np.zeros(shape, np.int32))
   return model, example
@@ -324,12 +347,26 @@ def _abstract_params(model, example):
   return nn.meta.unbox(boxed)
 
 
-def _make_loss_fn(kind: str) -> Callable:
+def _make_loss_fn(kind: str, lm_coef: float = 0.0) -> Callable:
+  """The task's loss (`finetune.losses`); with `lm_coef` > 0 (GPT) plus lm_coef × the mean
+  next-token cross-entropy over every input row's real tokens (finetune-transformer-lm's
+  auxiliary objective, logged as lm_loss)."""
+
   def loss_fn(model, params, batch, rng, config, *, deterministic=False):
     del config
-    outputs = model.apply(params, *(batch[k] for k in INPUT_KEYS), deterministic=deterministic,
-                          rngs={"dropout": rng})
-    return finetune_losses.task_loss(kind, outputs, batch)
+    inputs = [batch[k] for k in INPUT_KEYS]
+    if not lm_coef:
+      outputs = model.apply(params, *inputs, deterministic=deterministic, rngs={"dropout": rng})
+      return finetune_losses.task_loss(kind, outputs, batch)
+    outputs, lm_logits = model.apply(params, *inputs, deterministic=deterministic,
+                                     rngs={"dropout": rng}, with_lm=True)
+    loss, metrics = finetune_losses.task_loss(kind, outputs, batch)
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    total, _, _, count = objective_losses.token_cross_entropy(
+        lm_logits[..., :-1, :], ids[..., 1:], mask[..., 1:])
+    metrics["lm_loss"] = (total, count)
+    return loss + lm_coef * total / jnp.maximum(count, 1.0), metrics
+
   return loss_fn
 
 

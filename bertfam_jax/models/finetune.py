@@ -8,6 +8,13 @@ pre-trained encoder drops in), 'scalar_mix' when `features='weighted_sum'`, and 
 kind: 'classification_head' ({'pooler', 'classifier'}: a pre-trained NSP/SOP pooler,
 'sentence_head/pooler', can be copied in), 'token_head', 'span_head' or 'choice_head'.
 
+GPT (a causal `Encoder`, backbone 'causal'; Radford et al. 2018 §3.3): rows are its input
+transformations ([start] text [extract], [start] A [delim] B [extract], one row per choice), right
+padded; a sequence-level head reads the extract token, each row's last real one, and has no
+pooler. `orders=2` (GPT's similarity input) folds both orders of a pair, [batch, 2, length], and
+sums their extract states before the head. `with_lm=True` also returns the LM logits of every
+row [..., length, vocab] for GPT's auxiliary loss. GPT fine-tunes sequence-level tasks only.
+
 Backbones: `BACKBONES[family](config_model, name="encoder")` builds a module whose
 `__call__(input_ids, input_mask, segment_ids, *, deterministic, return_all_layers=False)` returns
 hidden states [batch, length, hidden], or with `return_all_layers` the pair (those, [layers + 1,
@@ -21,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
@@ -40,15 +48,25 @@ class XLNetContent(xlnet.XLNet):
                             deterministic=deterministic)["content"]
 
 
-BACKBONES = {"encoder": encoder.Encoder, "xlnet": XLNetContent}
+BACKBONES = {"encoder": encoder.Encoder, "xlnet": XLNetContent, "causal": encoder.Encoder}
 # Where a backbone's rows keep the token a sequence summary reads: BERT's [CLS] first; XLNet's
-# <cls> last, its rows padded on the left (xlnet classifier_utils.py, summary_type='last').
-SUMMARY_POSITION = {"encoder": 0, "xlnet": -1}
+# <cls> last, its rows padded on the left (xlnet classifier_utils.py, summary_type='last'); GPT's
+# extract token last, rows padded on the right: gathered per row (`_extract_states`), then 0.
+SUMMARY_POSITION = {"encoder": 0, "xlnet": -1, "causal": 0}
+SEQUENCE_KINDS = ("classification", "regression", "multiple_choice")
 
 
 def backbone_for(config_model) -> str:
   """The BACKBONES key of a pre-trained `model` section."""
-  return "xlnet" if config_model.get("kind") == "xlnet" else "encoder"
+  if config_model.get("kind") == "xlnet":
+    return "xlnet"
+  return "causal" if config_model.get("causal", False) else "encoder"
+
+
+def _extract_states(x_BLD, input_mask_BL):
+  """[rows, length, hidden] → [rows, 1, hidden]: each row's last real token (GPT's extract)."""
+  last_B = jnp.sum(input_mask_BL, axis=-1) - 1
+  return jnp.take_along_axis(x_BLD, last_B[:, None, None], axis=1)
 
 
 # kind → (head module name, head(config_model, width, summary_position, name), output width
@@ -99,12 +117,23 @@ class FineTuneModel(nn.Module):
   num_outputs: int = 0
   features: str = "last"  # last | weighted_sum
   backbone: str = "encoder"  # key of BACKBONES
+  orders: int = 1  # 2: GPT's similarity input, both orders of a pair summed (module docstring)
 
   @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool):
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool,
+               with_lm: bool = False):
     """input_ids / input_mask / segment_ids: [batch, length] int ([batch, choices, length] for
-    multiple_choice, whose choices are folded into the batch)."""
+    multiple_choice, whose choices are folded into the batch; [batch, 2, length] with
+    orders=2). `with_lm` (causal backbones): returns (the head's output, LM logits [..., length,
+    vocab] of every input row)."""
     width = output_width(self.kind, self.num_outputs)
+    causal = self.backbone == "causal"
+    if causal and self.kind not in SEQUENCE_KINDS:
+      raise ConfigError(f"GPT fine-tunes sequence-level tasks ({', '.join(SEQUENCE_KINDS)}: "
+                        f"the paper's input transformations), not {self.kind}.")
+    if (self.orders != 1 or with_lm) and not causal:
+      raise ConfigError("finetune.pair_orders=2 and finetune.lm_coef > 0 are GPT's; a "
+                        f"{self.backbone} backbone takes pair_orders=1 and lm_coef=0.")
     if self.features not in config_lib.FINETUNE_FEATURES:
       raise ConfigError(f"features={self.features!r}; choose one of "
                         f"{config_lib.FINETUNE_FEATURES}.")
@@ -120,7 +149,17 @@ class FineTuneModel(nn.Module):
     else:
       x_BLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
                        deterministic=deterministic)
+    lm_logits = None
+    if with_lm:
+      lm_logits = backbone.attend(x_BLD)
+      lm_logits = lm_logits.reshape(input_ids.shape + lm_logits.shape[-1:])
+    if causal:
+      x_BLD = _extract_states(x_BLD, fold(input_mask))
+    if self.orders == 2:
+      x_BLD = jnp.sum(x_BLD.reshape((-1, 2) + x_BLD.shape[1:]), axis=1)
+      batch_shape = batch_shape[:-1]
     name, head, _ = KINDS[self.kind]
     out = head(self.config, width, SUMMARY_POSITION[self.backbone], name=name)(
         x_BLD, deterministic=deterministic)
-    return out.reshape(batch_shape + out.shape[1:])  # multiple choice: [batch, choices]
+    out = out.reshape(batch_shape + out.shape[1:])  # multiple choice: [batch, choices]
+    return (out, lm_logits) if with_lm else out

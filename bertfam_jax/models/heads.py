@@ -135,7 +135,9 @@ class ClassificationHead(nn.Module):
   at `summary_position`: BERT's [CLS] at 0, XLNet's <cls> at -1, its summarize_sequence with
   summary_type 'last' and use_proj; named 'pooler' as in SentenceHead, so a pre-trained NSP
   pooler can be copied in), dropout (`config.dropout`, run_classifier's keep_prob 0.9), dense →
-  `num_outputs` ('classifier'). Returns [batch, num_outputs]."""
+  `num_outputs` ('classifier'). Returns [batch, num_outputs].
+  A causal model's (GPT: `model.causal`) has no pooler: dropout and the linear layer on the
+  extract token's state (finetune-transformer-lm train.py `clf`)."""
   config: Any  # the `config.model` section
   num_outputs: int
   summary_position: int = 0
@@ -144,7 +146,8 @@ class ClassificationHead(nn.Module):
   def __call__(self, x_BLD, *, deterministic: bool):
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    pooled_BD = nn.tanh(_pooler(c, dtype)(x_BLD[:, self.summary_position]))
+    summary_BD = x_BLD[:, self.summary_position]
+    pooled_BD = summary_BD if c.get("causal", False) else nn.tanh(_pooler(c, dtype)(summary_BD))
     pooled_BD = layers.Dropout(c.dropout, c.dropout_bits)(pooled_BD, deterministic=deterministic)
     return _classifier(c, dtype, self.num_outputs, "embed_out")(pooled_BD)
 

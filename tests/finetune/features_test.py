@@ -324,3 +324,30 @@ def test_featurize_and_decode_each_kind(tokenizer):
   predicted = features.decode_predictions(squad, outputs, data, examples, tokenizer, ft)
   assert predicted == [e["answers"][0]["text"] if e["answers"] else "" for e in examples]
   assert squad.score(examples, predicted)["f1"] == 100.0
+
+
+def test_gpt_input_transformations(tokenizer):
+  """GPT §3.3: [start] A [delim] B [extract] (start, delim, extract = [CLS], [SEP], [MASK]),
+  right padded, segment 0; single texts [start] A [extract]; with pair_orders=2 both orders."""
+  a, b = tokenizer.encode(["the cat sat on the mat", "a dog ran"])
+  start, delim, extract, pad = tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, 0
+  out = features.encode_pairs(tokenizer, ["the cat sat on the mat"], 40, ["a dog ran"], "gpt")
+  real = [start, *a, delim, *b, extract]
+  np.testing.assert_array_equal(out["input_ids"][0], real + [pad] * (40 - len(real)))
+  np.testing.assert_array_equal(out["input_mask"][0], [1] * len(real) + [0] * (40 - len(real)))
+  assert not out["segment_ids"].any()
+  single = features.encode_pairs(tokenizer, ["the cat sat on the mat"], 5, layout="gpt")
+  np.testing.assert_array_equal(single["input_ids"][0], [start, *a[:3], extract])
+
+  class Task:
+    name, kind = "pairs", "classification"
+
+  class Ft:
+    max_seq_len, pair_orders = 40, 2
+
+  examples = [dict(text="the cat sat on the mat", text_b="a dog ran", label=1)]
+  both = features.featurize(Task, tokenizer, examples, Ft(), True, "gpt")
+  assert both["input_ids"].shape == (1, 2, 40) and both["label"].tolist() == [1]
+  np.testing.assert_array_equal(both["input_ids"][0, 0], out["input_ids"][0])
+  swapped = [start, *b, delim, *a, extract]
+  np.testing.assert_array_equal(both["input_ids"][0, 1, :len(swapped)], swapped)

