@@ -32,6 +32,10 @@ In one process, on the same device and the same shapes (--batch_size x config.da
           HF's XLNet uses `dropout` on the attention probabilities too: attention_dropout must
           equal dropout. grad_accum_steps 1 (the memory), as ours.
     T5  `T5ForConditionalGeneration` (encoder_decoder): HF's loss, which has no z-loss.
+    GPT  `GPT2LMHeadModel` (pre-LN, configs/gpt.py version=2) or `OpenAIGPTLMHeadModel`
+          (post-LN, version 1) with labels = the input ids at real tokens: HF's loss shifts
+          them, L − 1 targets per row where ours has L (the stream's next token; the same
+          logits are computed).
   Every peer: sizes, vocab, max positions, token types, LayerNorm eps, activation (gelu_tanh ->
   'gelu_new', gelu -> 'gelu'), dropout probabilities as config.model; trained in train mode with
   torch.optim.AdamW (betas, eps, weight decay of config.optimizer, LayerNorm/bias excluded from
@@ -63,7 +67,7 @@ pause between, so neither's pool competes with the other's timed steps.
       --batch_size=32 --steps=20 --torch_compile
   PYTHONPATH=. python benchmarks/hf_compare.py --config=configs/electra.py:runlocal \
       --batch_size=32 --steps=20 --output=hf_compare.jsonl
-  # also configs/roberta.py, albert.py, spanbert.py, xlnet.py, t5.py
+  # also configs/roberta.py, albert.py, spanbert.py, xlnet.py, t5.py, gpt.py (:runlocal,version=2)
 Needs torch and transformers besides the project (e.g. `pip install torch==2.13.0 transformers`).
 """
 
@@ -150,11 +154,13 @@ def peer_family(config) -> str:
   o = config.objective
   if o.name in ("t5", "xlnet", "electra"):
     return o.name
+  if o.name == "causal_lm":
+    return "gpt"
   if o.name != "mlm" or o.get("word_shuffle_rate") or o.get("sentence_task") == "structbert":
     raise ConfigError(f"objective {o.name!r} (sentence_task={o.get('sentence_task')!r}, "
                       f"word_shuffle_rate={o.get('word_shuffle_rate')}) has no HF peer here "
                       "(StructBERT's word-order and 3-way sentence tasks have none); peers: BERT, "
-                      "RoBERTa, ALBERT, SpanBERT, ELECTRA, XLNet, T5.")
+                      "RoBERTa, ALBERT, SpanBERT, ELECTRA, XLNet, T5, GPT.")
   return "spanbert" if o.get("sbo") else "mlm"
 
 
@@ -284,8 +290,25 @@ def _xlnet_model(config, transformers, attn_implementation: str):
       use_mems_train=True, attn_implementation=attn_implementation))
 
 
+def _gpt_model(config, transformers, attn_implementation: str):
+  """GPT2LMHeadModel of a pre-LN GPT, OpenAIGPTLMHeadModel of a post-LN one (its 'gelu' is the
+  tanh approximation)."""
+  m = config.model
+  common = dict(vocab_size=m.vocab_size, n_positions=m.max_positions, n_embd=m.hidden,
+                n_layer=m.layers, n_head=m.heads, resid_pdrop=m.dropout, embd_pdrop=m.dropout,
+                attn_pdrop=m.attention_dropout, layer_norm_epsilon=m.layer_norm_eps,
+                initializer_range=m.initializer_range, attn_implementation=attn_implementation)
+  if m.pre_layer_norm:
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_inner=m.mlp, activation_function=HF_ACTIVATIONS[m.activation], **common))
+  if m.activation != "gelu_tanh" or m.mlp != 4 * m.hidden:
+    raise ConfigError("OpenAIGPTLMHeadModel has the tanh GELU ('gelu') and a 4 × hidden MLP; "
+                      "set --config.model.activation=gelu_tanh and model.mlp = 4 · hidden.")
+  return transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(afn="gelu", **common))
+
+
 _MODELS = {"t5": _t5_model, "mlm": _mlm_model, "spanbert": _spanbert_model,
-           "electra": _electra_model, "xlnet": _xlnet_model}
+           "electra": _electra_model, "xlnet": _xlnet_model, "gpt": _gpt_model}
 
 
 def hf_model(config, transformers, attn_implementation: str):
@@ -406,8 +429,15 @@ def _t5_inputs(config, host) -> dict:
               decoder_input_ids=host["decoder_input_ids"], labels=host["decoder_target_ids"])
 
 
+def _gpt_inputs(config, host) -> dict:
+  """Ids and mask [B, L]; labels the ids at real tokens (HF shifts them)."""
+  del config
+  return dict(input_ids=host["input_ids"], attention_mask=host["input_mask"],
+              labels=np.where(host["input_mask"] > 0, host["input_ids"], -100))
+
+
 _INPUTS = {"t5": _t5_inputs, "mlm": _mlm_inputs, "spanbert": _spanbert_inputs,
-           "electra": _electra_inputs, "xlnet": _xlnet_inputs}
+           "electra": _electra_inputs, "xlnet": _xlnet_inputs, "gpt": _gpt_inputs}
 
 
 def _writable(value) -> np.ndarray:

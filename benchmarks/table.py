@@ -103,6 +103,10 @@ ROWS = (
     # XLNet's recipe window (256 reused + 256 new, memory 384, 85 targets): both streams.
     BenchRow("xlnet-base-512", "XLNet-base (two streams, memory 384)", "xlnet.py:size=base", 512,
              32),
+    # GPT-1's recipe (512 tokens x 64 rows) and GPT-2 medium at its 1,024 positions.
+    BenchRow("gpt-base-512", "GPT (post-LN, 12 x 768)", "gpt.py:size=base", 512, 64),
+    BenchRow("gpt2-medium-1024", "GPT-2 medium (pre-LN, 24 x 1024)",
+             "gpt.py:size=medium,version=2", 1024, 16),
     # CPU-sized rows for smoke runs, tests and CPU profiles (T5's :runlocal at its hf_compare
     # shape, where ours trailed HF eager).
     BenchRow("bert-mini-128", "BERT-mini", "bert.py:size=mini", 128, 8,

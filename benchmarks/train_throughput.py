@@ -153,6 +153,8 @@ def batch_fn(config, batch_size: int):
     return _t5_batch_fn(config, batch_size)
   if config.objective.name == "xlnet":
     return _xlnet_batch_fn(config, batch_size)
+  if config.objective.name == "causal_lm":
+    return _causal_lm_batch_fn(config, batch_size)
   length, preds = config.data.seq_len, config.objective.max_predictions
   vocab = config.model.vocab_size
   objective = config.objective
@@ -181,6 +183,19 @@ def batch_fn(config, batch_size: int):
       batch.update(shuffle_positions=batch["mlm_positions"],
                    shuffle_targets=batch["mlm_targets"], shuffle_weights=batch["mlm_weights"])
     return batch
+
+  return make
+
+
+def _causal_lm_batch_fn(config, batch_size: int):
+  """GPT's rows: random ids, their next tokens as targets, every position real."""
+  length, vocab = config.data.seq_len, config.model.vocab_size
+
+  def make(rng):
+    ids = jax.random.randint(rng, (batch_size, length + 1), 5, vocab, jnp.int32)
+    ones = jnp.ones((batch_size, length), jnp.int32)
+    return dict(input_ids=ids[:, :-1], target_ids=ids[:, 1:], input_mask=ones,
+                loss_weights=ones.astype(jnp.float32))
 
   return make
 

@@ -282,6 +282,7 @@ def mlm_objective(**overrides) -> ml_collections.ConfigDict:
       # words) | units (ERNIE / SpanBERT phrase or entity masking from `span_source`).
       mask_scheme="token",
       max_ngram=3,
+      ngram_distribution="albert",  # ngram's p(n): albert (∝ 1/n) | unilm (0.8 one word, 0.2 more)
       # Which pieces begin a word (data/tokenizers.py WORD_START_RULES): bert (a piece after
       # whitespace, punctuation, specials) | albert (also any piece with a digit or a non-ASCII
       # character; several punctuation characters continue a word) | xlnet.
@@ -449,6 +450,19 @@ def gpt_model(size: str, version: int = 1, **overrides) -> ml_collections.Config
   m.update(causal=True, pre_layer_norm=version == 2, embedding_layer_norm=False)
   m.update(overrides)
   return m
+
+
+def unilm_objective(**overrides) -> ml_collections.ConfigDict:
+  """UniLM's cloze (objectives/unilm.py; Dong et al. 2019 §2.3, §3.1): BERT's 15% and 80/10/10,
+  80% of the units one word and 20% a bigram or trigram, new masks every epoch, no sentence
+  task, B always A's continuation; LM types per row 1/3 bidirectional, 1/6 left-to-right, 1/6
+  right-to-left, 1/3 seq2seq."""
+  o = mlm_objective(name="unilm", mask_scheme="ngram", max_ngram=3, ngram_distribution="unilm",
+                    masking="dynamic", sentence_task="", random_next_prob=0.0,
+                    bidirectional_prob=1 / 3, left_to_right_prob=1 / 6, right_to_left_prob=1 / 6,
+                    seq2seq_prob=1 / 3)
+  o.update(overrides)
+  return o
 
 
 def gpt_adam(**overrides) -> ml_collections.ConfigDict:

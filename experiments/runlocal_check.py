@@ -1,7 +1,7 @@
 r"""Does each paper's quick-start recipe learn? `configs/<family>.py:runlocal` trained to its end,
 then its last held-out evaluation against the trivial baseline on the same held-out batches:
 
-  MLM families (bert, roberta, albert, spanbert, structbert), ELECTRA's generator, T5 (span
+  MLM families (bert, roberta, albert, spanbert, structbert, unilm), ELECTRA's generator, T5 (span
     corruption's decoder targets), XLNet (its permutation LM's targets) and GPT (every next
     token): eval accuracy and cross-entropy against the unigram predictor (`unigram_baseline`:
     the most frequent target, and the unigram distribution of the training batches' targets);
@@ -30,7 +30,7 @@ from experiments import common
 from experiments.unigram_baseline import unigram_baseline
 
 FAMILIES = ("bert", "roberta", "albert", "spanbert", "structbert", "electra", "t5", "xlnet",
-            "gpt")
+            "gpt", "unilm")
 # The held-out metrics' prefix per family: {prefix}_accuracy and {prefix}_loss.
 METRIC_PREFIX = {"electra": "generator_mlm", "t5": "t5", "xlnet": "plm", "gpt": "lm"}
 _FAMILIES = flags.DEFINE_list("families", list(FAMILIES), f"Of {FAMILIES}.")

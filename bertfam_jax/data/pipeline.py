@@ -293,9 +293,12 @@ class Pipeline:
     data, tok = self._config.data, self._tokenizer
     if data.packing == "sentence_pairs":
       # The sentence-level task decides how B is drawn (NSP, SOP, StructBERT); NSP's rule when
-      # the objective has none.
-      pair_mode = self._config.objective.get("sentence_task") or "nsp"
+      # the objective has none; B is a random document's text with `random_next_prob` (BERT's
+      # 0.5; UniLM's 0: B always follows A, but in one-sentence chunks).
+      objective = self._config.objective
+      pair_mode = objective.get("sentence_task") or "nsp"
       return packing.sentence_pairs(docs, data.seq_len, rng, short_seq_prob=data.short_seq_prob,
+                                    random_next_prob=objective.get("random_next_prob", 0.5),
                                     cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id,
                                     pair_mode=pair_mode)
     if data.packing == "t5_segments":

@@ -232,10 +232,12 @@ class Encoder(nn.Module):
     return self.embeddings_ln(x_BLE) if c.get("embedding_layer_norm", True) else x_BLE
 
   def __call__(self, input_ids, input_mask, segment_ids=None, *, deterministic: bool,
-               return_all_layers: bool = False, decode: bool = False):
+               return_all_layers: bool = False, decode: bool = False, attention_mask=None):
     """`decode` (causal models): generate with the KV cache. The first call, with the full
     length [batch, max_length], creates the caches; each later call appends its tokens
-    [batch, length] at the next positions (models/pretraining.CausalLM.generate)."""
+    [batch, length] at the next positions (generate.py). `attention_mask` [batch, 1, length,
+    length] bool (UniLM's per-row masks, objectives/unilm.py): which keys each query attends to,
+    instead of every real token; it must itself exclude padding (`input_mask` is then unused)."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
     owner = self if self.embeddings_from is None else self.embeddings_from
@@ -244,7 +246,8 @@ class Encoder(nn.Module):
                                     deterministic=deterministic)
     x_BLD = self.embeddings_projection(x_BLE) if factorized_embedding(c) else x_BLE
     x_BLD = nn.with_logical_constraint(x_BLD.astype(dtype), ("batch", "length", "act_embed"))
-    mask_B11L = layers.attention_mask_from_input_mask(input_mask)
+    mask_B11L = (layers.attention_mask_from_input_mask(input_mask) if attention_mask is None
+                 else attention_mask)
     hidden = [x_BLD[None]]  # [1 or run, batch, length, hidden] pieces, in layer order
     if c.scan_layers:
       for scanned in self.layers:

@@ -28,14 +28,16 @@ class MaskedLM(nn.Module):
                                              self.sbo_position_size)
 
   def __call__(self, input_ids, input_mask, segment_ids, mlm_positions, *, sbo_boundaries=None,
-               sbo_offsets=None, deterministic: bool):
+               sbo_offsets=None, deterministic: bool, attention_mask=None):
     """input_ids/input_mask/segment_ids: [batch, length]; mlm_positions: [batch, predictions];
     sbo_boundaries: [batch, predictions, 2] and sbo_offsets: [batch, predictions] (SBO only).
 
     Returns {'mlm_logits': [batch, predictions, vocab]} plus 'sentence_logits' [batch, classes]
-    and 'sbo_logits' [batch, predictions, vocab] when those heads exist.
+    and 'sbo_logits' [batch, predictions, vocab] when those heads exist. `attention_mask`
+    [batch, 1, length, length] bool: UniLM's per-row masks (encoder.Encoder).
     """
-    x_BLD = self.encoder(input_ids, input_mask, segment_ids, deterministic=deterministic)
+    x_BLD = self.encoder(input_ids, input_mask, segment_ids, deterministic=deterministic,
+                         attention_mask=attention_mask)
     outputs = {"mlm_logits": self.mlm_head(x_BLD, mlm_positions, self.encoder.attend)}
     if self.sentence_classes:
       outputs["sentence_logits"] = self.sentence_head(x_BLD)

@@ -67,6 +67,8 @@ examples packed per row, segment ids 1..k, 0 = padding):
 GPT (objectives/causal_lm.py; rows of one document stream, `packing.lm_stream`):
   input_ids, input_mask [n, L] int32; target_ids [n, L] int32 the next token of the stream;
   loss_weights [n, L] float32 1.0 on real targets
+UniLM (objectives/unilm.py): the masked LM's keys, segment_ids the LM type's token types, and
+  lm_type [n] int32 (bidirectional 0, left-to-right 1, right-to-left 2, seq2seq 3)
 XLNet (objectives/xlnet.py; `P` = objective.num_predict; rows are consecutive windows of parallel
 streams, so the batch's row r continues row r of the previous batch):
   input_ids, segment_ids (0 R / A / first <sep>, 1 B / second <sep>, 2 <cls>), input_mask [n, L]
@@ -85,11 +87,12 @@ import jax
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.objectives import causal_lm, electra, mlm, t5, xlnet
+from bertfam_jax.objectives import causal_lm, electra, mlm, t5, unilm, xlnet
 
 OBJECTIVES = {
     "mlm": mlm,
     "causal_lm": causal_lm,
+    "unilm": unilm,
     "electra": electra,
     "t5": t5,
     "xlnet": xlnet,

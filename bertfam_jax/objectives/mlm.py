@@ -59,6 +59,7 @@ CHOICES = dict(
     sentence_task=("", "nsp", "sop", "structbert"),
     span_source=("", "entities", "noun_phrases"),
     word_start_rule=tokenizers.WORD_START_RULES,
+    ngram_distribution=("albert", "unilm"),
 )
 
 
@@ -87,6 +88,9 @@ def validate(config) -> None:
     if o[key] > config.data.seq_len:
       raise ConfigError(f"objective.{key}={o[key]} exceeds data.seq_len={config.data.seq_len}; "
                         f"lower --config.objective.{key}.")
+  if o.get("ngram_distribution", "albert") == "unilm" and o.max_ngram < 2:
+    raise ConfigError(f"objective.ngram_distribution='unilm' masks bigrams and trigrams; set "
+                      f"--config.objective.max_ngram=3 (it is {o.max_ngram}).")
   if o.mask_token_prob + o.random_token_prob > 1.0:
     raise ConfigError(f"objective.mask_token_prob={o.mask_token_prob} and random_token_prob="
                       f"{o.random_token_prob} must be >= 0 with a sum <= 1 (the rest stay "
@@ -132,7 +136,8 @@ def flops_per_token(config) -> float:
 def _scheme_params(o) -> dict:
   """The selection function's keyword arguments for `objective.mask_scheme`."""
   if o.mask_scheme == "ngram":
-    return dict(max_n=o.max_ngram)
+    return dict(max_n=o.max_ngram,
+                probs=noise.ngram_probs(o.get("ngram_distribution", "albert"), o.max_ngram))
   if o.mask_scheme == "span":
     return dict(geometric_p=o.span_p, max_words=o.span_max_words)
   if o.mask_scheme == "units":

@@ -247,7 +247,7 @@ def _sample_lengths(probs: np.ndarray, shortest: int, num: int,
 
 def draw_ngrams(maskable: np.ndarray, word_start: np.ndarray, num_to_predict: np.ndarray,
                 rng: np.random.Generator, *, max_n: int = 3,
-                favor_shorter_ngram: bool = True) -> SpanDraws:
+                favor_shorter_ngram: bool = True, probs=None) -> SpanDraws:
   """ALBERT's n-gram masking (create_pretraining_data.py create_masked_lm_predictions, spec §3).
 
   1. Every word of a row starts one candidate n-gram; the starts are shuffled.
@@ -270,6 +270,7 @@ def draw_ngrams(maskable: np.ndarray, word_start: np.ndarray, num_to_predict: np
     rng: consumes n * W uniforms for the order, then n * W for the lengths.
     max_n: the longest n-gram, in words (ALBERT's `--ngram`=3).
     favor_shorter_ngram: p(n) ∝ 1/n if True, ∝ 1/(max_n + 1 - n) otherwise.
+    probs: [max_n] p(n) for n = 1..max_n instead (UniLM's 0.8 / 0.1 / 0.1: `ngram_probs`).
 
   Returns:
     `SpanDraws`: `drawn_words` is the drawn n, `words` the n-gram length actually covered.
@@ -279,9 +280,11 @@ def draw_ngrams(maskable: np.ndarray, word_start: np.ndarray, num_to_predict: np
   keys = np.where(np.arange(num_words) < words.count[:, None], rng.random((n_rows, num_words)),
                   np.inf)
   order = np.argsort(keys, axis=1)  # The shuffled starts of each row first, then the padding.
-  probs = 1.0 / np.arange(1, max_n + 1)
-  if not favor_shorter_ngram:
-    probs = probs[::-1]
+  if probs is None:
+    probs = 1.0 / np.arange(1, max_n + 1)
+    if not favor_shorter_ngram:
+      probs = probs[::-1]
+  probs = np.asarray(probs, np.float64)
   drawn = _sample_lengths(probs, 1, n_rows * num_words, rng).reshape(n_rows, num_words)
   offsets = np.arange(max_n)
   covered = np.zeros((n_rows, num_words + max_n), bool)  # Padded so that start + offset fits.
@@ -312,10 +315,22 @@ def draw_ngrams(maskable: np.ndarray, word_start: np.ndarray, num_to_predict: np
 
 def select_ngrams(maskable: np.ndarray, word_start: np.ndarray, num_to_predict: np.ndarray,
                   rng: np.random.Generator, *, max_n: int = 3,
-                  favor_shorter_ngram: bool = True) -> np.ndarray:
+                  favor_shorter_ngram: bool = True, probs=None) -> np.ndarray:
   """ALBERT n-gram masking as a [n, L] bool map; see `draw_ngrams`."""
   return draw_ngrams(maskable, word_start, num_to_predict, rng, max_n=max_n,
-                     favor_shorter_ngram=favor_shorter_ngram).chosen
+                     favor_shorter_ngram=favor_shorter_ngram, probs=probs).chosen
+
+
+def ngram_probs(distribution: str, max_n: int) -> np.ndarray | None:
+  """p(n) for n = 1..max_n: 'albert' None (`draw_ngrams`' 1/n); 'unilm' 0.8 for one word and
+  0.2 shared equally by 2..max_n (Dong et al. 2019 §2.3: "80% of the time we randomly mask one
+  token, and 20% of the time we mask a bigram or a trigram")."""
+  if distribution == "albert":
+    return None
+  if distribution != "unilm" or max_n < 2:
+    raise ValueError(f"ngram distribution {distribution!r} with max_n={max_n}; 'unilm' needs "
+                     "max_n >= 2.")
+  return np.concatenate([[0.8], np.full(max_n - 1, 0.2 / (max_n - 1))])
 
 
 def select_whole_words(maskable: np.ndarray, word_start: np.ndarray, num_to_predict: np.ndarray,

@@ -229,7 +229,7 @@ def test_fuzzed_workdir(make, tmp_path):
 
 @pytest.mark.parametrize("arg", ["", "runlocal"])
 @pytest.mark.parametrize("paper", ["bert", "roberta", "albert", "spanbert", "structbert",
-                                   "electra", "t5", "xlnet", "gpt"])
+                                   "electra", "t5", "xlnet", "gpt", "unilm"])
 def test_every_field_has_a_rule(paper, arg):
   """Every number and choice of every paper's config (its recipe and :runlocal) has a range or a
   list of choices (or is a named free-form string), so that the validation pass covers it and
