@@ -959,6 +959,10 @@ def finetune_config() -> ml_collections.ConfigDict:
       # similarity's input transformation: 2 = both orders of a pair, their extract states summed.
       lm_coef=_DEFAULT(float),
       pair_orders=1,
+      # UniLM's seq2seq fine-tuning on a text task (finetune/unilm_seq2seq.py): the share of
+      # target tokens masked (the paper's 0.7) and the label smoothing of their loss.
+      mask_prob=0.7,
+      label_smoothing=0.1,
       # Text-to-text fine-tuning of a T5 init (finetune/seq2seq.py):
       targets_length=0,        # decoder length; 0 = the task's max_target_tokens
       beam_size=1,             # 1 = greedy decoding (the paper); > 1 beam search
@@ -1014,6 +1018,9 @@ FINETUNE_DEFAULTS = {
                          finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0)),
     "gpt": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=6.25e-5, warmup_fraction=0.002),
                 finetune=dict(_ENCODER["finetune"], lm_coef=0.5)),
+    # UniLM on a text task (unilm-v1 run_seq2seq.py's AdamW at 3e-5 with 10% warmup): sources of
+    # 128 tokens, the task's target length.
+    "unilm_seq2seq": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=3e-5)),
 }
 # ELECTRA's sizes (by the discriminator's width) where they change the recipe; other widths
 # (the :runlocal models) take base's.
@@ -1045,17 +1052,23 @@ FINETUNE_RUNLOCAL = {
 }
 
 
-# ELECTRA's runlocal slices are the encoder's and the QA's; GPT's the encoder's.
+# ELECTRA's runlocal slices are the encoder's and the QA's; GPT's the encoder's; UniLM's
+# sources of 64 tokens, so that the WordNet definitions (64 target tokens) fit 128 positions.
 FINETUNE_RUNLOCAL.update(electra=FINETUNE_RUNLOCAL["encoder"],
                          electra_qa=FINETUNE_RUNLOCAL["extractive_qa"],
-                         gpt=FINETUNE_RUNLOCAL["encoder"])
+                         gpt=FINETUNE_RUNLOCAL["encoder"],
+                         unilm_seq2seq=dict(optimizer=dict(peak_lr=5e-4),
+                                            finetune=dict(max_train_examples=4000,
+                                                          max_eval_examples=500,
+                                                          max_seq_len=64)))
 
 
 def finetune_recipe(text_to_text: bool, task_kind: str, objective: str = "") -> str:
   """The key of FINETUNE_DEFAULTS for a T5 (text-to-text) or an encoder's task of `task_kind`,
-  ELECTRA's own where the pre-trained run's `objective` is ELECTRA, GPT's for a causal LM."""
+  ELECTRA's own where the pre-trained run's `objective` is ELECTRA, GPT's for a causal LM,
+  UniLM's seq2seq for a UniLM on a text task (`text_to_text`)."""
   if text_to_text:
-    return "text_to_text"
+    return "unilm_seq2seq" if objective == "unilm" else "text_to_text"
   if objective == "causal_lm":
     return "gpt"
   qa = task_kind == "extractive_qa"

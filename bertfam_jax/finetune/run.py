@@ -20,7 +20,8 @@ evaluation split is predicted and scored; the workdir gets
   checkpoints/<step>/  the fine-tuned state (latest `train.keep_checkpoints`)
 
 A T5 `init` is fine-tuned text-to-text by `finetune/seq2seq.py` (a `Recipe` of its model,
-optimizer and loss, and its decoding as the score). `fine_tune` is the same run in memory, with
+optimizer and loss, and its decoding as the score), a UniLM `init` on a text task by
+`finetune/unilm_seq2seq.py` (its seq2seq mask). `fine_tune` is the same run in memory, with
 no workdir: the experiments' fine-tuning.
 """
 
@@ -44,7 +45,7 @@ from bertfam_jax import config_lib, fileio
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import features, optim, recipe as recipe_lib, seq2seq, tasks
-from bertfam_jax.finetune import text_tasks
+from bertfam_jax.finetune import text_tasks, unilm_seq2seq
 from bertfam_jax.finetune import losses as finetune_losses
 from bertfam_jax.models import finetune as finetune_models
 from bertfam_jax.objectives import losses as objective_losses
@@ -142,7 +143,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   ft = config.finetune
   if ft.task not in tasks.TASKS and ft.task not in text_tasks.TASKS:
     raise ConfigError(f"Unknown task {ft.task!r} (finetune.task); choose one of "
-                      f"{sorted(tasks.TASKS)} (encoders) or {sorted(text_tasks.TASKS)} (T5s).")
+                      f"{sorted(tasks.TASKS)} (encoders) or {sorted(text_tasks.TASKS)} (T5s, UniLM).")
   if not ft.init:
     raise ConfigError("finetune.init is empty: pass the pre-trained model, "
                       "--config=configs/finetune.py:task=NAME,init=PATH (a workdir of ours, one "
@@ -200,7 +201,17 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   task's head on the encoder (`encoder_recipe`)."""
   if config.model.get("kind") == "t5":
     return seq2seq.make_recipe(config, tokenizer, params, mesh)
+  if text_to_text(config.finetune.task, config):
+    return unilm_seq2seq.make_recipe(config, tokenizer, params, mesh)
   return encoder_recipe(config, tokenizer, params, mesh)
+
+
+def text_to_text(task: str, init_config) -> bool:
+  """Whether `task` runs text-to-text for this pre-trained run: any task for a T5, a text task
+  (`finetune.text_tasks`) for a UniLM (its seq2seq mask), never for the other encoders."""
+  if init_config.model.get("kind") == "t5":
+    return True
+  return init_config.objective.name == "unilm" and task in text_tasks.TASKS
 
 
 def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
@@ -313,9 +324,9 @@ def resolved_config(config, init_config, *, tokenizer_path: str = ""
   a T5's text-to-text, as `init_config` says; `config_lib.resolve_finetune`) and the pre-trained
   run's model, tokenizer and objective sections, as written to config.json; `tokenizer_path`:
   where the tokenizer is (absolute), recorded as tokenizer.model_path."""
-  text_to_text = init_config.model.get("kind") == "t5"
-  task_kind = "" if text_to_text else tasks.get(config.finetune.task).kind
-  recipe = config_lib.finetune_recipe(text_to_text, task_kind, init_config.objective.name)
+  seq2seq_run = text_to_text(config.finetune.task, init_config)
+  task_kind = "" if seq2seq_run else tasks.get(config.finetune.task).kind
+  recipe = config_lib.finetune_recipe(seq2seq_run, task_kind, init_config.objective.name)
   resolved = config_lib.resolve_finetune(config, recipe, hidden=init_config.model.hidden)
   resolved.model = model_config(init_config.model, config.finetune)
   resolved.tokenizer = ml_collections.ConfigDict(init_config.tokenizer.to_dict())

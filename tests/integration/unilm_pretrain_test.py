@@ -87,3 +87,25 @@ def test_sharded_steps_equal_single_device(batches):
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
                params, ref_params)
+
+
+def test_seq2seq_fine_tuning_on_a_text_task(uninterrupted, tmp_path):
+  """configs/finetune.py with a UniLM init and a text task takes UniLM's seq2seq recipe: the
+  pre-trained encoder and MLM head carried over, masked-target training, greedy decoding scored
+  by the task."""
+  pytest.importorskip("wn")  # the WordNet tasks
+  from bertfam_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from bertfam_jax.finetune import run as finetune_run  # pylint: disable=import-outside-toplevel
+  c = cl.load_config(os.path.join(_ROOT, "configs", "finetune.py"),
+                     f"task=wordnet_supersense_t2t,init={uninterrupted}")
+  c.finetune.update(max_train_examples=64, max_eval_examples=16, epochs=1.0, max_seq_len=24,
+                    targets_length=8)
+  c.train.update(batch_size=16, eval_batch_size=16, log_every=2)
+  workdir = str(tmp_path / "ft")
+  results = finetune_run.run(c, workdir)
+  assert 0 <= results["scores"]["accuracy"] <= 1 and results["distinct_predictions"] >= 1
+  config, _, tuned = workdir_lib.load(workdir)
+  assert (config.optimizer.peak_lr, config.finetune.mask_prob) == (3e-5, 0.7)
+  _, _, pretrained = workdir_lib.load(uninterrupted)
+  assert jax.tree.structure(tuned) == jax.tree.structure(pretrained)
+  assert all("accuracy" in r for r in train_records(workdir).values())

@@ -1,0 +1,89 @@
+"""UniLM's seq2seq fine-tuning (finetune/unilm_seq2seq.py): rows and token types, target masking
+at its rates on the target only, and greedy decoding equal to a step-by-step loop that builds
+each row and its seq2seq mask by hand."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import linen as nn
+
+from bertfam_jax.finetune import unilm_seq2seq
+from bertfam_jax.models import pretraining
+
+from helpers import tiny
+
+
+class Tokenizer:
+  """Whitespace ids: 'wN' → N; the specials as our SentencePiece layout has them."""
+  pad_id, cls_id, sep_id, mask_id = 0, 2, 3, 4
+
+  def encode(self, texts):
+    return [np.array([int(w[1:]) for w in t.split()], np.int32) for t in texts]
+
+  def decode(self, ids):
+    return " ".join(f"w{i}" for i in ids)
+
+
+def test_rows_are_cls_source_sep_target_sep_with_seq2seq_types():
+  examples = [dict(inputs="w10 w11 w12", targets="w20 w21"),
+              dict(inputs="w10 w11 w12 w13 w14 w15", targets="w20 w21 w22 w23 w24")]
+  data = unilm_seq2seq.featurize(Tokenizer(), examples, source_length=6, target_length=4)
+  np.testing.assert_array_equal(data["input_ids"], [
+      [2, 10, 11, 12, 3, 20, 21, 3, 0, 0],
+      [2, 10, 11, 12, 13, 3, 20, 21, 22, 3]])
+  np.testing.assert_array_equal(data["segment_ids"], [
+      [4, 4, 4, 4, 4, 5, 5, 5, 0, 0], [4, 4, 4, 4, 4, 4, 5, 5, 5, 5]])
+  np.testing.assert_array_equal(data["source_tokens"], [5, 6])
+  np.testing.assert_array_equal(data["input_mask"], data["segment_ids"] > 0)
+
+
+def test_only_target_tokens_are_masked_at_their_rates():
+  n, width = 2000, 16
+  segment = np.tile(np.array([4] * 6 + [5] * 8 + [0] * 2), (n, 1))
+  batch = dict(input_ids=jnp.full((n, width), 9, jnp.int32), segment_ids=jnp.asarray(segment))
+  noised, chosen = unilm_seq2seq.mask_targets(jax.random.key(0), batch, mask_prob=0.7,
+                                              mask_id=4, vocab_size=50)
+  noised, chosen = np.asarray(noised), np.asarray(chosen)
+  assert not chosen[segment != 5].any() and (noised[segment != 5] == 9).all()
+  assert abs(chosen[segment == 5].mean() - 0.7) < 0.01
+  picked = noised[chosen]
+  assert abs((picked == 4).mean() - 0.8) < 0.01
+  assert abs((picked == 9).mean() - 0.1 - 0.1 / 50) < 0.01   # kept, or drawn as itself
+
+
+def test_greedy_decoding_equals_a_loop_over_hand_built_rows():
+  config = ml_collections.FrozenConfigDict(tiny.encoder(type_vocab_size=6, dropout=0.0,
+                                                        attention_dropout=0.0))
+  model = pretraining.MaskedLM(config)
+  width, target_length = 20, 6
+  rng = np.random.default_rng(0)
+  examples = [dict(inputs=" ".join(f"w{i}" for i in rng.integers(5, 100, size)), targets="w5")
+              for size in (3, 9)]
+  data = unilm_seq2seq.featurize(Tokenizer(), examples, source_length=width - target_length,
+                                 target_length=target_length)
+  ids = jnp.zeros((1, width), jnp.int32)
+  params = nn.meta.unbox(model.init(jax.random.key(1), ids, jnp.ones_like(ids), ids, ids,
+                                    deterministic=True))["params"]
+  batch = {k: jnp.asarray(v) for k, v in data.items()}
+  out = np.asarray(unilm_seq2seq.greedy_decode(model, params, batch, target_length=target_length,
+                                               mask_id=4, sep_id=3, pad_id=0))
+  for row in range(2):
+    source = list(data["input_ids"][row, :data["source_tokens"][row]])
+    generated = []
+    for _ in range(target_length):
+      tokens = source + generated + [4]
+      n, s = len(tokens), len(source)
+      mask = np.zeros((n, n), bool)
+      mask[:, :s] = True                        # everyone sees the source
+      mask[s:, s:] = np.tril(np.ones((n - s, n - s), bool))   # targets see back to themselves
+      x = jnp.asarray([tokens])
+      logits = model.apply({"params": params}, x, jnp.ones_like(x),
+                           jnp.asarray([[4] * s + [5] * (n - s)]), jnp.arange(n)[None],
+                           deterministic=True, attention_mask=jnp.asarray(mask)[None, None])
+      token = int(np.argmax(logits["mlm_logits"][0, -1]))
+      generated.append(token)
+      if token == 3:
+        break
+    expected = generated + [0] * (target_length - len(generated))
+    np.testing.assert_array_equal(out[row], expected)
