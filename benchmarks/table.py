@@ -75,7 +75,7 @@ class BenchRow:
   seq_len: int
   batch: int
   overrides: tuple[str, ...] = ()
-  hf: bool = True  # False: no HF peer (its cells read "no HF peer"); every row has one today
+  hf: bool = True  # False: no HF peer (its cells read "no HF peer": UniLM)
 
 
 # BERT / RoBERTa / ALBERT predict ~15% of the positions (BERT's max_predictions_per_seq 20 @ 128,
@@ -107,6 +107,9 @@ ROWS = (
     BenchRow("gpt-base-512", "GPT (post-LN, 12 x 768)", "gpt.py:size=base", 512, 64),
     BenchRow("gpt2-medium-1024", "GPT-2 medium (pre-LN, 24 x 1024)",
              "gpt.py:size=medium,version=2", 1024, 16),
+    # UniLM's per-row masks take the XLA attention path (cuDNN's takes padding lengths only).
+    BenchRow("unilm-large-512", "UniLM-large (four attention masks)", "unilm.py", 512, 16,
+             ("objective.max_predictions=77", "model.attention_impl="), hf=False),
     # CPU-sized rows for smoke runs, tests and CPU profiles (T5's :runlocal at its hf_compare
     # shape, where ours trailed HF eager).
     BenchRow("bert-mini-128", "BERT-mini", "bert.py:size=mini", 128, 8,

@@ -179,6 +179,8 @@ def batch_fn(config, batch_size: int):
       batch.update(sbo_boundaries=jnp.stack([positions - 1, jnp.minimum(positions + 1,
                                                                          length - 1)], -1),
                    sbo_offsets=jnp.zeros_like(positions), sbo_weights=batch["mlm_weights"])
+    if objective.name == "unilm":   # the LM types in turn: every mask kind in the batch
+      batch["lm_type"] = jnp.arange(batch_size, dtype=jnp.int32) % 4
     if objective.get("word_shuffle_rate"):  # as many word-order slots as MLM slots
       batch.update(shuffle_positions=batch["mlm_positions"],
                    shuffle_targets=batch["mlm_targets"], shuffle_weights=batch["mlm_weights"])

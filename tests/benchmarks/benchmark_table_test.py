@@ -32,14 +32,14 @@ def our_parameter_count(config) -> int:
 EXTRA_HF_PARAMETERS = {"roberta-base-512": 2 * 768}
 
 
-@pytest.mark.parametrize("row", [row.name for row in table.ROWS])
+@pytest.mark.parametrize("row", [row.name for row in table.ROWS if row.hf])
 def test_hf_peer_is_the_same_model(row):
-  """Every row has an HF peer with our parameter count (tied tables counted once: ELECTRA's shared
-  embeddings, the tied MLM / SBO decoders), built on the meta device (shapes only)."""
+  """Every row with an HF peer (all but UniLM's) has it with our parameter count (tied tables
+  counted once: ELECTRA's shared embeddings, the tied MLM / SBO decoders), built on the meta
+  device (shapes only)."""
   hf_compare = pytest.importorskip("hf_compare")
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  assert table.ROWS_BY_NAME[row].hf
   # Without the fast path: cuDNN attention cannot even be traced on a CPU; parameters are the same.
   config = table.row_config(table.ROWS_BY_NAME[row], fast_path=False)
   with torch.device("meta"):
@@ -134,6 +134,23 @@ def test_rows_are_the_recipes_on_the_fast_path():
   assert (t5.model.dropout, t5.objective.targets_length, t5.optimizer.name) == (0.0, 114, "adamw")
   faithful = table.row_config(table.ROWS_BY_NAME["bert-base-512"], fast_path=False)
   assert (faithful.model.dtype, faithful.model.attention_dropout) == ("float32", 0.1)
+  gpt2 = table.row_config(table.ROWS_BY_NAME["gpt2-medium-1024"], fast_path=True)
+  assert (gpt2.model.attention_impl, gpt2.model.causal, gpt2.model.max_positions) == (
+      "cudnn", True, 1024)
+  unilm = table.row_config(table.ROWS_BY_NAME["unilm-large-512"], fast_path=True)
+  assert (unilm.model.dtype, unilm.model.attention_impl) == ("bfloat16", "")
+
+
+@pytest.mark.parametrize("family", ["gpt", "unilm"])
+def test_synthetic_batches_train_the_new_objectives(family):
+  """train_throughput's synthetic batch has every key the objective's loss reads: one step of
+  the :runlocal model runs to a finite loss."""
+  config = tiny_config(family)
+  mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  batch = tt.synthetic_batch(config, config.train.batch_size, mesh)
+  state, train_step = step_lib.fresh_train_step(config, mesh, objectives.get(config.objective.name))
+  _, metrics = train_step(state, batch)
+  assert np.isfinite(step_lib.finalize_metrics(jax.device_get(metrics))["loss"])
 
 
 def test_state_bytes_are_the_allocated_state():
