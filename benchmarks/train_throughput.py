@@ -179,8 +179,13 @@ def batch_fn(config, batch_size: int):
       batch.update(sbo_boundaries=jnp.stack([positions - 1, jnp.minimum(positions + 1,
                                                                          length - 1)], -1),
                    sbo_offsets=jnp.zeros_like(positions), sbo_weights=batch["mlm_weights"])
-    if objective.name == "unilm":   # the LM types in turn: every mask kind in the batch
-      batch["lm_type"] = jnp.arange(batch_size, dtype=jnp.int32) % 4
+    if objective.name == "unilm":   # the LM types in turn, with their token types
+      from bertfam_jax.objectives import unilm  # pylint: disable=g-import-not-at-top
+      lm_type = jnp.arange(batch_size, dtype=jnp.int32) % len(unilm.LM_TYPES)
+      type_ids = jnp.asarray([unilm.LM_TYPE_IDS[t] for t in range(len(unilm.LM_TYPES))])
+      batch.update(lm_type=lm_type,
+                   segment_ids=type_ids[lm_type[:, None],
+                                          (jnp.arange(length) >= length // 2).astype(jnp.int32)])
     if objective.get("word_shuffle_rate"):  # as many word-order slots as MLM slots
       batch.update(shuffle_positions=batch["mlm_positions"],
                    shuffle_targets=batch["mlm_targets"], shuffle_weights=batch["mlm_weights"])

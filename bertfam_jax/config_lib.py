@@ -455,7 +455,7 @@ def gpt_model(size: str, version: int = 1, **overrides) -> ml_collections.Config
 def unilm_objective(**overrides) -> ml_collections.ConfigDict:
   """UniLM's cloze (objectives/unilm.py; Dong et al. 2019 §2.3, §3.1): BERT's 15% and 80/10/10,
   80% of the units one word and 20% a bigram or trigram, new masks every epoch, no sentence
-  task, B always A's continuation; LM types per row 1/3 bidirectional, 1/6 left-to-right, 1/6
+  task, B A's continuation (but in one-sentence chunks); LM types per row 1/3 bidirectional, 1/6 left-to-right, 1/6
   right-to-left, 1/3 seq2seq."""
   o = mlm_objective(name="unilm", mask_scheme="ngram", max_ngram=3, ngram_distribution="unilm",
                     masking="dynamic", sentence_task="", random_next_prob=0.0,

@@ -42,7 +42,7 @@ def filter_logits(logits_BV, *, temperature: float = 1.0, top_k: int = 0, top_p:
   Holtzman et al. 2020, as transformers' TopPLogitsWarper: the most probable always stays) set
   to NEG_INF. Float32."""
   logits_BV = logits_BV.astype(jnp.float32) / temperature
-  if top_k > 0:
+  if 0 < top_k < logits_BV.shape[-1]:
     kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
     logits_BV = jnp.where(logits_BV < kth_B1, NEG_INF, logits_BV)
   if top_p < 1.0:
@@ -171,8 +171,11 @@ def generate_texts(path: str, prompts: Sequence[str], *, max_new_tokens: int = 5
   out = generate(model, params, ids, lengths, max_length=int(lengths.max()) + max_new_tokens,
                  rng=jax.random.key(seed), eos_id=packing.eod_id(tokenizer), **sampling)
   texts = []
+  eod = packing.eod_id(tokenizer)
   for row, length in zip(out, lengths):
     continuation = row[length:length + max_new_tokens]
+    ends = np.flatnonzero(continuation == eod)
+    continuation = continuation[:ends[0]] if len(ends) else continuation   # and the 0s after it
     texts.append(tokenizer.decode(row[:length].tolist() + continuation.tolist()))
   return texts
 

@@ -10,7 +10,8 @@ clipping at 1, lr 2.5e-4 warmed up over 2,000 updates then cosine-annealed to 0;
 contiguous tokens, 100 epochs of BooksCorpus. The tokenizer is a SentencePiece BPE of the
 paper's 40,000 merges' size trained on the corpus (GPT's ftfy + spaCy BPE needs a download),
 with an `<eod>` piece closing each document. Weights are initialised from a normal truncated at
-2σ (the reference's is untruncated), as every family here.
+2σ (the reference's is untruncated), as every family here; GPT-2's 1/√(2·layers) scaling of the
+residual projections at initialisation is not applied.
 
   # The paper's recipe on C4 (a prepared TFDS data_dir; see README "Data"), 100k steps:
   python -m bertfam_jax.main --config=configs/gpt.py --workdir=$WORKDIR \

@@ -94,8 +94,9 @@ class HFTokenizer:
     self.cls_id, self.sep_id, self.pad_id, self.unk_id, self.mask_id = (
         ids.get(r) for r in SPECIAL_ROLES[:5])
     self.eos_id = ids.get("eos", self.sep_id)
-    self.eod_id = next((i for i in map(tokenizer.token_to_id, (EOD, ENDOFTEXT)) if i is not None),
-                       None)
+    self.eod_id = tokenizer.token_to_id(EOD)
+    if self.eod_id is None and specials.get("eos") == ENDOFTEXT:   # GPT-2's layout
+      self.eod_id = ids["eos"]
     special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
     special |= {i for role, i in ids.items() if role != "unk"}
     self.special_ids = np.asarray(sorted(special - {self.unk_id}), np.int32)
@@ -185,6 +186,10 @@ def from_dir(path: str) -> HFTokenizer:
 def from_files(files: dict[str, bytes]) -> HFTokenizer:
   """The tokenizer of a directory's files ({name: content}, names of TOKENIZER_FILES)."""
   options = json.loads(files.get("tokenizer_config.json", b"{}"))
+  if options.get("tokenizer_class") in ("OpenAIGPTTokenizer", "OpenAIGPTTokenizerFast"):
+    raise ConfigError("OpenAI GPT's tokenizer (ftfy + spaCy, lower-cased BPE with </w>) is not "
+                      "read here; import the checkpoint without its tokenizer files, or give a "
+                      "tokenizer_path.")
   if "tokenizer.json" in files:
     tokenizer = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode())
     vocab = tokenizer.get_vocab(with_added_tokens=True)

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from bertfam_jax import config_lib, fileio
 from bertfam_jax import workdir as workdir_lib
@@ -48,7 +49,6 @@ from bertfam_jax.finetune import features, optim, recipe as recipe_lib, seq2seq,
 from bertfam_jax.finetune import text_tasks, unilm_seq2seq
 from bertfam_jax.finetune import losses as finetune_losses
 from bertfam_jax.models import finetune as finetune_models
-from bertfam_jax.objectives import losses as objective_losses
 from bertfam_jax.train import metrics as train_metrics
 from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import train as train_lib
@@ -359,9 +359,10 @@ def _abstract_params(model, example):
 
 
 def _make_loss_fn(kind: str, lm_coef: float = 0.0) -> Callable:
-  """The task's loss (`finetune.losses`); with `lm_coef` > 0 (GPT) plus lm_coef × the mean
-  next-token cross-entropy over every input row's real tokens (finetune-transformer-lm's
-  auxiliary objective, logged as lm_loss)."""
+  """The task's loss (`finetune.losses`); with `lm_coef` > 0 (GPT) plus lm_coef × the auxiliary
+  LM loss as finetune-transformer-lm's train.py computes it: each input row's mean next-token
+  cross-entropy over its real tokens, averaged over the rows (every choice a row), logged as
+  lm_loss."""
 
   def loss_fn(model, params, batch, rng, config, *, deterministic=False):
     del config
@@ -373,10 +374,15 @@ def _make_loss_fn(kind: str, lm_coef: float = 0.0) -> Callable:
                                      rngs={"dropout": rng}, with_lm=True)
     loss, metrics = finetune_losses.task_loss(kind, outputs, batch)
     ids, mask = batch["input_ids"], batch["input_mask"]
-    total, _, _, count = objective_losses.token_cross_entropy(
-        lm_logits[..., :-1, :], ids[..., 1:], mask[..., 1:])
-    metrics["lm_loss"] = (total, count)
-    return loss + lm_coef * total / jnp.maximum(count, 1.0), metrics
+    logits_RLV = lm_logits.reshape((-1,) + lm_logits.shape[-2:])[:, :-1]
+    targets_RL = ids.reshape(-1, ids.shape[-1])[:, 1:]
+    weights_RL = mask.reshape(-1, mask.shape[-1])[:, 1:].astype(jnp.float32)
+    per_token = optax.softmax_cross_entropy_with_integer_labels(
+        logits_RLV.astype(jnp.float32), targets_RL)
+    per_row = jnp.sum(per_token * weights_RL, -1) / jnp.maximum(jnp.sum(weights_RL, -1), 1.0)
+    rows = jnp.asarray(per_row.size, jnp.float32)
+    metrics["lm_loss"] = (jnp.sum(per_row), rows)
+    return loss + lm_coef * jnp.mean(per_row), metrics
 
   return loss_fn
 

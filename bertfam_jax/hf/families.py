@@ -466,6 +466,11 @@ def _gpt_model_to_hf(family: Family, model, hf: dict) -> dict:
   """The GPT2Config / OpenAIGPTConfig fields of our GPT; its layout (pre- or post-LN) must be
   the family's."""
   del hf
+  extra = {k: model[k] for k, off in (("share_layers", "none"), ("embedding_size", 0),
+                                      ("type_vocab_size", 0)) if model.get(k, off) != off}
+  if extra:
+    raise ConfigError(f"{family.model_type} has no shared layers, factorised embedding or token "
+                      f"types; this GPT has {extra}, so it cannot be exported.")
   if model.pre_layer_norm == _is_openai(family) or model.get("embedding_layer_norm", True):
     raise ConfigError(f"model.pre_layer_norm={model.pre_layer_norm}: {family.model_type} is "
                       f"{'post' if _is_openai(family) else 'pre'}-LN without an embedding "

@@ -241,6 +241,8 @@ class Encoder(nn.Module):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     owner = self if self.embeddings_from is None else self.embeddings_from
+    if decode and not c.get("causal", False):
+      raise ValueError("decode=True (a KV cache) needs a causal model (model.causal=True).")
     first = self.decode_position(input_ids.shape[1]) if decode else 0
     x_BLE = self.embeddings_dropout(owner.embed(input_ids, segment_ids, first),
                                     deterministic=deterministic)

@@ -143,15 +143,15 @@ class FineTuneModel(nn.Module):
     fold = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
     backbone = BACKBONES[self.backbone](self.config, name="encoder")
     if self.features == "weighted_sum":
-      _, hidden_NBLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
-                                deterministic=deterministic, return_all_layers=True)
+      last_BLD, hidden_NBLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
+                                       deterministic=deterministic, return_all_layers=True)
       x_BLD = heads.ScalarMix(hidden_NBLD.shape[0], name="scalar_mix")(hidden_NBLD)
     else:
-      x_BLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
-                       deterministic=deterministic)
+      last_BLD = x_BLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
+                                  deterministic=deterministic)
     lm_logits = None
     if with_lm:
-      lm_logits = backbone.attend(x_BLD)
+      lm_logits = backbone.attend(last_BLD)   # the LM reads the last layer, whatever the head
       lm_logits = lm_logits.reshape(input_ids.shape + lm_logits.shape[-1:])
     if causal:
       x_BLD = _extract_states(x_BLD, fold(input_mask))

@@ -23,7 +23,11 @@ def build_model(config):
 
 
 def validate(config) -> None:
-  """The causal LM reads `lm_stream` rows."""
+  """The causal LM reads `lm_stream` rows, with a stack whose layers are its own (a shared
+  layer module would hold one KV cache for several layers)."""
+  if config.model.share_layers != "none":
+    raise ConfigError(f"model.share_layers={config.model.share_layers!r}: a causal LM keeps one KV "
+                      "cache per layer module; set --config.model.share_layers=none.")
   if config.data.packing != "lm_stream":
     raise ConfigError(f"objective.name='causal_lm' reads language-model rows; set "
                       f"--config.data.packing=lm_stream (it is {config.data.packing!r}).")

@@ -2,7 +2,8 @@
 cloze objective.
 
 Each row of `[CLS] A [SEP] B [SEP]` (B the text that follows A: `data.packing='sentence_pairs'`
-with `objective.random_next_prob=0`) is masked as BERT's (15%, 80/10/10; 80% of the units one
+with `objective.random_next_prob=0`; a chunk of one sentence still takes B from another document,
+as BERT's packing does) is masked as BERT's (15%, 80/10/10; 80% of the units one
 word, 20% a bigram or trigram: `mask_scheme='ngram'`, `ngram_distribution='unilm'`) and gets
 one language-model type, drawn per row with `objective.{bidirectional, left_to_right,
 right_to_left, seq2seq}_prob` (the paper's 1/3, 1/6, 1/6, 1/3), which decides what each token
@@ -21,7 +22,8 @@ reading, the released code fine-tunes no right-to-left LM). The loss is the mask
 cross-entropy (logged per LM type too).
 
 Deviations: no next-sentence prediction on the bidirectional rows (the paper adds it; B here is
-always A's continuation, which the seq2seq and unidirectional rows need), and masks on the
+A's continuation but in one-sentence chunks, which the seq2seq and unidirectional rows need), and
+masks on the
 XLA path only (`attention_impl='cudnn'` takes padding as lengths).
 
 Batch keys: the masked LM's (objectives/__init__.py) plus lm_type [n] int32 (LM_TYPES' index).

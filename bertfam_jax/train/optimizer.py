@@ -74,7 +74,7 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
   warmup_cosine (GPT: finetune-transformer-lm opt.py `warmup_cosine`, the paper's "increased
     linearly from zero over the first 2000 updates and annealed to 0 using a cosine schedule"):
     lr·step/W during warmup, then lr·½(1 + cos(π·step/T)), the cosine over the whole run as in
-    that code (so it resumes just below lr at W).
+    that code (so it resumes just below lr at W), to 0 whatever end_lr says.
   slanted_triangular (ULMFiT, Howard & Ruder 2018 eq. 3): cut = ⌊T·cut_frac⌋; p = step/cut
     before it, else 1 − (step − cut)/(cut·(1/cut_frac − 1)); lr·(1 + p·(ratio − 1))/ratio, from
     lr/ratio up to lr at cut and back down to lr/ratio at T (`optimizer.cut_frac` 0.1,

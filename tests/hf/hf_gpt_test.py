@@ -199,10 +199,14 @@ def test_our_run_loads_in_transformers(our_gpt_run, tmp_path):
   assert_same_logits(ours, load_in_transformers(str(tmp_path / "hf"), "gpt2"))
 
 
-def test_a_post_ln_run_is_not_gpt2(our_gpt_run, tmp_path):
+@pytest.mark.parametrize("field,value,message", [
+    ("pre_layer_norm", False, "pre_layer_norm=False"),
+    ("type_vocab_size", 2, "token types"), ("share_layers", "all", "shared layers")])
+def test_what_gpt2_cannot_hold_is_refused_on_export(our_gpt_run, tmp_path, field, value,
+                                                   message):
   _, config, params = our_gpt_run
   config = config_lib.ml_collections.ConfigDict(config.to_dict())
-  config.model.pre_layer_norm = False
+  config.model[field] = value
   ours = hf.HFModel(config, params, None, {"model_type": "gpt2"}, "GPT2LMHeadModel")
-  with pytest.raises(ConfigError, match="pre_layer_norm=False"):
+  with pytest.raises(ConfigError, match=message):
     hf.save_pretrained(ours, str(tmp_path / "hf"))

@@ -125,3 +125,12 @@ def test_fine_tuning_with_gpts_input_transformations(uninterrupted, task, tmp_pa
   head = "classification_head" if task == "wordnet_supersense" else "choice_head"
   assert set(tuned[head]) == {"classifier"}
   assert all("lm_loss" in r for r in train_records(workdir).values())
+
+
+def test_a_causal_lm_with_shared_layers_is_refused():
+  """One layer module applied at several layers would hold one KV cache for all of them."""
+  from bertfam_jax import objectives  # pylint: disable=import-outside-toplevel
+  config = tiny_config()
+  config.model.update(share_layers="all")
+  with pytest.raises(cl.ConfigError, match="share_layers='all'.*share_layers=none"):
+    objectives.validate(config)
