@@ -18,6 +18,13 @@ Recipe (what T5 / t5x do when fine-tuning, scaled to a step budget):
              (`finetune.decoding`); ids after the first EOS, pads and sentinels are dropped
              before detokenising.
 
+A decoder-only or prefix-LM T5 (`model.architecture`, Raffel et al. §3.2) fine-tunes on the same
+tasks with each example's inputs + EOS and targets + EOS as one sequence
+(`featurize_decoder_only`: seqio's PrefixLMFeatureConverter, one example a row), the loss on the
+targets, the prefix LM's inputs attending both ways; it decodes greedily by recomputing the
+sequence at every step (the cache's one-token steps cannot run the prefix both ways), and its
+gold targets are scored the same way.
+
 `make_recipe` is what `finetune.run` trains for a T5 `init` (`python -m bertfam_jax.main
 --config=configs/finetune.py:task=NAME,init=<T5 workdir>`, or `run.fine_tune` in memory): the
 one train loop through `finetune/recipe.py`, parameters and Adafactor state sharded by the
@@ -38,12 +45,14 @@ import numpy as np
 from flax import traverse_util
 
 from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.data import packing
 from bertfam_jax.finetune import decoding
 from bertfam_jax.finetune import metrics as metrics_lib
 from bertfam_jax.finetune import optim
 from bertfam_jax.finetune import recipe as recipe_lib
 from bertfam_jax.finetune import text_tasks
 from bertfam_jax.models import t5 as t5_lib
+from bertfam_jax.objectives import losses
 from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import metrics as train_metrics
 from bertfam_jax.train import step as step_lib
@@ -88,6 +97,75 @@ def featurize(tokenizer, examples: Sequence[dict], *, inputs_length: int,
               decoder_loss_weights=(targets != 0).astype(np.float32))
 
 
+DECODER_ONLY_KEYS = ("decoder_input_ids", "decoder_target_ids", "decoder_segment_ids",
+                     "decoder_causal_attention", "decoder_loss_weights")
+
+
+def featurize_decoder_only(tokenizer, examples: Sequence[dict], *, inputs_length: int,
+                           targets_length: int) -> dict[str, np.ndarray]:
+  """Examples → one sequence a row (`packing.pack_decoder_only`, rows of inputs_length +
+  targets_length): DECODER_ONLY_KEYS and prefix_tokens [n] int32, the row's inputs with their
+  EOS (where decoding starts)."""
+  inputs = encode_texts(tokenizer, [e["inputs"] for e in examples], inputs_length)
+  targets = encode_texts(tokenizer, [e["targets"] for e in examples], targets_length)
+  input_lengths, target_lengths = (inputs != 0).sum(1), (targets != 0).sum(1)
+  rows = packing.pack_decoder_only(inputs, input_lengths, targets, target_lengths,
+                                   inputs_length=inputs_length, targets_length=targets_length,
+                                   examples_per_row=1)
+  return dict({k: rows[k] for k in DECODER_ONLY_KEYS},
+              prefix_tokens=input_lengths.astype(np.int32))
+
+
+def decoder_only_loss_fn(model, params, batch, rng, config, *, deterministic=False):
+  """The targets' token cross-entropy + z-loss of a decoder-only / prefix-LM row (as
+  `objectives.t5.loss_fn`, without pre-training's fill metrics)."""
+  logits = model.apply(params, None, batch["decoder_input_ids"], None,
+                       batch["decoder_segment_ids"], deterministic=deterministic,
+                       rngs={"dropout": rng}, **_prefix(config.model, batch))
+  total, z_total, correct, count = losses.token_cross_entropy(
+      logits, batch["decoder_target_ids"], batch["decoder_loss_weights"],
+      config.objective.z_loss)
+  metrics = {"t5_loss": (total - z_total, count), "t5_accuracy": (correct, count),
+             "z_loss": (z_total, count)}
+  return total / jnp.maximum(count, 1.0), metrics
+
+
+def _prefix(model_config, batch) -> dict:
+  """The prefix LM's decoder_causal_attention keyword, {} for a decoder-only LM."""
+  if model_config.architecture != "prefix_lm":
+    return {}
+  return {"decoder_causal_attention": batch["decoder_causal_attention"]}
+
+
+def decoder_only_greedy(model, params, batch, *, max_length: int, eos_id: int):
+  """[B, max_length] greedy targets of rows whose inputs (with EOS) are the first prefix_tokens
+  of decoder_target_ids: at step t the whole sequence so far is run (the prefix LM's inputs and
+  one position more attending both ways, as in training) and position prefix + t takes the
+  argmax; 0 after EOS."""
+  prefix_B = batch["prefix_tokens"]
+  width = batch["decoder_target_ids"].shape[1]
+  positions_L = jnp.arange(width)
+  sequence = jnp.where(positions_L[None] < prefix_B[:, None], batch["decoder_target_ids"], 0)
+  state = dict(decoder_causal_attention=(positions_L[None] <= prefix_B[:, None]).astype(
+      jnp.int32))
+  segments = jnp.ones_like(sequence)
+  rows = jnp.arange(sequence.shape[0])
+
+  def step(t, carry):
+    sequence, done, out = carry
+    shifted = jnp.pad(sequence[:, :-1], ((0, 0), (1, 0)))
+    logits = model.apply({"params": params}, None, shifted, None, segments, deterministic=True,
+                         **_prefix(model.config, state))
+    at_B = prefix_B + t
+    token_B = jnp.where(done, 0, jnp.argmax(logits[rows, at_B], -1).astype(sequence.dtype))
+    sequence = sequence.at[rows, at_B].set(token_B)
+    return sequence, done | (token_B == eos_id), out.at[:, t].set(token_B)
+
+  init = (sequence, jnp.zeros(sequence.shape[:1], jnp.bool_),
+          jnp.zeros((sequence.shape[0], max_length), sequence.dtype))
+  return jax.lax.fori_loop(0, max_length, step, init)[2]
+
+
 def decode_texts(tokenizer, ids: np.ndarray) -> list[str]:
   """[n, L] generated ids -> n texts: everything from the first EOS on is dropped, and so are
   pads and ids that are no SentencePiece piece (sentinels, padded vocabulary rows)."""
@@ -103,11 +181,14 @@ def decode_texts(tokenizer, ids: np.ndarray) -> list[str]:
 
 
 def build_model(model_config) -> t5_lib.T5:
-  if model_config.get("kind") != "t5" or model_config.architecture != "encoder_decoder":
-    raise ConfigError("Text-to-text fine-tuning needs an encoder-decoder T5 (model.kind='t5', "
-                      "architecture='encoder_decoder'); pass the workdir of a T5 pre-training "
-                      "run as finetune.init.")
+  if model_config.get("kind") != "t5":
+    raise ConfigError("Text-to-text fine-tuning needs a T5 (model.kind='t5'); pass the workdir of "
+                      "a T5 pre-training run as finetune.init.")
   return t5_lib.T5(ml_collections.FrozenConfigDict(model_config))
+
+
+def encoder_decoder(model_config) -> bool:
+  return model_config.architecture == "encoder_decoder"
 
 
 def fit_pretrained(fresh, pretrained):
@@ -148,11 +229,13 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   start = time.time()
   batch_size = config.train.batch_size
   targets_length = ft.targets_length or task.max_target_tokens
+  two_stacks = encoder_decoder(config.model)
   train_data, eval_examples, eval_data = load_data(
       task, tokenizer, inputs_length=ft.max_seq_len, targets_length=targets_length,
       batch_size=batch_size, max_train_examples=ft.max_train_examples or None,
-      max_eval_examples=ft.max_eval_examples or None, data_dir=ft.data_dir or None)
-  num_train = len(train_data["input_ids"])
+      max_eval_examples=ft.max_eval_examples or None, data_dir=ft.data_dir or None,
+      featurize_fn=featurize if two_stacks else featurize_decoder_only)
+  num_train = len(train_data[BATCH_KEYS[0] if two_stacks else DECODER_ONLY_KEYS[0]])
   total_steps = config.train.total_steps or max(1, int(num_train / batch_size * ft.epochs))
   train_metrics.print_progress(
       f"{ft.task} (text-to-text): {num_train} train / {len(eval_examples)} {task.eval_split} "
@@ -160,22 +243,32 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
       f"{time.time() - start:.1f} s.")
   model = build_model(config.model)
   ids = np.zeros((1, 8), np.int32)   # parameter shapes depend on neither length
-  example = dict(input_ids=ids, decoder_input_ids=ids)
+  if two_stacks:
+    example = dict(input_ids=ids, decoder_input_ids=ids)
+  else:
+    if ft.beam_size != 1:
+      raise ConfigError(f"finetune.beam_size={ft.beam_size}: a decoder-only T5 decodes greedily "
+                        "here; set --config.finetune.beam_size=1.")
+    example = dict(input_ids=None, decoder_input_ids=ids, **_prefix(config.model, dict(
+        decoder_causal_attention=ids)))
   tx, schedule = step_lib.make_optimizer(optim.base_optimizer(config.optimizer, total_steps),
                                          model, example)
+  keys = dict(search_keys=("input_ids",), gold_keys=GOLD_KEYS) if two_stacks else dict(
+      search_keys=("decoder_target_ids", "prefix_tokens"), gold_keys=DECODER_ONLY_KEYS)
   return recipe_lib.Recipe(
       model=model, example=example, tx=tx, schedule=schedule,
-      loss_fn=t5_objective.loss_fn,
+      loss_fn=t5_objective.loss_fn if two_stacks else decoder_only_loss_fn,
       transfer=None if params is None else functools.partial(fit_pretrained, pretrained=params),
-      train_data=train_data, total_steps=total_steps, steps_per_epoch=num_train // batch_size,
-      tokens_per_row=ft.max_seq_len,
+      train_data={k: train_data[k] for k in (BATCH_KEYS if two_stacks else DECODER_ONLY_KEYS)},
+      total_steps=total_steps, steps_per_epoch=num_train // batch_size,
+      tokens_per_row=ft.max_seq_len if two_stacks else ft.max_seq_len + targets_length,
       make_predict=lambda shardings: (
           make_search(model, shardings.params, mesh, max_length=targets_length,
                       eos_id=tokenizer.eos_id, beam_size=ft.beam_size, alpha=ft.alpha),
           make_gold_scorer(model, shardings.params, mesh)),
       score=functools.partial(evaluate, task, eval_examples=eval_examples,
                               eval_data=eval_data, tokenizer=tokenizer,
-                              batch_size=config.train.eval_batch_size, mesh=mesh),
+                              batch_size=config.train.eval_batch_size, mesh=mesh, **keys),
       extra={})
 
 
@@ -187,7 +280,13 @@ def make_search(model, param_shardings, mesh, *, max_length: int, eos_id: int,
   """Jitted `search(variables, {'input_ids': [batch, Li]}) -> [batch, max_length]` generated ids
   on `mesh` (`recipe.sharded_predict`: parameters as `param_shardings`, the batch split over the
   batch axes, outputs replicated): greedy when beam_size is 1, else beam search with length
-  penalty alpha (`finetune.decoding`)."""
+  penalty alpha (`finetune.decoding`); a decoder-only T5's greedy recomputing search over
+  {'decoder_target_ids', 'prefix_tokens'} (`decoder_only_greedy`)."""
+  if not encoder_decoder(model.config):
+    return recipe_lib.sharded_predict(
+        lambda variables, batch: decoder_only_greedy(model, variables["params"], batch,
+                                                     max_length=max_length, eos_id=eos_id),
+        param_shardings, mesh)
   if beam_size == 1:
     search = functools.partial(decoding.greedy_decode, max_length=max_length, eos_id=eos_id)
   else:
@@ -205,11 +304,17 @@ GOLD_KEYS = ("input_ids", "input_segment_ids", "decoder_input_ids", "decoder_tar
 def make_gold_scorer(model, param_shardings, mesh) -> Callable:
   """Jitted `score(variables, batch) -> [batch, 2]`: per example, the summed cross-entropy
   (nats) of its gold target tokens under teacher forcing, EOS included, and their count; the
-  batch as `featurize` lays it out (`GOLD_KEYS`)."""
+  batch as `featurize` lays it out (`GOLD_KEYS`; a decoder-only T5's: `DECODER_ONLY_KEYS`, its
+  target positions only)."""
   def score(variables, batch):
-    logits = model.apply(variables, batch["input_ids"], batch["decoder_input_ids"],
-                         batch["input_segment_ids"], batch["decoder_segment_ids"],
-                         deterministic=True)
+    if encoder_decoder(model.config):
+      logits = model.apply(variables, batch["input_ids"], batch["decoder_input_ids"],
+                           batch["input_segment_ids"], batch["decoder_segment_ids"],
+                           deterministic=True)
+    else:
+      logits = model.apply(variables, None, batch["decoder_input_ids"], None,
+                           batch["decoder_segment_ids"], deterministic=True,
+                           **_prefix(model.config, batch))
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
     nll = -jnp.take_along_axis(log_probs, batch["decoder_target_ids"][..., None], -1)[..., 0]
     weights = batch["decoder_loss_weights"]
@@ -219,7 +324,7 @@ def make_gold_scorer(model, param_shardings, mesh) -> Callable:
 
 def evaluate(task: text_tasks.TextTask, predictors: tuple[Callable, Callable], params, *,
              eval_examples, eval_data: dict[str, np.ndarray], tokenizer, batch_size: int,
-             mesh) -> dict[str, Any]:
+             mesh, search_keys=("input_ids",), gold_keys=GOLD_KEYS) -> dict[str, Any]:
   """Decodes eval_data's inputs [n, Li] with the search of `predictors` (`make_search`,
   `make_gold_scorer`) in batches of batch_size and scores the texts against eval_examples;
   scores the gold targets (`featurize`d, cut at the targets length) under teacher forcing.
@@ -232,10 +337,10 @@ def evaluate(task: text_tasks.TextTask, predictors: tuple[Callable, Callable], p
   `text_tasks.example_scores`, what a paired bootstrap resamples)."""
   search, gold = predictors
   generated = recipe_lib.predict_all(search, params, eval_data, batch_size, mesh,
-                                     keys=("input_ids",))
+                                     keys=search_keys)
   predictions = decode_texts(tokenizer, generated)
   nll, tokens = recipe_lib.predict_all(gold, params, eval_data, batch_size, mesh,
-                                       keys=GOLD_KEYS).T
+                                       keys=gold_keys).T
   scores = dict(task.score(eval_examples, predictions),
                 target_loss=float(nll.sum() / max(tokens.sum(), 1.0)))
   per_example = text_tasks.example_scores(task, eval_examples, predictions)
@@ -254,17 +359,18 @@ def evaluate(task: text_tasks.TextTask, predictors: tuple[Callable, Callable], p
 
 def load_data(task: text_tasks.TextTask, tokenizer, *, inputs_length: int, targets_length: int,
               batch_size: int, max_train_examples: int | None, max_eval_examples: int | None,
-              data_dir: str | None):
-  """(train_data {BATCH_KEYS: [n, ...]} (`featurize`), the evaluation examples, and theirs
-  `featurize`d (inputs and gold targets)); ConfigError when the training split has fewer than
-  batch_size examples."""
+              data_dir: str | None, featurize_fn: Callable = None):
+  """(train_data {BATCH_KEYS: [n, ...]} (`featurize`, or `featurize_fn`), the evaluation
+  examples, and theirs featurized (inputs and gold targets)); ConfigError when the training
+  split has fewer than batch_size examples."""
+  featurize_fn = featurize_fn or featurize
   train_examples = task.load(task.train_split, data_dir, max_train_examples)
   eval_examples = task.load(task.eval_split, data_dir, max_eval_examples)
   if len(train_examples) < batch_size:
     raise ConfigError(f"{task.name} has {len(train_examples)} training examples, fewer than "
                       f"batch_size={batch_size}; lower the batch size.")
-  train_data = featurize(tokenizer, train_examples, inputs_length=inputs_length,
-                         targets_length=targets_length)
-  eval_data = featurize(tokenizer, eval_examples, inputs_length=inputs_length,
-                        targets_length=targets_length)
+  train_data = featurize_fn(tokenizer, train_examples, inputs_length=inputs_length,
+                            targets_length=targets_length)
+  eval_data = featurize_fn(tokenizer, eval_examples, inputs_length=inputs_length,
+                           targets_length=targets_length)
   return train_data, eval_examples, eval_data
