@@ -407,6 +407,7 @@ def t5_model(size: str, version: str = "1.0", **overrides) -> ml_collections.Con
       relative_max_distance=128,
       tie_embeddings=not v11,
       architecture="encoder_decoder",
+      share_encoder_decoder=False,  # Table 2's "Enc-dec, shared": one layer stack for both
       dtype="float32",
       attention_impl="",
       remat_policy="none",
@@ -763,6 +764,7 @@ FIELD_RULES = {
     "model.causal": (False, True),
     "model.pre_layer_norm": (False, True),
     "model.embedding_layer_norm": (False, True),
+    "model.share_encoder_decoder": (False, True),
     "model.embedding_size": AT_LEAST_0,
     "model.hidden_groups": AT_LEAST_1,
     "model.adapter_size": AT_LEAST_0,

@@ -20,6 +20,12 @@ Architectures (`config.architecture`), one class `T5`:
                    `make_decoder_mask`: causal OR (both in the prefix)). As in t5x, the relative
                    buckets stay causal, so keys to the right inside the prefix share bucket 0.
 
+`share_encoder_decoder` (Raffel et al. §3.2.2, Table 2's "Enc-dec, shared"): the encoder runs the
+decoder's layers (their self-attention, MLP and norms; not the cross-attention) with its own
+bidirectional mask and relative buckets, so the encoder holds no layer parameters: `encoder/`
+keeps its relpos_bias and encoder_norm, each decoder layer's parameters get the gradients of
+both uses. Encoder-decoder only, with as many encoder as decoder layers.
+
 Packing: segment ids (1..k per packed example, 0 = pad) restrict every attention to one example;
 relative positions are `arange` over the row, which inside one contiguous segment equals the
 distance within the example.
@@ -168,6 +174,11 @@ def validate(c) -> None:
                       "with a trainable position bias; set --config.model.attention_impl=xla.")
   if c.activation not in ("relu", "gelu_tanh", "gelu"):
     raise ConfigError(f"model.activation={c.activation!r}; choose relu, gelu_tanh or gelu.")
+  if c.get("share_encoder_decoder", False) and (
+      c.architecture != "encoder_decoder" or c.layers != c.decoder_layers):
+    raise ConfigError(f"model.share_encoder_decoder runs the decoder's layers as the encoder: it "
+                      f"needs architecture='encoder_decoder' (it is {c.architecture!r}) and "
+                      f"layers = decoder_layers ({c.layers} vs {c.decoder_layers}).")
   if c.remat_policy != "none" and c.remat_policy not in REMAT_POLICIES:
     raise ConfigError(f"model.remat_policy={c.remat_policy!r}; choose none or one of "
                       f"{sorted(REMAT_POLICIES)}.")
@@ -338,7 +349,8 @@ class DecoderLayer(nn.Module):
                deterministic: bool, decode: bool, cache_index):
     """x: [batch, L, hidden]; encoded: [batch, S, hidden] or None; bias: [1, heads, L, L or
     max_length]; maskings of self-attention (mask [batch or 1, 1, L, L or max_length]) and of
-    cross-attention (mask [batch, 1, L, S]; None without cross-attention)."""
+    cross-attention (mask [batch, 1, L, S]; None without cross-attention). `encoded` None in a
+    layer with cross-attention: a shared encoder's call, which skips it."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
     drop = functools.partial(layers.Dropout(c.dropout, c.dropout_bits),
@@ -348,7 +360,7 @@ class DecoderLayer(nn.Module):
                                             deterministic=deterministic, decode=decode,
                                             cache_index=cache_index)
     x_BLD = nn.with_logical_constraint(x_BLD + drop(h), ACTIVATION_AXES)
-    if self.cross_attention:
+    if self.cross_attention and encoded_BSD is not None:
       h = RMSNorm(c.layer_norm_eps, dtype, name="pre_cross_attention_layer_norm")(x_BLD)
       h = Attention(c, name="encoder_decoder_attention")(h, encoded_BSD, None, cross_masking,
                                                          deterministic=deterministic)
@@ -377,15 +389,19 @@ def layer_stack(config, layer_cls, num_layers: int, *, num_args: int,
 
 
 class Encoder(nn.Module):
-  """Embedding + `layers` EncoderLayers + final norm; bidirectional relative buckets."""
+  """Embedding + `layers` EncoderLayers + final norm; bidirectional relative buckets. With
+  `layers_from` (share_encoder_decoder) the layers are that Decoder's, called without
+  cross-attention."""
   config: Any
   embedder: nn.Module  # the parent's shared TokenEmbedding
+  layers_from: Any = None  # the Decoder whose layers this encoder runs
 
   def setup(self):
     c = self.config
     self.relpos_bias = RelativePositionBias(c, bidirectional=True)
     # EncoderLayer args: self 0, x 1, bias 2, masking 3, deterministic 4.
-    self.layers = layer_stack(c, EncoderLayer, c.layers, num_args=4, static_argnums=(4,))
+    if self.layers_from is None:
+      self.layers = layer_stack(c, EncoderLayer, c.layers, num_args=4, static_argnums=(4,))
     self.encoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
     self.dropout = layers.Dropout(c.dropout, c.dropout_bits)
 
@@ -398,8 +414,12 @@ class Encoder(nn.Module):
     bias_1NLL = self.relpos_bias(jnp.arange(length), jnp.arange(length))
     lengths_B = row_lengths(input_segment_ids)
     masking = Masking(segment_mask(input_segment_ids, input_segment_ids), lengths_B, lengths_B)
-    for layer in self.layers:
-      x_BLD, _ = layer(x_BLD, bias_1NLL, masking, deterministic)
+    if self.layers_from is None:
+      for layer in self.layers:
+        x_BLD, _ = layer(x_BLD, bias_1NLL, masking, deterministic)
+    else:   # the decoder's layers: no encoder output (no cross-attention), no cache
+      for layer in self.layers_from.layers:
+        x_BLD, _ = layer(x_BLD, None, bias_1NLL, masking, None, deterministic, False, None)
     return self.dropout(self.encoder_norm(x_BLD), deterministic=deterministic)
 
 
@@ -498,9 +518,10 @@ class T5(nn.Module):
     validate(c)
     self.token_embedder = TokenEmbedding(c.vocab_size, c.hidden, 1.0, jnp.dtype(c.dtype))
     encoder_decoder = c.architecture == "encoder_decoder"
-    if encoder_decoder:
-      self.encoder = Encoder(c, self.token_embedder)
     self.decoder = Decoder(c, self.token_embedder, cross_attention=encoder_decoder)
+    if encoder_decoder:
+      shared = c.get("share_encoder_decoder", False)
+      self.encoder = Encoder(c, self.token_embedder, self.decoder if shared else None)
 
   def __call__(self, input_ids, decoder_input_ids, input_segment_ids=None,
                decoder_segment_ids=None, *, deterministic: bool, decoder_causal_attention=None):

@@ -361,3 +361,48 @@ def test_cudnn_attention_gradients_equal_xla(references):
 def test_prefix_lm_on_cudnn_is_refused():
   with pytest.raises(ConfigError, match="attention_impl=xla"):
     t5.validate(tiny_config(architecture="prefix_lm", dtype="bfloat16", attention_impl="cudnn"))
+
+
+# Our encoder layer's parameters ← the decoder layer's that a shared encoder runs.
+SHARED_SUBLAYERS = dict(pre_attention_layer_norm="pre_self_attention_layer_norm",
+                        attention="self_attention", pre_mlp_layer_norm="pre_mlp_layer_norm",
+                        mlp="mlp")
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_shared_encoder_decoder_is_the_decoder_layers_run_twice(scan):
+  """Table 2's "Enc-dec, shared": the encoder holds no layers; the model equals an unshared T5
+  whose encoder layers are copies of the decoder layers' self-attention, MLP and norms, and each
+  shared parameter's gradient is the sum of the two copies' gradients."""
+  rng = np.random.default_rng(5)
+  input_ids = jnp.asarray(rng.integers(1, 50, (BATCH, INPUTS)), jnp.int32)
+  decoder_ids = jnp.asarray(rng.integers(1, 50, (BATCH, TARGETS)), jnp.int32)
+  shared_model = t5.T5(tiny_config(share_encoder_decoder=True, scan_layers=scan))
+  shared = init_params(shared_model, input_ids, decoder_ids)["params"]
+  assert set(shared["encoder"]) == {"relpos_bias", "encoder_norm"}
+  layer_names = ["layers"] if scan else [f"layer_{i}" for i in range(2)]
+  unshared = dict(shared, encoder=dict(shared["encoder"], **{
+      name: {ours: shared["decoder"][name][theirs] for ours, theirs in SHARED_SUBLAYERS.items()}
+      for name in layer_names}))
+  unshared_model = t5.T5(tiny_config(scan_layers=scan))
+
+  def loss(model, params):
+    logits = model.apply({"params": params}, input_ids, decoder_ids, deterministic=True)
+    return jnp.mean(jax.nn.log_softmax(logits.astype(jnp.float32))[..., 3])
+
+  value, grads = jax.value_and_grad(functools.partial(loss, shared_model))(shared)
+  ref_value, ref_grads = jax.value_and_grad(functools.partial(loss, unshared_model))(unshared)
+  np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+  for name in layer_names:
+    for ours, theirs in SHARED_SUBLAYERS.items():
+      summed = jax.tree.map(jnp.add, ref_grads["decoder"][name][theirs],
+                            ref_grads["encoder"][name][ours])
+      jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
+                   grads["decoder"][name][theirs], summed)
+
+
+def test_sharing_needs_an_encoder_decoder_of_equal_depths():
+  for overrides in (dict(architecture="decoder_only"), dict(decoder_layers=1)):
+    with pytest.raises(ConfigError, match="share_encoder_decoder"):
+      init_params(t5.T5(tiny_config(share_encoder_decoder=True, **overrides)),
+                  np.ones((1, 4), np.int32), np.ones((1, 4), np.int32))
