@@ -287,20 +287,24 @@ def downstream_scores(init_config, params, tokenizer, scale: dict,
   return metrics, examples
 
 
-def run_row(name: str, spec: dict | None, seed: int, scale: dict, workdirs: str) -> dict:
+def run_row(name: str, spec: dict | None, seed: int, scale: dict, workdirs: str, *,
+            make_config=None, floor_spec=None) -> dict:
   """Pre-trains one row (unless it is the floor) and fine-tunes it on every task.
+  `make_config(scale, spec, seed)`: the row's pre-training config (default `pretrain_config`);
+  `floor_spec`: the spec whose model and tokenizer the floor takes (default the ★ row's).
 
   Returns the results.jsonl record (`experiments/report.py`): row, seed, scale, commit,
   metrics, examples, degenerate (tasks with at most DEGENERATE distinct predictions), the
   tokens it saw (`seen`), targets_length, pretrain {eval_accuracy, eval_loss, tokens_per_sec,
   curve} and timings."""
   start = time.time()
+  make_config = make_config or pretrain_config
   if spec is None:  # the floor: the baseline row's model and tokenizer, nothing pre-trained
-    config = pretrain_config(scale, dict(ROWS)[BASELINE], seed)
+    config = make_config(scale, floor_spec or dict(ROWS)[BASELINE], seed)
     tokenizer = tokenizers.load_or_train(config, sources.get_documents(config.data, "train"))
     params, pretrain, saw = None, {}, dict(input_tokens=0, target_tokens=0)
   else:
-    config = pretrain_config(scale, spec, seed)
+    config = make_config(scale, spec, seed)
     workdir = os.path.join(workdirs, common.workdir_name(name.lstrip("★ "), seed))
     train.run(config, workdir)
     config, tokenizer, params = workdir_lib.load(workdir)
