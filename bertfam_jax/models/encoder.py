@@ -70,6 +70,21 @@ def layer_plan(c) -> list[tuple[tuple[str, str], ...]]:
   return [plans[share](i, i * groups // c.layers) for i in range(c.layers)]
 
 
+def _residual(c, x_BLD, norm_name: str, adapter_name: str, sublayer, deterministic: bool):
+  """One residual block around `sublayer` ([batch, length, hidden] → same), post- or pre-LN
+  (`TransformerLayer`). A function, not a method: called inside the layer's compact `__call__`,
+  its modules are the layer's own, and traces name them as before (`layer_0/mlp/...`)."""
+  dtype = jnp.dtype(c.dtype)
+  norm = layers.LayerNorm(c.layer_norm_eps, dtype, name=norm_name)
+  pre = c.get("pre_layer_norm", False)
+  h_BLD = layers.Dropout(c.dropout, c.dropout_bits)(sublayer(norm(x_BLD) if pre else x_BLD),
+                                                     deterministic=deterministic)
+  if c.adapter_size:
+    h_BLD = layers.Adapter(c.adapter_size, dtype=dtype, name=adapter_name)(h_BLD)
+  x_BLD = x_BLD + h_BLD if pre else norm(x_BLD + h_BLD)
+  return nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
+
+
 class TransformerLayer(nn.Module):
   """x = LN(x + Drop(Attn(x))); x = LN(x + Drop(MLP(x)))  (post-LN, BERT and GPT); with adapters
   x = LN(x + Adapter(Drop(Attn(x)))) and likewise for the MLP (adapter-bert transformer_model).
@@ -89,7 +104,7 @@ class TransformerLayer(nn.Module):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     if self.sublayers != "ffn":
-      x_BLD = self._residual(x_BLD, "attention_ln", "attention_adapter", lambda h: (
+      x_BLD = _residual(c, x_BLD, "attention_ln", "attention_adapter", lambda h: (
           layers.SelfAttention(
               heads=c.heads, head_dim=c.hidden // c.heads, attention_dropout=c.attention_dropout,
               initializer_range=c.initializer_range, attention_impl=c.attention_impl,
@@ -97,22 +112,10 @@ class TransformerLayer(nn.Module):
               name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
           deterministic)
     if self.sublayers != "attention":
-      x_BLD = self._residual(x_BLD, "output_ln", "ffn_adapter", layers.MLP(
+      x_BLD = _residual(c, x_BLD, "output_ln", "ffn_adapter", layers.MLP(
           c.mlp, c.activation, c.initializer_range, dtype, name="mlp"), deterministic)
     return x_BLD
 
-  def _residual(self, x_BLD, norm_name: str, adapter_name: str, sublayer, deterministic: bool):
-    """One residual block around `sublayer` ([batch, length, hidden] → same), post- or pre-LN."""
-    c = self.config
-    dtype = jnp.dtype(c.dtype)
-    norm = layers.LayerNorm(c.layer_norm_eps, dtype, name=norm_name)
-    pre = c.get("pre_layer_norm", False)
-    h_BLD = layers.Dropout(c.dropout, c.dropout_bits)(sublayer(norm(x_BLD) if pre else x_BLD),
-                                                       deterministic=deterministic)
-    if c.adapter_size:
-      h_BLD = layers.Adapter(c.adapter_size, dtype=dtype, name=adapter_name)(h_BLD)
-    x_BLD = x_BLD + h_BLD if pre else norm(x_BLD + h_BLD)
-    return nn.with_logical_constraint(x_BLD, ("batch", "length", "act_embed"))
 
 
 class ScannedLayer(TransformerLayer):

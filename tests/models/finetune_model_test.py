@@ -304,7 +304,7 @@ def test_kinds_and_widths_are_checked():
 def test_xlnet_classification_reads_the_last_position():
   """An XLNet's rows end with <cls> (left padding): its classification head pools the last
   position, BERT's the first."""
-  assert finetune.SUMMARY_POSITION == {"encoder": 0, "xlnet": -1}
+  assert finetune.SUMMARY_POSITION == {"encoder": 0, "xlnet": -1, "causal": 0}
   config = tiny.xlnet()
   x = jax.random.normal(jax.random.key(0), (2, 6, config.hidden))
   head = heads.ClassificationHead(config, 3, summary_position=-1)
