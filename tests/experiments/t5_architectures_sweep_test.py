@@ -1,6 +1,6 @@
-"""experiments/t5_architectures.py: Table 2's rows as configuration at the paper's cost units
-(2P / P parameters, M / M/2 FLOPs), every row builds and takes a train step's shapes, and the
-report comes out of results; no training."""
+"""experiments/t5_architectures.py, the sweep (tests/objectives/t5_architectures_test.py tests
+the decoder-only objective): Table 2's rows as configuration at the paper's cost units (2P / P
+parameters, M / M/2 FLOPs), and the report out of results; no training."""
 
 import os
 import sys
