@@ -39,11 +39,12 @@ NO_PRETRAINING = common.NO_PRETRAINING
 OBJECTIVES = {"Denoising": dict(t5o.ROWS)[t5o.BASELINE],
               "LM": dict(t5o.ROWS)["Prefix language modeling"]}
 # Table 2's architectures: (name, the paper's parameters and cost, model overrides from the
-# scale's encoder-decoder config `m`).
+# scale's encoder-decoder config `m`). The paper's "Enc-dec, shared" and "Enc-dec, 6 layers" are
+# written without commas: --rows is a comma-separated list.
 ARCHITECTURES = (
     ("Encoder-decoder", "2P, M", lambda m: {}),
-    ("Enc-dec, shared", "P, M", lambda m: dict(share_encoder_decoder=True)),
-    ("Enc-dec, 6 layers", "P, M/2", lambda m: dict(layers=max(1, m.layers // 2),
+    ("Enc-dec (shared)", "P, M", lambda m: dict(share_encoder_decoder=True)),
+    ("Enc-dec (6 layers)", "P, M/2", lambda m: dict(layers=max(1, m.layers // 2),
                                                    decoder_layers=max(1, m.decoder_layers // 2))),
     ("Language model", "P, M", lambda m: dict(architecture="decoder_only",
                                               decoder_layers=m.layers)),

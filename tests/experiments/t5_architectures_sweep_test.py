@@ -26,6 +26,7 @@ def configs():
 def test_rows_are_table_2s():
   names = [name for name, _ in arch.ROWS]
   assert len(names) == len(set(names)) == 11 and names[-1] == common.NO_PRETRAINING
+  assert not any("," in name for name in names)   # --rows is a comma-separated list
   assert {name for _, group in arch.TABLE_GROUPS for name in group} == set(names)
   assert arch.SCALES["cpu"]["rows"] == names[:5] + [common.NO_PRETRAINING]
 
@@ -42,10 +43,10 @@ def test_rows_differ_in_architecture_and_objective_only(configs):
   assert {v for k, v in objectives.items() if "Denoising" in k} == {"iid"}
   assert {v for k, v in objectives.items() if k.endswith("· LM")} == {"random_prefix"}
   models = {name.split(" · ")[0]: c.model for name, c in configs.items()}
-  assert models["Enc-dec, shared"].share_encoder_decoder
+  assert models["Enc-dec (shared)"].share_encoder_decoder
   assert models["Language model"].architecture == "decoder_only"
   assert models["Prefix LM"].architecture == "prefix_lm"
-  assert (models["Enc-dec, 6 layers"].layers, models["Encoder-decoder"].layers) == (1, 2)
+  assert (models["Enc-dec (6 layers)"].layers, models["Encoder-decoder"].layers) == (1, 2)
 
 
 def test_costs_are_the_papers_units(configs):
@@ -59,13 +60,13 @@ def test_costs_are_the_papers_units(configs):
   two_p = params["Encoder-decoder"]
   assert params["Language model"] == params["Prefix LM"]
   p = params["Language model"]   # L layers of self-attention + MLP: the paper's P
-  assert two_p > 2 * p and params["Enc-dec, 6 layers"] == pytest.approx(two_p / 2)
-  assert p < params["Enc-dec, shared"] < 1.5 * p
+  assert two_p > 2 * p and params["Enc-dec (6 layers)"] == pytest.approx(two_p / 2)
+  assert p < params["Enc-dec (shared)"] < 1.5 * p
   m = flops["Encoder-decoder"]
-  assert flops["Enc-dec, shared"] == m
+  assert flops["Enc-dec (shared)"] == m
   # The layers halve; the output layer (6·d·V per target token) does not, and at this scale
   # (V 4,224, d 128) it is a large share: between M/2 and 0.7 M.
-  assert m / 2 < flops["Enc-dec, 6 layers"] < 0.7 * m
+  assert m / 2 < flops["Enc-dec (6 layers)"] < 0.7 * m
   # A decoder-only row also computes logits over its inputs (6·d·V per token): above M here.
   assert m < flops["Language model"] == flops["Prefix LM"] < 1.5 * m
 
@@ -92,4 +93,4 @@ def test_report_from_fake_results():
   markdown = report.markdown(_fake_results(), arch.COMPARISON, setup="Fake.",
                              constants=constants, degenerate={}, resamples=200)
   assert "Table 2: denoising objective" in markdown and "Table 2: LM objective" in markdown
-  assert f"| {arch.BASELINE} |" in markdown and "Enc-dec, 6 layers P, M/2" in markdown
+  assert f"| {arch.BASELINE} |" in markdown and "Enc-dec (6 layers) P, M/2" in markdown
