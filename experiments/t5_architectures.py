@@ -14,8 +14,9 @@ share at small scales, so there half the depth costs ~0.65 M and a decoder-only 
 the `cpu` scale L = 2 (t5_objectives' mini T5), so "6 layers" (the paper's half of 12) is one
 layer per stack.
 
-  # The denoising half and the floor × 3 seeds on a 2-core CPU (not yet run: about 95 minutes,
-  # estimated from t5_objectives' measured 80 minutes for five rows):
+  # The denoising half and the floor × 3 seeds on a 2-core CPU (not yet run; about 90 minutes
+  # estimated from a smoke run at seed 0: 275 s for the shared encoder-decoder row, 478 s for
+  # the prefix LM, whose decoding recomputes the row):
   python -m experiments.t5_architectures --scale=cpu
   # Every row, one seed, on its own machine:
   python -m experiments.t5_architectures --scale=gpu --rows="Prefix LM · LM" --seeds=0
