@@ -12,7 +12,8 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import causal_lm
-from bertfam_jax.train import sharding, step as step_lib, train
+from bertfam_jax.train import train
+from helpers.sharded import run_steps
 from helpers.run_records import copy_until, metric_records, train_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,26 +78,16 @@ def test_rows_are_next_token_pairs(batches):
   assert batch["loss_weights"].all() and batch["input_mask"].all()
 
 
-def run_steps(config, batches, devices):
-  mesh = sharding.make_mesh(config.mesh, devices)
-  state, train_step = step_lib.fresh_train_step(config, mesh, causal_lm)
-  losses = []
-  for batch in batches:
-    state, metrics = train_step(state, {k: jax.device_put(v, sharding.batch_sharding(mesh))
-                                        for k, v in batch.items()})
-    losses.append(step_lib.finalize_metrics(jax.device_get(metrics))["loss"])
-  return losses, jax.device_get(state.params)
-
-
 @pytest.mark.parametrize("version", [1, 2])
 def test_sharded_steps_equal_single_device(batches, version):
   """Two steps on a 2 x 2 x 2 mesh equal one device: losses and parameters."""
   config = tiny_config(version)
   config.mesh.update(data=2, fsdp=2, tensor=2)
-  losses, params = run_steps(config, batches[0], jax.devices())
+  losses, state = run_steps(config, causal_lm, batches[0], jax.devices())
   config.mesh.update(data=1, fsdp=1, tensor=1)
-  ref_losses, ref_params = run_steps(config, batches[0], jax.devices()[:1])
+  ref_losses, ref_state = run_steps(config, causal_lm, batches[0], jax.devices()[:1])
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+  params, ref_params = state.params, ref_state.params
   assert ("final_ln" in params["params"]["encoder"]) == (version == 2)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
                params, ref_params)

@@ -11,7 +11,8 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import unilm
-from bertfam_jax.train import sharding, step as step_lib, train
+from bertfam_jax.train import train
+from helpers.sharded import run_steps
 from helpers.run_records import metric_records, train_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,24 +68,14 @@ def test_rows_hold_their_types_and_b_follows_a(batches):
     assert set(batch["segment_ids"][row][real].tolist()) <= set(unilm.LM_TYPE_IDS[int(t)])
 
 
-def run_steps(config, batches, devices):
-  mesh = sharding.make_mesh(config.mesh, devices)
-  state, train_step = step_lib.fresh_train_step(config, mesh, unilm)
-  losses = []
-  for batch in batches:
-    state, metrics = train_step(state, {k: jax.device_put(v, sharding.batch_sharding(mesh))
-                                        for k, v in batch.items()})
-    losses.append(step_lib.finalize_metrics(jax.device_get(metrics))["loss"])
-  return losses, jax.device_get(state.params)
-
-
 def test_sharded_steps_equal_single_device(batches):
   config = tiny_config()
   config.mesh.update(data=2, fsdp=2, tensor=2)
-  losses, params = run_steps(config, batches, jax.devices())
+  losses, state = run_steps(config, unilm, batches, jax.devices())
   config.mesh.update(data=1, fsdp=1, tensor=1)
-  ref_losses, ref_params = run_steps(config, batches, jax.devices()[:1])
+  ref_losses, ref_state = run_steps(config, unilm, batches, jax.devices()[:1])
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+  params, ref_params = state.params, ref_state.params
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
                params, ref_params)
 

@@ -13,7 +13,8 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import xlnet
-from bertfam_jax.train import sharding, step as step_lib, train
+from bertfam_jax.train import train
+from helpers.sharded import run_steps
 from helpers.run_records import copy_until, metric_records, train_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,26 +89,16 @@ def test_each_row_continues_the_same_stream(batches):
   assert set(batches[0]["direction"].tolist()) == {1.0, -1.0}  # bi_data: reversed rows too
 
 
-def run_steps(config, batches, devices):
-  mesh = sharding.make_mesh(config.mesh, devices)
-  state, train_step = step_lib.fresh_train_step(config, mesh, xlnet)
-  losses = []
-  for batch in batches:
-    state, metrics = train_step(state, {k: jax.device_put(v, sharding.batch_sharding(mesh))
-                                        for k, v in batch.items()})
-    losses.append(step_lib.finalize_metrics(jax.device_get(metrics))["loss"])
-  return losses, jax.device_get((state.params, state.carry))
-
-
 def test_sharded_steps_equal_single_device(batches):
   """Three steps (the memory flowing from each to the next) on a 2 x 2 x 2 mesh equal one device:
   losses, parameters and the carried memory."""
   config = tiny_config()
   config.mesh.update(data=2, fsdp=2, tensor=2)
-  losses, (params, carry) = run_steps(config, batches, jax.devices())
+  losses, state = run_steps(config, xlnet, batches, jax.devices())
   config.mesh.update(data=1, fsdp=1, tensor=1)
-  ref_losses, (ref_params, ref_carry) = run_steps(config, batches, jax.devices()[:1])
+  ref_losses, ref_state = run_steps(config, xlnet, batches, jax.devices()[:1])
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+  (params, carry), (ref_params, ref_carry) = ((s.params, s.carry) for s in (state, ref_state))
   assert len(carry) == 2 and carry[0].shape == (BATCH, 24, 32) and np.abs(carry[0]).sum() > 0
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
                (params, carry), (ref_params, ref_carry))
