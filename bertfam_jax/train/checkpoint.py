@@ -6,6 +6,7 @@ else a workdir holds, and the checks that refuse a workdir of another run, are
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import logging as std_logging
 
@@ -74,6 +75,32 @@ def _without_closed_loop_errors(unraisablehook):
             and str(unraisable.exc_value) == "Event loop is closed"):
       unraisablehook(unraisable)
   return hook
+
+
+def _without_abandoned_reads(unraisablehook):
+  """`unraisablehook` except for orbax's abandoned array reads: when one array of a corrupt
+  checkpoint fails to read, orbax raises that failure while the reads of other arrays are still
+  pending; those fail the same way later and, collected as coroutines, would each be reported as
+  unraisable with a traceback. The failure itself is reported once, as a ConfigError."""
+  def hook(unraisable):
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is None or f"{os.sep}orbax{os.sep}" not in code.co_filename:
+      unraisablehook(unraisable)
+  return hook
+
+
+@contextlib.contextmanager
+def _one_report_per_failed_read():
+  """Runs a restore under `_without_abandoned_reads` and `_without_closed_loop_errors`. If the
+  restore fails, the filter stays for the rest of the process: the reads it abandoned fail and are
+  collected at any later point, up to interpreter exit, and TensorStore completes some after
+  orbax closed its event loop. The failure itself is raised once, as a ConfigError."""
+  hook = sys.unraisablehook
+  if not getattr(hook, "quiets_failed_reads", False):
+    sys.unraisablehook = _without_closed_loop_errors(_without_abandoned_reads(hook))
+    sys.unraisablehook.quiets_failed_reads = True
+  yield
+  sys.unraisablehook = hook  # not reached when the restore raised
 
 
 class Checkpointer:
@@ -165,8 +192,9 @@ class Checkpointer:
     return state, [dict(zip(data["keys"], row)) for row in data["processes"]]
 
   def _restore(self, step: int, abstract_state) -> dict:
-    return self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(_on_disk(abstract_state)), data=ocp.args.JsonRestore()))
+    with _one_report_per_failed_read():
+      return self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(_on_disk(abstract_state)), data=ocp.args.JsonRestore()))
 
   def _unrestorable(self, step: int, error: Exception) -> ConfigError:
     detail = " ".join(str(error).split())[:300]
@@ -225,9 +253,10 @@ def read_params(directory: str, step: int):
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
                             dict(params=stored["params"]))
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-        partial_restore=True)))
+    with _one_report_per_failed_read():
+      restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+          item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+          partial_restore=True)))
   except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise bare Exception)
     detail = " ".join(str(e).split())[:300]
     raise ConfigError(f"Checkpoint {directory}/{step} cannot be read: it is corrupt or incomplete "

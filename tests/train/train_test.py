@@ -423,3 +423,47 @@ def test_two_data_workers_train_exactly_as_none(uninterrupted, tmp_path):
   train.run(config, workdir)
   reference, got = train_records(uninterrupted), train_records(workdir)
   assert [got[s]["loss"] for s in range(1, 9)] == [reference[s]["loss"] for s in range(1, 9)]
+
+
+def test_a_corrupt_checkpoint_is_reported_once(uninterrupted, tmp_path, monkeypatch):
+  """The restore of a checkpoint whose array files are damaged raises one ConfigError naming it;
+  orbax's other reads, abandoned pending and failing the same way, are reported nowhere else
+  (Python would print each as an unraisable exception with a traceback when it is collected,
+  which broke main's one-line error at random)."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.objectives import mlm  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.train import optimizer, sharding, step  # pylint: disable=g-import-not-at-top
+  directory = str(tmp_path / "checkpoints")
+  shutil.copytree(os.path.join(uninterrupted, "checkpoints"), directory)
+  damaged = 0
+  for dirpath, _, filenames in os.walk(os.path.join(directory, "4", "state")):
+    if dirpath.endswith("/d") and "ocdbt.process_" in dirpath:
+      for name in filenames:
+        with open(os.path.join(dirpath, name), "r+b") as f:
+          f.write(b"\xff" * 64)
+          f.truncate(64)
+        damaged += 1
+  assert damaged
+  reported = []
+  monkeypatch.setattr(sys, "unraisablehook", reported.append)
+  config = tiny_config()
+  mesh = sharding.make_mesh(config.mesh)
+  model, (tx, _) = mlm.build_model(config), optimizer.make_optimizer(config)
+  abstract, _ = step.with_mesh_context(step.abstract_state, mesh)(model, tx, mesh,
+                                                                  mlm.init_inputs(config))
+  ckpt = checkpoint.Checkpointer(directory, keep=5, read_only=True)
+  with pytest.raises(ConfigError, match=f"Checkpoint {directory}/4 cannot be restored"):
+    ckpt.restore(4, abstract)
+  ckpt.close()
+  with pytest.raises(ConfigError, match=f"Checkpoint {directory}/4 cannot be read"):
+    checkpoint.read_params(directory, 4)
+  time.sleep(1)  # the abandoned reads finish failing
+  gc.collect()
+  assert not reported, [(u.exc_value, u.object) for u in reported]
+  # Only orbax's abandoned reads are dropped: any other unraisable still reaches the hook.
+  import types  # pylint: disable=g-import-not-at-top
+  sys.unraisablehook(types.SimpleNamespace(exc_type=ValueError, exc_value=ValueError("ours"),
+                                           exc_traceback=None, err_msg=None, object=None))
+  assert [str(u.exc_value) for u in reported] == ["ours"]
