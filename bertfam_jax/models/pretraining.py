@@ -28,17 +28,21 @@ class MaskedLM(nn.Module):
                                              self.sbo_position_size)
 
   def __call__(self, input_ids, input_mask, segment_ids, mlm_positions, *, sbo_boundaries=None,
-               sbo_offsets=None, deterministic: bool, attention_mask=None):
+               sbo_offsets=None, deterministic: bool, attention_mask=None,
+               return_hidden: bool = False):
     """input_ids/input_mask/segment_ids: [batch, length]; mlm_positions: [batch, predictions];
     sbo_boundaries: [batch, predictions, 2] and sbo_offsets: [batch, predictions] (SBO only).
 
     Returns {'mlm_logits': [batch, predictions, vocab]} plus 'sentence_logits' [batch, classes]
-    and 'sbo_logits' [batch, predictions, vocab] when those heads exist. `attention_mask`
+    and 'sbo_logits' [batch, predictions, vocab] when those heads exist, and with
+    `return_hidden` the last layer 'hidden' [batch, length, hidden]. `attention_mask`
     [batch, 1, length, length] bool: UniLM's per-row masks (encoder.Encoder).
     """
     x_BLD = self.encoder(input_ids, input_mask, segment_ids, deterministic=deterministic,
                          attention_mask=attention_mask)
     outputs = {"mlm_logits": self.mlm_head(x_BLD, mlm_positions, self.encoder.attend)}
+    if return_hidden:
+      outputs["hidden"] = x_BLD
     if self.sentence_classes:
       outputs["sentence_logits"] = self.sentence_head(x_BLD)
     if self.sbo_max_targets:
@@ -49,6 +53,50 @@ class MaskedLM(nn.Module):
       outputs["sbo_logits"] = self.sbo_head(x_BLD, sbo_boundaries, sbo_offsets,
                                             self.encoder.attend)
     return outputs
+
+
+# DistilBERT's teacher weights: a variable collection of their own, which nothing trains
+# (train/step.py TRAINED), kept in checkpoints beside the student's 'params'.
+TEACHER = "teacher"
+
+
+def _as_teacher(variables):
+  """The wrapped teacher's 'params' stored as the TEACHER collection (its init, `Distiller`)."""
+  return {TEACHER: variables.get("params", {}), "params": {}}
+
+
+def _from_teacher(variables):
+  """The TEACHER collection seen by the wrapped teacher as its 'params'."""
+  return {"params": variables.get(TEACHER, {})}
+
+
+class Distiller(nn.Module):
+  """DistilBERT (Sanh et al., 2019): a student encoder with the tied MLM head, its parameters
+  named as `MaskedLM`'s (so a distilled workdir fine-tunes and exports as any MLM run), and a
+  teacher `MaskedLM` whose weights are the TEACHER collection. The teacher runs without dropout
+  (distiller.py puts it in eval mode) and without its sentence or span heads."""
+  config: Any          # the student's `config.model`
+  teacher_config: Any  # the teacher's
+
+  def setup(self):
+    self.encoder = encoder.Encoder(self.config)
+    self.mlm_head = heads.MLMHead(self.config)
+    initializing = self.is_initializing()
+    teacher = nn.map_variables(MaskedLM, ("params", TEACHER), trans_in_fn=_from_teacher,
+                               trans_out_fn=_as_teacher, init=initializing, mutable=initializing)
+    self.teacher = teacher(self.teacher_config)
+
+  def __call__(self, input_ids, input_mask, *, deterministic: bool):
+    """input_ids / input_mask: [batch, length]. Returns the logits at every position and the last
+    layer of both: {'student_logits', 'teacher_logits': [batch, length, vocab];
+    'student_hidden', 'teacher_hidden': [batch, length, hidden]} (no token types: segment 0)."""
+    positions_BL = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+    x_BLD = self.encoder(input_ids, input_mask, deterministic=deterministic)
+    taught = self.teacher(input_ids, input_mask, jnp.zeros_like(input_ids), positions_BL,
+                          deterministic=True, return_hidden=True)
+    return {"student_logits": self.mlm_head(x_BLD, positions_BL, self.encoder.attend),
+            "student_hidden": x_BLD,
+            "teacher_logits": taught["mlm_logits"], "teacher_hidden": taught["hidden"]}
 
 
 class CausalLM(nn.Module):

@@ -34,6 +34,13 @@ Optional (the defaults are defined here):
       the packed rows). Default: none.
   describe(config) -> str
       The run's one-line header. Default: the objective's name and sequence length.
+  initial_params(config, restore_params) -> variables (host numpy arrays)
+      What a fresh run starts from instead of random parameters, the whole variables tree of
+      `build_model(config)` (DistilBERT: the teacher, and the student made from its layers);
+      `restore_params(workdir)` reads another run's latest parameters.
+      Not called on resume, nor with `train.init_from`. Default: random initialisation.
+      Collections other than 'params' (DistilBERT's 'teacher') are constants of the run: the
+      loss reads them, checkpoints hold them, nothing trains them (train/step.py TRAINED).
 
 Batch keys (all numpy on the host, `jax.Array` on device; `n` = examples, `L` = sequence length,
 `P` = max predictions per sequence):
@@ -87,10 +94,11 @@ import jax
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.objectives import causal_lm, electra, mlm, t5, unilm, xlnet
+from bertfam_jax.objectives import causal_lm, distillation, electra, mlm, t5, unilm, xlnet
 
 OBJECTIVES = {
     "mlm": mlm,
+    "distillation": distillation,
     "causal_lm": causal_lm,
     "unilm": unilm,
     "electra": electra,
@@ -134,6 +142,13 @@ def init_carry(objective, config):
   make = getattr(objective, "init_carry", None)
   carry = jax.eval_shape(lambda: make(config, config.train.batch_size)) if make else None
   return carry if jax.tree.leaves(carry) else None
+
+
+def initial_params(objective, config, restore_params):
+  """`objective.initial_params(config, restore_params)`: the variables a fresh run starts from,
+  or None for a random initialisation (the default)."""
+  make = getattr(objective, "initial_params", None)
+  return make(config, restore_params) if make else None
 
 
 def pipeline_options(objective, config) -> dict:

@@ -240,11 +240,12 @@ def read_latest_step(directory: str) -> int | None:
     manager.close()
 
 
-def read_params(directory: str, step: int):
-  """The `params` of checkpoint `step` in `directory` as host numpy arrays, restored against the
-  checkpoint's own metadata (as MaxText's load_params_from_path): no model, no optimizer, and
-  neither the optimizer state nor the data position is read. A corrupt or incomplete checkpoint
-  is a ConfigError naming it."""
+def read_params(directory: str, step: int, collection: str = "params"):
+  """The parameters of checkpoint `step` in `directory` as host numpy arrays (the variable
+  `collection`: 'params', or DistilBERT's 'teacher'), restored against the checkpoint's own
+  metadata (as MaxText's load_params_from_path): no model, no optimizer, and neither the
+  optimizer state nor the data position is read. A corrupt or incomplete checkpoint is a
+  ConfigError naming it."""
   manager = _params_reader(directory)
   try:
     stored = manager.item_metadata(step)["state"]
@@ -264,4 +265,4 @@ def read_params(directory: str, step: int):
                       f"read an earlier step.") from e
   finally:
     manager.close()
-  return jax.tree.map(np.asarray, restored["state"]["params"]["params"])
+  return jax.tree.map(np.asarray, restored["state"]["params"][collection])

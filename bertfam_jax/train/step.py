@@ -27,6 +27,18 @@ class TrainState:
   carry: Any = None
 
 
+# The variable collection that trains. Any other collection in a state's `params` (DistilBERT's
+# 'teacher', models/pretraining.Distiller) is a constant of the run: the loss reads it, the
+# checkpoints hold it, but it is neither differentiated nor updated and has no optimizer state.
+TRAINED = "params"
+
+
+def trained(variables):
+  """The collections of `variables` that train: {TRAINED: ...} (the whole tree for every model
+  that keeps only parameters)."""
+  return {k: v for k, v in variables.items() if k == TRAINED}
+
+
 def param_axes(model, inputs):
   """The logical axis names of `model`'s parameters, a tree like its variables with a tuple of
   names per parameter (None where it has none; a scanned stack's first name is 'layers'), from
@@ -35,7 +47,7 @@ def param_axes(model, inputs):
     rng = jax.random.key(0)
     return model.init({"params": rng, "dropout": rng}, **inputs, deterministic=True)
 
-  boxed = jax.eval_shape(init)
+  boxed = trained(jax.eval_shape(init))
   is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
   return jax.tree.map(lambda x: tuple(x.names) if is_box(x) else None, boxed, is_leaf=is_box)
 
@@ -59,11 +71,12 @@ def abstract_state(model, tx, mesh, inputs, carry=None):
   param_sh = sharding_lib.logical_to_shardings(boxed, mesh)
   params = jax.tree.map(lambda x: x.unbox(apply_constraint=False), boxed,
                         is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
-  opt_state = jax.eval_shape(tx.init, params)
+  opt_state = jax.eval_shape(tx.init, trained(params))
   replicated = NamedSharding(mesh, P())
   batch_sh = sharding_lib.batch_sharding(mesh)
   shardings = TrainState(step=replicated, params=param_sh,
-                         opt_state=sharding_lib.opt_state_shardings(opt_state, param_sh, mesh),
+                         opt_state=sharding_lib.opt_state_shardings(opt_state, trained(param_sh),
+                                                                    mesh),
                          carry=jax.tree.map(lambda _: batch_sh, carry))
   shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt_state,
                       carry=carry)
@@ -97,7 +110,7 @@ def init_state(model, tx, shardings, seed: int, inputs, carry=None, *,
     def init():
       params = init_params()
       return TrainState(step=jnp.zeros([], jnp.int32), params=params,
-                        opt_state=tx.init(params), carry=zeros_carry())
+                        opt_state=tx.init(trained(params)), carry=zeros_carry())
     return jax.jit(init, out_shardings=shardings)()
 
   host_params = _draw_on_host(init_params, jax.tree.leaves(shardings.params)[0].mesh)
@@ -106,10 +119,28 @@ def init_state(model, tx, shardings, seed: int, inputs, carry=None, *,
       host_params, shardings.params)
 
   def complete(params):
-    return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params),
-                      carry=zeros_carry())
+    return TrainState(step=jnp.zeros([], jnp.int32), params=params,
+                      opt_state=tx.init(trained(params)), carry=zeros_carry())
 
   return jax.jit(complete, out_shardings=shardings, donate_argnums=0)(params)
+
+
+def place(host_tree, abstract):
+  """Host numpy arrays → arrays in the shardings of `abstract` (a tree of ShapeDtypeStructs of
+  the same structure); each process places only what its devices hold. A tree of another
+  structure, shape or dtype is a ValueError naming the first difference (our bug, not the
+  user's: the objective built both)."""
+  flat, treedef = jax.tree_util.tree_flatten_with_path(host_tree)
+  if treedef != jax.tree.structure(abstract):
+    raise ValueError(f"initial parameters of structure {treedef} for a state of structure "
+                     f"{jax.tree.structure(abstract)}")
+  for (path, x), a in zip(flat, jax.tree.leaves(abstract)):
+    if x.shape != a.shape or x.dtype != a.dtype:
+      raise ValueError(f"{jax.tree_util.keystr(path)}: {x.shape} {x.dtype}, the state has "
+                       f"{a.shape} {a.dtype}")
+  return jax.tree.map(
+      lambda x, a: jax.make_array_from_callback(a.shape, a.sharding, lambda index: x[index]),
+      host_tree, abstract)
 
 
 def _host_cpu():
@@ -189,14 +220,17 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
                      "split a batch into micro-batches: set --config.train.grad_accum_steps=1.")
 
   def micro_grads(params, batch, rng, carry=None):
-    def loss_and_aux(p):
+    """Gradients with respect to the TRAINED collection; the others enter as constants."""
+    def loss_and_aux(trained_params):
+      p = {**params, **trained_params}
       if not carrying:
         loss, metrics = loss_fn(model, p, batch, rng, config)
         return loss, (metrics, None)
       loss, metrics, new_carry = loss_fn(model, p, batch, rng, config, carry=carry)
       return loss, (metrics, new_carry)
 
-    (loss, (metrics, new_carry)), grads = jax.value_and_grad(loss_and_aux, has_aux=True)(params)
+    (loss, (metrics, new_carry)), grads = jax.value_and_grad(loss_and_aux, has_aux=True)(
+        trained(params))
     return grads, dict(metrics, loss=(loss, jnp.ones([], jnp.float32))), new_carry
 
   def step(state, batch, base_rng):
@@ -219,8 +253,8 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
           lambda *a: micro_grads(*a)[:2], state.params, jax.tree.map(lambda x: x[0], micro), rng))
       (grads, metrics), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro))
       grads = jax.tree.map(lambda g: g / accum, grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = tx.update(grads, state.opt_state, trained(state.params))
+    params = {**state.params, **optax.apply_updates(trained(state.params), updates)}
     one = jnp.ones([], jnp.float32)
     metrics = dict(metrics,
                    learning_rate=(schedule(state.step), one),
@@ -288,8 +322,9 @@ def with_mesh_context(fn, mesh):
 
 @jax.jit
 def param_norm(params) -> jax.Array:
-  """The global L2 norm of a (sharded) parameter tree: a replicated float32 scalar."""
-  return optax.tree.norm(params)
+  """The global L2 norm of a (sharded) parameter tree's TRAINED collection: a replicated float32
+  scalar."""
+  return optax.tree.norm(trained(params))
 
 
 def accumulate_metrics(total, metrics):

@@ -92,6 +92,10 @@ def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs,
     state, data_states = checkpointer.restore_every_process(latest, abstract)
     return state, data_states, latest
   state = step_lib.init_state(model, tx, shardings, config.seed, inputs, carry)
+  start = None if config.train.init_from else objectives.initial_params(
+      objectives.get(config.objective.name), config, workdir_lib.restore_params)
+  if start is not None:
+    state = state.replace(params=step_lib.place(start, abstract.params))
   if config.train.init_from:
     source = checkpoint_lib.Checkpointer(config.train.init_from, keep=1, read_only=True)
     step = source.latest_step()

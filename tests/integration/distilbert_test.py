@@ -1,0 +1,129 @@
+"""DistilBERT through the one train loop: configs/distilbert.py:runlocal (shrunk) distils a
+student from a BERT runlocal teacher's workdir. The teacher stays frozen, the loss falls, a
+resumed run equals the uninterrupted one, sharded steps equal one device, and the student is a
+masked-LM workdir like any other."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib as cl
+from bertfam_jax import workdir as workdir_lib
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.data import pipeline as pipeline_lib
+from bertfam_jax.data import sources
+from bertfam_jax.models import pretraining
+from bertfam_jax.objectives import distillation
+from bertfam_jax.train import checkpoint, train
+from helpers.run_records import copy_until, metric_records, train_records
+from helpers.sharded import run_steps
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BATCH = 8
+
+
+def _load(name, arg):
+  return cl.load_config(os.path.join(_ROOT, "configs", name), arg)
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+  """configs/bert.py:runlocal at 32-token rows: a 2-layer 32-wide BERT with NSP, 60 steps."""
+  c = _load("bert.py", "runlocal")
+  c.data.update(seq_len=32, docs_per_chunk=16)
+  c.model.update(hidden=32, heads=4, mlp=64, layers=2, vocab_size=512, max_positions=32)
+  c.objective.max_predictions = 5
+  c.optimizer.update(peak_lr=5e-3, warmup_steps=5)
+  c.train.update(batch_size=BATCH, total_steps=60, log_every=20, eval_every=60, eval_batches=2,
+                 checkpoint_every=60)
+  workdir = str(tmp_path_factory.mktemp("teacher"))
+  train.run(c, workdir)
+  return workdir
+
+
+def student_config(teacher_dir):
+  c = _load("distilbert.py", f"runlocal,teacher={teacher_dir}")
+  c.data.update(seq_len=32, docs_per_chunk=16)
+  c.optimizer.update(peak_lr=5e-3, warmup_steps=2)
+  c.train.update(batch_size=BATCH, total_steps=30, log_every=5, eval_every=30, eval_batches=2,
+                 checkpoint_every=15, keep_checkpoints=5)
+  return c
+
+
+@pytest.fixture(scope="module")
+def student(teacher, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("student"))
+  train.run(student_config(teacher), workdir)
+  return workdir
+
+
+def test_the_config_reads_its_teacher(teacher):
+  """Half the teacher's depth, its width, vocabulary and tokenizer; no token types."""
+  c, saved = student_config(teacher), workdir_lib.read_config(teacher)
+  assert (c.model.layers, c.model.hidden, c.model.vocab_size, c.model.type_vocab_size) == (
+      1, 32, 512, 0)
+  assert c.objective.teacher_model.to_dict() == saved.model.to_dict()
+  assert c.tokenizer.model_path == os.path.join(teacher, "tokenizer.model")
+  with pytest.raises(ConfigError, match="has no config.json"):
+    _load("distilbert.py", f"runlocal,teacher={teacher}/missing")
+
+
+def test_distillation_trains_the_student_and_leaves_the_teacher(teacher, student):
+  metrics = train_records(student)
+  assert sorted(metrics) == [5, 10, 15, 20, 25, 30]
+  # The student starts from its teacher's layers (KL near 0); at this size the MLM term, 2 × ~6.5
+  # nats, is most of the loss and falls.
+  assert metrics[30]["loss"] < metrics[5]["loss"] - 0.3
+  assert metrics[5]["distill_ce"] < 0.1
+  assert any("eval_distill_ce" in r for r in metric_records(student))
+  directory = os.path.join(student, "checkpoints")
+  state = checkpoint.read_params(directory, 30)   # the 'params' collection: the student
+  teacher_params = workdir_lib.restore_params(teacher)
+  start = distillation.initial_params(student_config(teacher), workdir_lib.restore_params)
+  assert set(state) == {"encoder", "mlm_head"} and "type_embeddings" not in state["encoder"]
+  changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), state, start["params"])
+  assert all(jax.tree.leaves(changed))
+  # The checkpoint's teacher collection is the teacher's parameters, bit for bit.
+  frozen = checkpoint.read_params(directory, 30, pretraining.TEACHER)["teacher"]
+  assert set(frozen) == {"encoder", "mlm_head"}
+  for key in frozen:
+    jax.tree.map(np.testing.assert_array_equal, frozen[key], teacher_params[key])
+
+
+def test_resume_reproduces_the_run(teacher, student, tmp_path):
+  workdir = str(tmp_path / "resumed")
+  copy_until(student, workdir, 15)
+  train.run(student_config(teacher), workdir)
+  resumed, reference = train_records(workdir), train_records(student)
+  assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
+                                                        for s in (20, 25, 30)]
+
+
+def test_the_student_loads_as_an_encoder(student):
+  config, _, encoder_params = workdir_lib.load_encoder(student)
+  assert config.model.layers == 1 and "layer_1" not in encoder_params
+
+
+def test_sharded_steps_equal_single_device(teacher):
+  """Two distillation steps on a 2 x 2 x 2 mesh equal one device: losses and parameters, the
+  teacher collection unchanged on both."""
+  config = student_config(teacher)
+  docs = sources.get_documents(config.data, "train")
+  tokenizer = workdir_lib.load_tokenizer(workdir_lib.read_config(teacher), teacher)
+  pipe = pipeline_lib.Pipeline(config, tokenizer, docs,
+                               distillation.make_features(config, tokenizer), 0, 1, BATCH)
+  batches = [next(pipe) for _ in range(2)]
+  pipe.close()
+  config.mesh.update(data=2, fsdp=2, tensor=2)
+  losses, state = run_steps(config, distillation, batches, jax.devices())
+  config.mesh.update(data=1, fsdp=1, tensor=1)
+  ref_losses, ref_state = run_steps(config, distillation, batches, jax.devices()[:1])
+  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
+               state.params, ref_state.params)
+  config.mesh.update(data=2, fsdp=2, tensor=2)
+  _, fresh = run_steps(config, distillation, [], jax.devices())
+  jax.tree.map(np.testing.assert_array_equal, state.params[pretraining.TEACHER],
+               fresh.params[pretraining.TEACHER])
