@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bertfam_jax import fileio
 from bertfam_jax.data import pipeline as pipeline_lib
+from bertfam_jax.finetune import prune
 from bertfam_jax.train import checkpoint as checkpoint_lib
 from bertfam_jax.train import loop as loop_lib
 from bertfam_jax.train import metrics as metrics_lib
@@ -134,13 +135,19 @@ def predict_all(predict, params, data: dict[str, np.ndarray], batch_size: int, m
 
 def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState:
   """A new state in `shardings`: parameters initialised from `config.seed`, then, unless
-  `recipe.transfer` is None, replaced by the pre-trained weights under a fresh optimizer
-  state."""
+  `recipe.transfer` is None, replaced by the pre-trained weights, magnitude-pruned with
+  `finetune.prune_sparsity` (finetune/prune.py), under a fresh optimizer state."""
   state = step_lib.with_mesh_context(step_lib.init_state, mesh)(
       recipe.model, recipe.tx, shardings, config.seed, recipe.example)
-  if recipe.transfer is None:
+  sparsity = config.finetune.get("prune_sparsity", 0.0)
+  if recipe.transfer is None and not sparsity:
     return state
-  params = {"params": recipe.transfer(jax.device_get(state.params["params"]))}
+  params = jax.device_get(state.params["params"])
+  if recipe.transfer is not None:
+    params = recipe.transfer(params)
+  if sparsity:
+    params = prune.magnitude_prune(params, sparsity)
+  params = {"params": params}
 
   def with_fresh_optimizer(params):
     return step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,

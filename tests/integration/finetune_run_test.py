@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -181,6 +182,25 @@ def test_methods_update_only_what_they_train(pretrained, tmp_path):
   for key in before:
     assert np.array_equal(after[key], before[key]) == (not key.startswith("layer_1/")), key
   assert adapters["trained_fraction"] < frozen["trained_fraction"] < 1.0
+
+
+def test_magnitude_pruning_fine_tunes_the_kept_weights_and_keeps_the_zeros(pretrained, tmp_path):
+  """finetune.prune_sparsity=0.5: the fine-tuned encoder's layer weights are half zeros, at the
+  smallest pre-trained magnitudes (finetune/prune.py), the kept ones trained; the workdir loads
+  back as a pruned model."""
+  from bertfam_jax.finetune import prune  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path / "pruned")
+  finetune_run.run(small("wordnet_supersense", pretrained, finetune__prune_sparsity=0.5), workdir)
+  _, _, before = workdir_lib.load(pretrained)
+  _, _, after = workdir_lib.load(workdir)
+  expected = prune.magnitude_prune({"encoder": before["encoder"]}, 0.5)["encoder"]
+  assert prune.sparsity({"encoder": after["encoder"]}) == prune.sparsity(
+      {"encoder": expected}) == 0.5
+  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(expected)[0],
+                          jax.tree.leaves(after["encoder"])):
+    if "kernel" in jax.tree_util.keystr(path) and "layer_" in jax.tree_util.keystr(path):
+      np.testing.assert_array_equal(y == 0, x == 0)
+      assert np.all(y[x != 0] != x[x != 0])
 
 
 def test_errors_name_the_fix(pretrained, tmp_path):
