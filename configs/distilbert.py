@@ -60,14 +60,15 @@ def get_config(arg=None):
   ))
   config.data.update(source="tfds", tfds_name="wikipedia/20230601.en", train_split="train[:99%]",
                      eval_split="train[99%:]", seq_len=512, packing="full_sentences")
-  config.optimizer = cl.fairseq_adam(peak_lr=5e-4, b2=0.98, weight_decay=0.0, clip_norm=5.0,
-                                     warmup_steps=300)
   config.train.update(batch_size=4096, total_steps=6000)
+  # 5% of the steps (warmup_prop 0.05); set both when overriding train.total_steps.
+  config.optimizer = cl.fairseq_adam(peak_lr=5e-4, b2=0.98, weight_decay=0.0, clip_norm=5.0,
+                                     warmup_steps=config.train.total_steps // 20)
   if arg.runlocal:
     model = dict(config.model)
     cl.shrink_for_local(config)
     config.model.update(model)   # the student keeps the teacher's width and vocabulary
     config.data.seq_len = min(128, config.model.max_positions)
-    config.optimizer.update(peak_lr=1e-3, warmup_steps=50)   # 5% of the steps, as the paper
     config.train.update(total_steps=1000, eval_every=250, checkpoint_every=250)
+    config.optimizer.update(peak_lr=1e-3, warmup_steps=config.train.total_steps // 20)
   return config

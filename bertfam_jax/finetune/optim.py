@@ -56,7 +56,7 @@ from bertfam_jax.finetune import prune
 from bertfam_jax.models import encoder
 from bertfam_jax.train import optimizer
 
-ADAPTERS = ("attention_adapter", "ffn_adapter")
+ADAPTERS = prune.ADAPTERS
 
 # Where a parameter sits: outside the encoder, in its embeddings, in a scanned [layers, ...] stack,
 # or in a layer module applied at some layers (`Layers`).
@@ -200,10 +200,13 @@ def trainable_mask(ft, config_model, params):
 
 def trainable_fraction(ft, config_model, params) -> float:
   """The fraction of parameter entries that `make_finetune_optimizer` updates (`params` may be
-  abstract: jax.eval_shape's ShapeDtypeStructs)."""
+  abstract: jax.eval_shape's ShapeDtypeStructs); the entries that `prune_sparsity` holds at 0
+  are not updated."""
   mask = trainable_mask(ft, config_model, params)
+  kept = 1.0 - ft.get("prune_sparsity", 0.0)
   sizes = jax.tree.map(lambda leaf: np.prod(leaf.shape, dtype=np.float64), params)
-  trained = jax.tree.map(lambda m, leaf: np.prod(leaf.shape) * np.mean(m), mask, params)
+  trained = jax.tree.map(lambda m, leaf, pruned: np.prod(leaf.shape) * np.mean(m) * (
+      kept if pruned else 1.0), mask, params, prune.prunable(params))
   return float(sum(jax.tree.leaves(trained)) / sum(jax.tree.leaves(sizes)))
 
 

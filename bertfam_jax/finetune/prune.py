@@ -19,32 +19,46 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertfam_jax.config_lib import ConfigError
+
+
+# Adapters (finetune.method='adapters') start near 0 and would be the first weights pruned.
+ADAPTERS = ("attention_adapter", "ffn_adapter")
+
 
 def _is_layer(name: str) -> bool:
-  return name.startswith("layer_") or name == "layers"
+  """A layer module of the encoder: layer_i, a scanned `layers` stack, or ALBERT's shared
+  group_g / attention_group_g / ffn_group_g (encoder.layer_plan)."""
+  return name.startswith("layer_") or name == "layers" or name.startswith(
+      ("group_", "attention_group_", "ffn_group_"))
 
 
 def prunable(params):
   """A tree like `params` (the model's {'encoder': ..., ...}, or with an outer {'params': ...}),
-  True at the weight matrices of the encoder's layers."""
+  True at the weight matrices of the encoder's layers (adapters excluded)."""
   def is_prunable(path, _):
     names = [getattr(k, "key", str(k)) for k in path]
-    return ("encoder" in names and names[-1] == "kernel"
-            and any(_is_layer(n) for n in names[names.index("encoder") + 1:]))
+    inside = names[names.index("encoder") + 1:] if "encoder" in names else []
+    return (names[-1] == "kernel" and any(_is_layer(n) for n in inside)
+            and not any(n in ADAPTERS for n in inside))
   return jax.tree_util.tree_map_with_path(is_prunable, params)
 
 
-def magnitude_prune(params, sparsity: float):
-  """`params` (host numpy) with the floor(sparsity · N) smallest-magnitude entries of the N
-  prunable ones (`prunable`) set to 0, ranked over all of them at once; ties are broken by
-  position. The other leaves are returned as they are."""
+def magnitude_prune(params, share: float):
+  """`params` (host numpy) with the floor(share · N) smallest-magnitude entries of the N
+  prunable ones (`prunable`) set to 0, ranked over all of them at once (ties at the threshold
+  broken arbitrarily). The other leaves are returned as they are. ConfigError when `params` has
+  no prunable leaf."""
   mask = prunable(params)
   leaves, treedef = jax.tree.flatten(params)
   chosen = [np.asarray(x) for x, m in zip(leaves, jax.tree.leaves(mask)) if m]
-  if not chosen or sparsity <= 0:
+  if not chosen:
+    raise ConfigError("finetune.prune_sparsity: this model has no encoder layer weights to prune "
+                      "(a T5 or XLNet init?); set --config.finetune.prune_sparsity=0.")
+  if share <= 0:
     return params
   magnitudes = np.concatenate([np.abs(x).ravel() for x in chosen])
-  count = int(np.floor(sparsity * magnitudes.size))
+  count = int(np.floor(share * magnitudes.size))
   keep = np.ones(magnitudes.size, bool)
   keep[np.argpartition(magnitudes, count - 1)[:count] if count else []] = False
   pruned, offset = [], 0

@@ -72,7 +72,7 @@ def _from_teacher(variables):
 
 class Distiller(nn.Module):
   """DistilBERT (Sanh et al., 2019): a student encoder with the tied MLM head, its parameters
-  named as `MaskedLM`'s (so a distilled workdir fine-tunes and exports as any MLM run), and a
+  named as `MaskedLM`'s (so a distilled workdir fine-tunes as any MLM run), and a
   teacher `MaskedLM` whose weights are the TEACHER collection. The teacher runs without dropout
   (distiller.py puts it in eval mode) and without its sentence or span heads."""
   config: Any          # the student's `config.model`

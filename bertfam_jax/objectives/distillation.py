@@ -72,13 +72,19 @@ def layer_map(config) -> list[int]:
   return student_layer_map(config.objective.teacher_model.layers, config.model.layers)
 
 
+# What a student may set apart from its teacher: its depth and token types, and how it computes
+# (dropout, precision, memory, kernels); every other model field is the teacher's.
+_STUDENT_OWN = ("layers", "type_vocab_size", "dropout", "attention_dropout", "dropout_bits",
+                "dtype", "remat_policy", "attention_impl", "scan_layers")
+
+
 def validate(config) -> None:
   """A student that can start from its teacher's layers: the same width, vocabulary and layer
   layout, at most the teacher's depth, and a layer map of one existing teacher layer each."""
   o, s = config.objective, config.model
   t = o.teacher_model
-  for key in ("hidden", "vocab_size", "heads", "mlp", "activation", "embedding_size"):
-    if s.get(key) != t.get(key):
+  for key in sorted(set(s) | set(t)):
+    if key not in _STUDENT_OWN and s.get(key) != t.get(key):
       raise ConfigError(f"model.{key}={s.get(key)!r} differs from the teacher's {t.get(key)!r}; "
                         f"a DistilBERT student copies its teacher's layers, so set "
                         f"--config.model.{key}={t.get(key)!r}.")
@@ -153,9 +159,12 @@ def make_features(config, tokenizer):
                       f"together (configs/distilbert.py reads both from the teacher's workdir).")
   o = config.objective
   return functools.partial(
-      distil_features, special_ids=np.asarray(tokenizer.special_ids), mask_id=tokenizer.mask_id,
-      vocab_size=config.model.vocab_size, mask_rate=o.mask_rate, smoothing=o.smoothing,
-      replace_probs=(o.mask_token_prob, 1.0 - o.mask_token_prob - o.random_token_prob,
+      distil_features,
+      # train.py zeroes every special token's weight, [UNK] included (ours leave it out).
+      special_ids=np.append(np.asarray(tokenizer.special_ids), tokenizer.unk_id),
+      mask_id=tokenizer.mask_id, vocab_size=config.model.vocab_size, mask_rate=o.mask_rate,
+      smoothing=o.smoothing,
+      replace_probs=(o.mask_token_prob, max(0.0, 1.0 - o.mask_token_prob - o.random_token_prob),
                      o.random_token_prob))
 
 

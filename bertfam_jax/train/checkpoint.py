@@ -253,7 +253,7 @@ def read_params(directory: str, step: int, collection: str = "params"):
     # belongs to process 0 alone).
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                            dict(params=stored["params"]))
+                            dict(params={collection: stored["params"][collection]}))
     with _one_report_per_failed_read():
       restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
           item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),

@@ -117,10 +117,16 @@ def init_state(model, tx, shardings, seed: int, inputs, carry=None, *,
   params = jax.tree.map(
       lambda x, sh: jax.make_array_from_callback(x.shape, sh, lambda index: x[index]),
       host_params, shardings.params)
+  return state_of(params, tx, shardings, carry)
 
+
+def state_of(params, tx, shardings, carry=None) -> TrainState:
+  """The step-0 state of placed `params` (in `shardings.params`; donated): the optimizer state
+  built from them, the carry (abstract, as `init_state`'s) at zeros."""
   def complete(params):
     return TrainState(step=jnp.zeros([], jnp.int32), params=params,
-                      opt_state=tx.init(trained(params)), carry=zeros_carry())
+                      opt_state=tx.init(trained(params)),
+                      carry=jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), carry))
 
   return jax.jit(complete, out_shardings=shardings, donate_argnums=0)(params)
 

@@ -91,11 +91,12 @@ def _initial_state(config, model, tx, abstract, shardings, checkpointer, inputs,
   if latest is not None:
     state, data_states = checkpointer.restore_every_process(latest, abstract)
     return state, data_states, latest
-  state = step_lib.init_state(model, tx, shardings, config.seed, inputs, carry)
   start = None if config.train.init_from else objectives.initial_params(
       objectives.get(config.objective.name), config, workdir_lib.restore_params)
-  if start is not None:
-    state = state.replace(params=step_lib.place(start, abstract.params))
+  if start is not None:   # the objective's own starting point (DistilBERT: its teacher's)
+    return (step_lib.state_of(step_lib.place(start, abstract.params), tx, shardings, carry),
+            None, None)
+  state = step_lib.init_state(model, tx, shardings, config.seed, inputs, carry)
   if config.train.init_from:
     source = checkpoint_lib.Checkpointer(config.train.init_from, keep=1, read_only=True)
     step = source.latest_step()

@@ -33,6 +33,24 @@ def test_prunable_leaves_are_the_layers_weight_matrices():
   assert not mask["encoder"]["layer_0"]["attention"]["query"]["bias"]
 
 
+def test_adapters_are_kept_and_shared_albert_layers_are_pruned():
+  """Adapters start near 0 (they would go first): never pruned. ALBERT's shared group_g and
+  attention_group_g modules are layers like layer_i."""
+  kernel = np.ones((4, 4), np.float32)
+  tree = {"encoder": {"group_0": {"mlp": {"kernel": kernel}},
+                      "attention_group_0": {"attention": {"kernel": kernel}},
+                      "layer_0": {"ffn_adapter": {"down": {"kernel": kernel}}}}}
+  mask = prune.prunable(tree)["encoder"]
+  assert mask["group_0"]["mlp"]["kernel"] and mask["attention_group_0"]["attention"]["kernel"]
+  assert not mask["layer_0"]["ffn_adapter"]["down"]["kernel"]
+
+
+def test_a_model_without_prunable_weights_is_refused():
+  from bertfam_jax.config_lib import ConfigError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match="finetune.prune_sparsity"):
+    prune.magnitude_prune({"decoder": {"layer_0": {"kernel": np.ones((2, 2))}}}, 0.5)
+
+
 @pytest.mark.parametrize("sparsity", [0.0, 0.3, 0.5, 0.9])
 def test_global_magnitude_pruning_hits_its_sparsity(sparsity):
   """floor(s · N) of the N = 256 prunable entries become 0, the smallest |w| over all layers

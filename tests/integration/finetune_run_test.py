@@ -190,7 +190,8 @@ def test_magnitude_pruning_fine_tunes_the_kept_weights_and_keeps_the_zeros(pretr
   back as a pruned model."""
   from bertfam_jax.finetune import prune  # pylint: disable=import-outside-toplevel
   workdir = str(tmp_path / "pruned")
-  finetune_run.run(small("wordnet_supersense", pretrained, finetune__prune_sparsity=0.5), workdir)
+  results = finetune_run.run(small("wordnet_supersense", pretrained,
+                                   finetune__prune_sparsity=0.5), workdir)
   _, _, before = workdir_lib.load(pretrained)
   _, _, after = workdir_lib.load(workdir)
   expected = prune.magnitude_prune({"encoder": before["encoder"]}, 0.5)["encoder"]
@@ -201,6 +202,7 @@ def test_magnitude_pruning_fine_tunes_the_kept_weights_and_keeps_the_zeros(pretr
     if "kernel" in jax.tree_util.keystr(path) and "layer_" in jax.tree_util.keystr(path):
       np.testing.assert_array_equal(y == 0, x == 0)
       assert np.all(y[x != 0] != x[x != 0])
+  assert 0.5 < results["trained_fraction"] < 1.0   # the pruned half of the layers' matrices
 
 
 def test_errors_name_the_fix(pretrained, tmp_path):

@@ -166,6 +166,25 @@ def test_masking_budget_candidates_and_replacements():
   assert abs(replaced["random"] / total - 0.1) < 0.02
 
 
+def test_masking_edge_cases():
+  """Rows of special tokens only mask nothing; a budget above the candidates masks every
+  candidate; mask 0.8 + random 0.2 (kept 1 − 0.8 − 0.2, a float a hair below 0) runs."""
+  specials = np.array([[2, 3, 0, 0], [2, 3, 3, 0]], np.int32)
+  out = _mask(dict(input_ids=specials, input_mask=(specials > 0).astype(np.int32)))
+  assert not out["mlm_weights"].any()
+  ids = np.array([[2, 7, 8, 3]], np.int32)
+  out = _mask(dict(input_ids=ids, input_mask=np.ones_like(ids)), mask_rate=0.9)
+  np.testing.assert_array_equal(out["mlm_weights"], [[0, 1, 1, 0]])
+  c = config(mask_token_prob=0.8, random_token_prob=0.2)
+  tokenizer = type("T", (), dict(vocab_size=tiny.VOCAB, special_ids=np.array([0, 2, 3]), unk_id=1,
+                                 mask_id=4))()
+  features = distillation.make_features(c, tokenizer)
+  ids = np.random.default_rng(0).integers(1, tiny.VOCAB, (4, 16)).astype(np.int32)
+  out = features(dict(input_ids=ids, input_mask=np.ones_like(ids)), np.random.default_rng(1))
+  assert out["mlm_weights"].sum() == math.ceil(0.15 * 64)
+  assert not out["mlm_weights"][ids == 1].any()   # [UNK] is never masked (train.py)
+
+
 def test_rare_tokens_are_masked_more_often_as_count_to_the_minus_0_7():
   """Per occurrence, a token seen c times is chosen ∝ c^−0.7: with 1 in 8 tokens rare (count
   r) and the rest common (count 7r), a rare occurrence is chosen 7^0.7 = 3.9 times as often
@@ -189,19 +208,22 @@ def test_rare_tokens_are_masked_more_often_as_count_to_the_minus_0_7():
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(model=dict(hidden=64, heads=8)), "model.hidden=64 differs from the teacher's 32"),
+    (dict(model=dict(hidden=64)), "model.hidden=64 differs from the teacher's 32"),
+    (dict(model=dict(layer_norm_eps=1e-5)), "model.layer_norm_eps=1e-05 differs"),
     (dict(model=dict(type_vocab_size=2)), "model.type_vocab_size=2"),
     (dict(model=dict(layers=6)), "model.layers=6 exceeds the teacher's 4"),
     (dict(objective=dict(student_layers="0,4")), "objective.student_layers='0,4'"),
     (dict(objective=dict(student_layers="a")), "objective.student_layers='a'"),
     (dict(objective=dict(teacher="")), "objective.teacher is empty"),
     (dict(objective=dict(temperature=0.0)), "objective.temperature=0"),
-    (dict(model=dict(share_layers="all")), "needs a BERT-style encoder"),
+    (dict(model=dict(share_layers="all")), "model.share_layers='all' differs"),
+    (dict(model=dict(share_layers="all"), teacher=dict(share_layers="all")),
+     "needs a BERT-style encoder"),
 ])
 def test_refusals_name_the_field(change, message):
   from bertfam_jax import objectives  # pylint: disable=g-import-not-at-top
   c = config()
   for section, values in change.items():
-    c[section].update(values)
+    (c.objective.teacher_model if section == "teacher" else c[section]).update(values)
   with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
     objectives.validate(c)
