@@ -956,6 +956,8 @@ def finetune_config() -> ml_collections.ConfigDict:
       freeze_layers=0,         # embeddings + the lowest N layers get no update
       prune_sparsity=0.0,      # global magnitude pruning of the encoder layers' weight matrices
                                # before fine-tuning, held at 0 (finetune/prune.py); 0 = off
+      prune_heads=0.0,         # share of attention heads removed before fine-tuning by Michel et
+                               # al.'s gradient importance, 10% per round (finetune/prune.py)
       unfreeze_every=0,        # ULMFiT's gradual unfreezing: the head first, then one more layer
                                # from the top every this many steps (ULMFiT: an epoch); 0 = off
       reuse_pooler=True,       # start the head's pooler from the pre-trained NSP pooler if any
@@ -1125,6 +1127,9 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   if f.freeze_layers < 0 or f.epochs <= 0 or f.max_seq_len < 8 or f.adapter_size < 1:
     raise ConfigError("finetune.freeze_layers must be >= 0, epochs > 0, max_seq_len >= 8 and "
                       "adapter_size >= 1.")
+  if not 0 <= f.get("prune_heads", 0.0) < 1:
+    raise ConfigError(f"finetune.prune_heads={f.prune_heads} must be in [0, 1): the share of "
+                      f"attention heads removed before fine-tuning (0 = off).")
   if not 0 <= f.get("prune_sparsity", 0.0) < 1:
     raise ConfigError(f"finetune.prune_sparsity={f.prune_sparsity} must be in [0, 1): the share "
                       f"of the encoder layers' weights set to 0 before fine-tuning (0 = off).")

@@ -30,8 +30,9 @@ layer_decay, freeze_layers, method) and the encoder's `config.model`.
   optax.set_to_zero (no optimizer state) and are left out of the clipped norm. A scanned stack
   is one array: its frozen slices get zero gradients and updates, its optimizer state covers
   the whole stack.
-- `prune_sparsity` s > 0 (finetune/prune.py): the pre-trained weights are magnitude-pruned
-  before fine-tuning, and a last transformation keeps the pruned entries at exactly 0.
+- `prune_sparsity` s > 0 / `prune_heads` h > 0 (finetune/prune.py): the pre-trained weights
+  are magnitude-pruned / the least important attention heads removed before fine-tuning, and a
+  last transformation keeps the pruned entries at exactly 0.
 - method 'adapters' (Houlsby et al., 2019; adapter-bert optimization.py trains the collections
   "adapters", "layer_norm", "head"): only adapters, every LayerNorm (embeddings' included), and
   everything outside the encoder are trained. Deviation: adapter-bert's head is the output layer
@@ -258,6 +259,6 @@ def make_finetune_optimizer(config, params, total_steps: int
     depths = layer_depths(ft, config_model, params, "finetune.unfreeze_every")
     gate = lambda: _gradual_unfreezing(depths, config_model.layers, ft.unfreeze_every)  # noqa: E731
     parts = [gate(), *parts, gate()]
-  if ft.get("prune_sparsity", 0.0):
+  if ft.get("prune_sparsity", 0.0) or ft.get("prune_heads", 0.0):
     parts.append(prune.keep_zeros())   # last: the pruned entries' final updates are 0
   return optax.chain(*parts), schedule

@@ -93,3 +93,116 @@ def keep_zeros() -> optax.GradientTransformation:
     return jax.tree.map(lambda u, k: u * k.astype(u.dtype), updates, kept), kept
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+# ---------------------------------------------------------------------------------- attention heads
+#
+# Michel et al. (2019, pmichel31415/are-16-heads-really-better-than-1 heads_pruning.py): a head's
+# importance is |∂L/∂ξ_h| summed over batches, ξ_h a gate on the head's output (1 when open),
+# normalised by its layer's L2 norm; the least important heads are masked 10% of all heads at a
+# time, the importance recomputed after each round. Here the gate is not a model input: the head's
+# output enters the model only through its slice W_o[h] of the output projection, so scaling ξ_h is
+# scaling W_o[h], and ∂L/∂ξ_h = Σ W_o[h] ⊙ ∂L/∂W_o[h] (tested against an explicit gate). A pruned
+# head has its query, key, value and output kernel slices set to 0 (held there by `keep_zeros`),
+# so its contribution is exactly 0.
+
+MASK_SHARE_PER_ROUND = 0.1   # heads_pruning.py --masking_amount
+
+
+def attention_modules(params) -> list[tuple]:
+  """The key paths (tuples of names) of every attention module of the encoder: a dict with
+  query / key / value / output kernels; a scanned stack's kernels carry a leading layer axis."""
+  found = []
+
+  def visit(node, path):
+    if isinstance(node, dict):
+      if {"query", "key", "value", "output"} <= set(node) and "encoder" in path:
+        found.append(path)
+        return
+      for name, child in node.items():
+        visit(child, path + (name,))
+  visit(params, ())
+  return found
+
+
+def _get(tree, path):
+  for name in path:
+    tree = tree[name]
+  return tree
+
+
+def head_importance(params, grads, modules) -> list[np.ndarray]:
+  """Per attention module, |Σ W_o[h] ⊙ ∂L/∂W_o[h]| per head: [heads], or [layers, heads] for a
+  scanned stack (output kernel [(layers,) heads, head_dim, hidden])."""
+  out = []
+  for path in modules:
+    w = np.asarray(_get(params, path)["output"]["kernel"], np.float64)
+    g = np.asarray(_get(grads, path)["output"]["kernel"], np.float64)
+    out.append(np.abs(np.sum(w * g, axis=(-2, -1))))
+  return out
+
+
+def zero_heads(params, path, heads):
+  """`params` (host numpy, copied where changed) with heads `heads` ([(layer, head)] for a scanned
+  stack, [head] otherwise) of the attention module at `path` removed: their query / key / value
+  kernel and bias slices and output kernel slice set to 0."""
+  module = {k: dict(v) for k, v in _get(params, path).items()}
+  for name in ("query", "key", "value", "output"):
+    for leaf in ("kernel", "bias"):
+      if name == "output" and leaf == "bias":
+        continue
+      x = np.array(module[name][leaf])
+      for head in heads:
+        index = tuple(np.atleast_1d(head))
+        stacked = len(index) == 2
+        if name == "output":                        # [(L,) heads, head_dim, hidden]
+          x[index] = 0
+        elif leaf == "kernel":                      # [(L,) hidden, heads, head_dim]
+          x[(index[0], slice(None), index[1]) if stacked else (slice(None), index[0])] = 0
+        else:                                       # bias [(L,) heads, head_dim]
+          x[index] = 0
+      module[name][leaf] = x
+  updated = dict(params)
+  node = updated
+  for name in path[:-1]:
+    node[name] = dict(node[name])
+    node = node[name]
+  node[path[-1]] = module
+  return updated
+
+
+def prune_heads(params, share: float, gradients_of):
+  """Michel et al.'s iterative pruning of `params` (host numpy, the fine-tuning model's tree)
+  until floor(share · H) of the H heads are removed. `gradients_of(params)` yields the loss's
+  gradient (host numpy, same tree) on each importance batch; a head's importance is the sum of
+  its per-batch |∂L/∂ξ_h| (heads_pruning.py compute_heads_importance). Returns (pruned params,
+  the removed heads as {module path: sorted heads})."""
+  modules = attention_modules(params)
+  if not modules:
+    raise ConfigError("finetune.prune_heads: this model has no encoder attention heads to prune "
+                      "(a T5 or XLNet init?); set --config.finetune.prune_heads=0.")
+  shapes = [np.asarray(_get(params, p)["output"]["kernel"]).shape[:-2] for p in modules]
+  total = sum(int(np.prod(s)) for s in shapes)
+  target = int(np.floor(share * total))
+  removed = [np.zeros(s, bool) for s in shapes]
+  while sum(int(r.sum()) for r in removed) < target:
+    per_batch = [head_importance(params, g, modules) for g in gradients_of(params)]
+    scores = [np.sum(s, axis=0) for s in zip(*per_batch)]
+    # heads_pruning.py normalize_scores_by_layer: each layer's scores over its L2 norm.
+    scores = [s / (np.linalg.norm(s, axis=-1, keepdims=True) + 1e-20) for s in scores]
+    flat = np.concatenate([np.where(r, np.inf, s).ravel() for s, r in zip(scores, removed)])
+    done = sum(int(r.sum()) for r in removed)
+    count = min(max(1, int(total * MASK_SHARE_PER_ROUND)), target - done)
+    chosen = np.argsort(flat, kind="stable")[:count]
+    offset = 0
+    for i, (path, r) in enumerate(zip(modules, removed)):
+      mine = [np.unravel_index(j - offset, r.shape) for j in chosen
+              if offset <= j < offset + r.size]
+      for index in mine:
+        r[index] = True
+      if mine:
+        params = zero_heads(params, path, [tuple(int(k) for k in index) if len(index) > 1
+                                           else int(index[0]) for index in mine])
+      offset += r.size
+  return params, {"/".join(p): [tuple(int(k) for k in h) if len(h) > 1 else int(h[0])
+                                for h in zip(*np.nonzero(r))] for p, r in zip(modules, removed)}

@@ -140,13 +140,18 @@ def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState
   state = step_lib.with_mesh_context(step_lib.init_state, mesh)(
       recipe.model, recipe.tx, shardings, config.seed, recipe.example)
   sparsity = config.finetune.get("prune_sparsity", 0.0)
-  if recipe.transfer is None and not sparsity:
+  heads = config.finetune.get("prune_heads", 0.0)
+  if recipe.transfer is None and not sparsity and not heads:
     return state
   params = jax.device_get(state.params["params"])
   if recipe.transfer is not None:
     params = recipe.transfer(params)
   if sparsity:
     params = prune.magnitude_prune(params, sparsity)
+  if heads:
+    params, removed = prune.prune_heads(params, heads, _importance_gradients(recipe, config, mesh))
+    metrics_lib.print_progress("Pruned attention heads (Michel et al.'s importance): " + "; ".join(
+        f"{path}: {found}" for path, found in removed.items()))
   params = {"params": params}
 
   def with_fresh_optimizer(params):
@@ -155,6 +160,27 @@ def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState
 
   return step_lib.with_mesh_context(jax.jit(with_fresh_optimizer, out_shardings=shardings),
                                     mesh)(params)
+
+
+# The training batches a head's importance is summed over (heads_pruning.py reads its whole
+# training set once per round; a bound keeps a round's cost near this many steps).
+IMPORTANCE_BATCHES = 8
+
+
+def _importance_gradients(recipe: Recipe, config, mesh):
+  """`gradients_of(params)` for `prune.prune_heads`: the fine-tuning loss's gradient (no dropout)
+  on each of the first IMPORTANCE_BATCHES full training batches, as host numpy trees."""
+  rows = len(next(iter(recipe.train_data.values())))
+  size = config.train.batch_size
+  batches = [{k: v[i:i + size] for k, v in recipe.train_data.items()}
+             for i in range(0, min(rows, IMPORTANCE_BATCHES * size) - size + 1, size)]
+  grad = step_lib.with_mesh_context(jax.jit(jax.grad(lambda p, b: recipe.loss_fn(
+      recipe.model, {"params": p}, b, jax.random.key(0), config, deterministic=True)[0])), mesh)
+
+  def gradients_of(params):
+    for batch in batches:
+      yield jax.device_get(grad(params, batch))
+  return gradients_of
 
 
 def train_and_evaluate(config, recipe: Recipe, mesh, workdir: str | None = None

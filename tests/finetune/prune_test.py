@@ -92,3 +92,79 @@ def test_the_optimizer_keeps_pruned_entries_at_zero():
       np.testing.assert_array_equal(np.asarray(y)[np.asarray(x) == 0], 0)
       assert np.all(np.asarray(y)[np.asarray(x) != 0] != np.asarray(x)[np.asarray(x) != 0])
   assert prune.sparsity(jax.device_get(p)) == 0.5
+
+
+def _encoder(scan=False):
+  from bertfam_jax.models import encoder  # pylint: disable=g-import-not-at-top
+  from helpers import tiny  # pylint: disable=g-import-not-at-top
+  config = tiny.encoder(dropout=0.0, attention_dropout=0.0, scan_layers=scan)
+  model = encoder.Encoder(config)
+  ids = np.random.default_rng(0).integers(5, tiny.VOCAB, (2, 16)).astype(np.int32)
+  variables = model.init(jax.random.key(0), ids, np.ones_like(ids), deterministic=True)
+  variables = jax.tree.map(lambda x: np.asarray(x.unbox() if hasattr(x, "unbox") else x),
+                           variables, is_leaf=lambda x: hasattr(x, "unbox"))
+  r = np.random.default_rng(1).normal(size=(2, 16, 32))
+
+  def loss(encoder_params):
+    out = model.apply({"params": encoder_params}, ids, np.ones_like(ids), deterministic=True)
+    return jnp.sum(out * r)
+  return {"encoder": variables["params"]}, loss
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_head_importance_is_the_gradient_of_a_gate_on_the_head(scan):
+  """|∂L/∂ξ_h| for a gate ξ_h scaling head h's output (its slice of the output projection),
+  computed by differentiating the gate itself, equals head_importance's Σ W_o[h] ⊙ ∂L/∂W_o[h]."""
+  params, loss = _encoder(scan)
+  modules = prune.attention_modules(params)
+  grads = {"encoder": jax.grad(loss)(params["encoder"])}
+  importance = prune.head_importance(params, grads, modules)
+  path = modules[0]
+  index = (1, 2) if scan else 2   # layer 1's head 2 (scanned) or head 2 of layer_0
+
+  def gated(xi):
+    p = jax.tree.map(lambda x: x, params)
+    kernel = jnp.asarray(prune._get(p, path)["output"]["kernel"])
+    prune._get(p, path)["output"]["kernel"] = kernel.at[index].multiply(xi)
+    return loss(p["encoder"])
+  np.testing.assert_allclose(importance[0][index], abs(float(jax.grad(gated)(1.0))), rtol=1e-4)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_removed_head_contributes_nothing(scan):
+  """After zero_heads, the output does not depend on anything of the removed head: the gradient
+  with respect to its query / key / value biases is exactly 0 (another head's is not)."""
+  params, loss = _encoder(scan)
+  path = prune.attention_modules(params)[0]
+  head = (0, 1) if scan else 1
+  pruned = prune.zero_heads(params, path, [head])
+  grads = jax.grad(loss)(pruned["encoder"])
+  module = prune._get({"encoder": grads}, path)
+  other = (0, 2) if scan else 2
+  for name in ("query", "key", "value"):
+    assert not np.any(np.asarray(module[name]["bias"][head]))
+    assert np.any(np.asarray(module["value"]["bias"][other]))
+  assert not np.any(prune._get(pruned, path)["output"]["kernel"][head])
+
+
+def test_iterative_pruning_removes_the_least_important_heads_once_each():
+  """2 layers x 4 heads, importance |Σ W_o[h]| (a gradient of ones): 50% = 4 heads, one per
+  round (10% of 8 rounds down to 1), each round over the heads left, by layer-normalised score;
+  the removed heads are zeroed."""
+  params, _ = _encoder()
+  modules = prune.attention_modules(params)
+  for m, scale in zip(modules, ([1.0, 0.01, 1.0, 0.02], [0.03, 1.0, 1.0, 0.5])):
+    kernel = np.abs(prune._get(params, m)["output"]["kernel"])
+    prune._get(params, m)["output"]["kernel"] = kernel * np.asarray(scale)[:, None, None]
+  rounds = []
+
+  def gradients_of(p):
+    rounds.append(p)
+    yield jax.tree.map(np.ones_like, p)
+  pruned, removed = prune.prune_heads(params, 0.5, gradients_of)
+  assert len(rounds) == 4
+  names = ["/".join(m) for m in modules]
+  assert removed == {names[0]: [1, 3], names[1]: [0, 3]}
+  for m, heads in zip(modules, ([1, 3], [0, 3])):
+    kernel = prune._get(pruned, m)["output"]["kernel"]
+    assert [h for h in range(4) if not np.any(kernel[h])] == heads

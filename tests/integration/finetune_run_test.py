@@ -205,6 +205,24 @@ def test_magnitude_pruning_fine_tunes_the_kept_weights_and_keeps_the_zeros(pretr
   assert 0.5 < results["trained_fraction"] < 1.0   # the pruned half of the layers' matrices
 
 
+def test_head_pruning_removes_half_the_heads_and_keeps_them_removed(pretrained, tmp_path, capsys):
+  """finetune.prune_heads=0.5 on 2 layers x 2 heads: 2 heads removed by importance before
+  fine-tuning, their query / key / value / output kernel slices still 0 after it."""
+  from bertfam_jax.finetune import prune  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path / "heads")
+  finetune_run.run(small("wordnet_supersense", pretrained, finetune__prune_heads=0.5), workdir)
+  assert "Pruned attention heads" in capsys.readouterr().out
+  _, _, after = workdir_lib.load(workdir)
+  removed = 0
+  for path in prune.attention_modules(after):
+    module = prune._get(after, path)
+    for head in range(2):
+      gone = not np.any(module["output"]["kernel"][head])
+      assert gone == (not np.any(module["query"]["kernel"][:, head])), (path, head)
+      removed += gone
+  assert removed == 2
+
+
 def test_errors_name_the_fix(pretrained, tmp_path):
   with pytest.raises(ConfigError, match="finetune.init is empty"):
     finetune_run.run(finetune_config("wordnet_supersense", ""), str(tmp_path / "x"))
