@@ -127,3 +127,12 @@ def test_sharded_steps_equal_single_device(teacher):
   _, fresh = run_steps(config, distillation, [], jax.devices())
   jax.tree.map(np.testing.assert_array_equal, state.params[pretraining.TEACHER],
                fresh.params[pretraining.TEACHER])
+  # Micro-batches (the gradient of the trained collection only, accumulated): the teacher
+  # stays, the student moves, the loss is finite.
+  config.train.grad_accum_steps = 2
+  accum_losses, accum_state = run_steps(config, distillation, batches[:1], jax.devices())
+  assert np.isfinite(accum_losses).all()
+  jax.tree.map(np.testing.assert_array_equal, accum_state.params[pretraining.TEACHER],
+               fresh.params[pretraining.TEACHER])
+  assert not np.array_equal(accum_state.params["params"]["encoder"]["layer_0"]["mlp"]["output"][
+      "kernel"], fresh.params["params"]["encoder"]["layer_0"]["mlp"]["output"]["kernel"])
