@@ -11,8 +11,11 @@ paper's 0.7), 80/10/10 as in pre-training, drawn on the device from the step's k
 every step), and minimises the cross-entropy of the masked tokens with label smoothing
 `finetune.label_smoothing` (0.1). Decoding is greedy: at step t the row gets [MASK] after its
 source and t generated tokens, the seq2seq mask lets it see the source and them, and its
-prediction replaces the [MASK], until [SEP] (the paper decodes with beams; not built here). Each
-step recomputes the whole row (no cache: a [MASK] stands where the token will be).
+prediction replaces the [MASK], until [SEP]. `finetune.beam_size` > 1 decodes with beams instead
+(decode_seq2seq.py's --beam_size; the paper's summarisation used 5), with `finetune.alpha` the
+length penalty exponent of `decoding.search_beams` (decode_seq2seq.py's --length_penalty is
+another form, and its n-gram blocking is not built). Each step recomputes the whole row (no
+cache: a [MASK] stands where the token will be).
 
 Scores: the task's (`text_tasks`), with `distinct_predictions` (1 = one constant output).
 """
@@ -30,6 +33,7 @@ import numpy as np
 import optax
 
 from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.finetune import decoding
 from bertfam_jax.finetune import metrics as metrics_lib
 from bertfam_jax.finetune import optim
 from bertfam_jax.finetune import recipe as recipe_lib
@@ -148,6 +152,38 @@ def greedy_decode(model, params, batch, *, target_length: int, mask_id: int, sep
   return jax.lax.fori_loop(0, target_length, step, init)[2]
 
 
+def beam_decode(model, params, batch, *, target_length: int, beam_size: int, alpha: float,
+                mask_id: int, sep_id: int, pad_id: int):
+  """[B, target_length] ids of the best beam (`decoding.search_beams`: beam_size rows per
+  example, length penalty `alpha`, [SEP] ends a beam; 0 after it) for the rows of
+  `greedy_decode`. Each step rebuilds every beam's row, source then its tokens then [MASK], and
+  reads the [MASK]'s logits (no cache, as `greedy_decode`); beam_size 1 with alpha 0 is greedy
+  decoding (tested)."""
+  del pad_id   # search_beams writes 0 after [SEP]: our pad id
+  k, (b, width) = beam_size, batch["input_ids"].shape
+  source_N = jnp.repeat(batch["source_tokens"], k)
+  positions_L = jnp.arange(width)
+  is_source = positions_L[None] < source_N[:, None]
+  source_ids = jnp.where(is_source, jnp.repeat(batch["input_ids"], k, axis=0), 0)
+  rows = jnp.arange(b * k)
+  steps_T = jnp.arange(target_length)
+
+  def step_fn(sequences_NT, step, state):
+    written = jnp.where(steps_T[None] < step, sequences_NT, 0)
+    ids = source_ids.at[rows[:, None], source_N[:, None] + steps_T[None]].set(written)
+    at_N = source_N + step
+    ids = ids.at[rows, at_N].set(mask_id)
+    live = positions_L[None] <= at_N[:, None]
+    segments = jnp.where(is_source, SOURCE_TYPE, jnp.where(live, TARGET_TYPE, 0))
+    logits = _logits_at_every_position(model, {"params": params}, ids,
+                                       dict(input_mask=live.astype(jnp.int32),
+                                            segment_ids=segments), deterministic=True)
+    return logits[rows, at_N], state
+
+  return decoding.search_beams(step_fn, (), lambda state, parents: state, batch_size=b,
+                               beam_size=k, max_length=target_length, eos_id=sep_id, alpha=alpha)
+
+
 def decode_texts(tokenizer, ids: np.ndarray) -> list[str]:
   """Generated ids → texts, cut at the first [SEP]."""
   texts = []
@@ -204,7 +240,9 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
                  mlm_positions=ids)
   tx, schedule = step_lib.make_optimizer(optim.base_optimizer(config.optimizer, total_steps),
                                          model, example)
-  decode = functools.partial(greedy_decode, model, target_length=target_length,
+  search = (functools.partial(beam_decode, beam_size=ft.beam_size, alpha=ft.alpha)
+            if ft.beam_size > 1 else greedy_decode)
+  decode = functools.partial(search, model, target_length=target_length,
                              mask_id=tokenizer.mask_id, sep_id=tokenizer.sep_id,
                              pad_id=tokenizer.pad_id)
   keep = {"encoder", "mlm_head"}

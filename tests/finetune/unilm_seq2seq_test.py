@@ -52,11 +52,11 @@ def test_only_target_tokens_are_masked_at_their_rates():
   assert abs((picked == 9).mean() - 0.1 - 0.1 / 50) < 0.01   # kept, or drawn as itself
 
 
-def test_greedy_decoding_equals_a_loop_over_hand_built_rows():
+def _model_and_rows(width=20, target_length=6):
+  """A tiny UniLM MaskedLM, its parameters, and two featurized rows (sources of 3 and 9)."""
   config = ml_collections.FrozenConfigDict(tiny.encoder(type_vocab_size=6, dropout=0.0,
                                                         attention_dropout=0.0))
   model = pretraining.MaskedLM(config)
-  width, target_length = 20, 6
   rng = np.random.default_rng(0)
   examples = [dict(inputs=" ".join(f"w{i}" for i in rng.integers(5, 100, size)), targets="w5")
               for size in (3, 9)]
@@ -65,6 +65,12 @@ def test_greedy_decoding_equals_a_loop_over_hand_built_rows():
   ids = jnp.zeros((1, width), jnp.int32)
   params = nn.meta.unbox(model.init(jax.random.key(1), ids, jnp.ones_like(ids), ids, ids,
                                     deterministic=True))["params"]
+  return model, params, data
+
+
+def test_greedy_decoding_equals_a_loop_over_hand_built_rows():
+  target_length = 6
+  model, params, data = _model_and_rows(target_length=target_length)
   batch = {k: jnp.asarray(v) for k, v in data.items()}
   out = np.asarray(unilm_seq2seq.greedy_decode(model, params, batch, target_length=target_length,
                                                mask_id=4, sep_id=3, pad_id=0))
@@ -87,3 +93,47 @@ def test_greedy_decoding_equals_a_loop_over_hand_built_rows():
         break
     expected = generated + [0] * (target_length - len(generated))
     np.testing.assert_array_equal(out[row], expected)
+
+
+def _log_likelihood(model, params, data, row, tokens):
+  """Σ log p of `tokens` (up to and with [SEP]) under greedy_decode's rows, step by step."""
+  source = list(data["input_ids"][row, :data["source_tokens"][row]])
+  total, written = 0.0, []
+  for token in tokens:
+    x = source + written + [4]
+    n, s = len(x), len(source)
+    mask = np.zeros((n, n), bool)
+    mask[:, :s] = True
+    mask[s:, s:] = np.tril(np.ones((n - s, n - s), bool))
+    logits = model.apply({"params": params}, jnp.asarray([x]), jnp.ones((1, n), jnp.int32),
+                         jnp.asarray([[4] * s + [5] * (n - s)]), jnp.arange(n)[None],
+                         deterministic=True, attention_mask=jnp.asarray(mask)[None, None])
+    total += float(jax.nn.log_softmax(logits["mlm_logits"][0, -1])[token])
+    written.append(int(token))
+    if token == 3:
+      break
+  return total
+
+
+def test_beam_decoding():
+  """Beam size 1 (alpha 0) is greedy decoding exactly; beam size 4 returns sequences that end
+  in [SEP] (or fill the length) with 0 after, whose log-likelihood, recomputed row by row, is
+  at least that of the greedy output (alpha 0: no length penalty)."""
+  target_length = 4
+  model, params, data = _model_and_rows(target_length=target_length)
+  batch = {k: jnp.asarray(v) for k, v in data.items()}
+  common = dict(target_length=target_length, mask_id=4, sep_id=3, pad_id=0)
+  greedy = np.asarray(unilm_seq2seq.greedy_decode(model, params, batch, **common))
+  one = np.asarray(unilm_seq2seq.beam_decode(model, params, batch, beam_size=1, alpha=0.0,
+                                             **common))
+  np.testing.assert_array_equal(one, greedy)
+  four = np.asarray(unilm_seq2seq.beam_decode(model, params, batch, beam_size=4, alpha=0.0,
+                                              **common))
+  for row in range(2):
+    tokens = list(four[row])
+    end = tokens.index(3) + 1 if 3 in tokens else target_length
+    assert not any(tokens[end:])
+    beam = _log_likelihood(model, params, data, row, tokens[:end])
+    g = list(greedy[row])
+    best_greedy = _log_likelihood(model, params, data, row, g[:g.index(3) + 1] if 3 in g else g)
+    assert beam >= best_greedy - 1e-4
