@@ -17,7 +17,9 @@ BERT imported as one (`python -m bertfam_jax.hf import --hf_path=bert-base-uncas
 vocabulary follow. Without a teacher the config describes DistilBERT of BERT-base and refuses
 to run until one is given.
 
-  # Offline on a 2-core CPU: a runlocal BERT teacher (~10 minutes), then its student (~5 minutes):
+  # Offline on a 2-core CPU: a runlocal BERT teacher, then its 1-layer student (measured: 20 and
+  # 35 minutes while the CPU also ran tests; the KL over every position's logits costs more than
+  # BERT's 20 predictions per row; docs/results.md):
   python -m bertfam_jax.main --config=configs/bert.py:runlocal --workdir=runs/bert-local
   python -m bertfam_jax.main --config=configs/distilbert.py:runlocal,teacher=runs/bert-local \
       --workdir=runs/distilbert-local
