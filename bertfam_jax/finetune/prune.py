@@ -1,8 +1,9 @@
-"""Global unstructured magnitude pruning before fine-tuning (`finetune.prune_sparsity`).
+"""Pruning before fine-tuning: global unstructured magnitude pruning (`finetune.prune_sparsity`)
+and attention-head pruning by gradient importance (`finetune.prune_heads`, below).
 
 The weight matrices of the encoder's layers (every Dense `kernel` under a layer module: the
 attention projections and the FFN; not the embeddings, LayerNorms, biases or the task head) are
-ranked together by |w|, and the smallest `sparsity` share of them is set to 0 (Gordon et al.,
+ranked together by |w|, and the smallest `prune_sparsity` share of them is set to 0 (Gordon et al.,
 2020, "Compressing BERT": global magnitude pruning of the pre-trained weights, then fine-tuning
 with the pruned weights held at 0). The zeros are the mask: the parameters carry it, so
 checkpoints, exports and any later run see the pruned model, and `keep_zeros` (the optimizer's
