@@ -226,7 +226,7 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
                      for c in comparison.columns if constant_output(constants, c) is not None)
            + ".", ""]
   lines += _results_table(results, table, comparison, degenerate)
-  lines += _differences_table(boot, comparison, rows)
+  lines += _differences_table(boot, table, comparison, rows)
   lines += _ranks_table(boot, table, comparison, rows)
   lines += _agreement_lines(boot, table, comparison, rows)
   lines += _seen_table(results, comparison, rows)
@@ -265,7 +265,10 @@ def _results_table(results, table, comparison: Comparison, degenerate) -> list[s
   return lines
 
 
-def _differences_table(boot, comparison: Comparison, rows) -> list[str]:
+def _differences_table(boot, table, comparison: Comparison, rows) -> list[str]:
+  """Each row's mean minus the baseline's (the rows' own means: the mean of the resamples is not
+  an estimate, since with 2 seeds their Student-t draws have no mean), with the paired
+  bootstrap interval of the difference."""
   base = comparison.baseline
   if base not in rows:
     return []
@@ -279,8 +282,8 @@ def _differences_table(boot, comparison: Comparison, rows) -> list[str]:
     cells = []
     for c in comparison.columns:
       difference = boot[c.key][name] - boot[c.key][base]
-      cells.append(f"{np.mean(difference):+.{c.digits}f} "
-                   f"{_bootstrap_interval(difference, c.digits)}")
+      point = table[name][c.key][0] - table[base][c.key][0]
+      cells.append(f"{point:+.{c.digits}f} {_bootstrap_interval(difference, c.digits)}")
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return lines + [""]
 
