@@ -62,6 +62,15 @@ def test_wandb_missing_is_one_line(monkeypatch):
     config_lib.parse_metric_writers("tensorboard,wandb")
 
 
+def _offline_records(path, expected: bytes, timeout_s: float = 30.0) -> bytes:
+  """The bytes of a W&B offline run file once they hold `expected`: W&B's service process may
+  still be writing the file after `finish()` returns (seen once in CI: its 9-byte header only)."""
+  deadline = time.monotonic() + timeout_s
+  while expected not in path.read_bytes() and time.monotonic() < deadline:
+    time.sleep(0.2)
+  return path.read_bytes()
+
+
 def test_wandb_offline_run_records_and_resumes_the_same_run(tmp_path):
   """The W&B writer in offline mode: the run's files hold the logged names and values, a
   resumed writer continues the same run id, and metrics.jsonl is written beside it."""
@@ -75,7 +84,7 @@ def test_wandb_offline_run_records_and_resumes_the_same_run(tmp_path):
   run_id = json.loads((tmp_path / metrics.WANDB_RUN_FILE).read_text())["id"]
   runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
   assert len(runs) == 1
-  data = (runs[0] / f"run-{run_id}.wandb").read_bytes()
+  data = _offline_records(runs[0] / f"run-{run_id}.wandb", b"eval_mlm_accuracy")
   assert b"eval_mlm_accuracy" in data and b"0.125" in data and b"2.5" in data
   assert b"grad_norm" not in data            # a non-finite value is left out, not logged as NaN
   assert not (tmp_path / "tensorboard").exists()
@@ -86,7 +95,7 @@ def test_wandb_offline_run_records_and_resumes_the_same_run(tmp_path):
   resumed.write(3, dict(loss=2.75))
   resumed.close()
   runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
-  assert len(runs) == 2 and b"2.75" in (runs[1] / f"run-{run_id}.wandb").read_bytes()
+  assert len(runs) == 2 and b"2.75" in _offline_records(runs[1] / f"run-{run_id}.wandb", b"2.75")
   # A writer that records nothing (a re-run of a finished workdir) starts no W&B run.
   metrics.MetricsWriter(str(tmp_path), resume_step=3, config=config).close()
   assert len(sorted((tmp_path / "wandb").glob("offline-run-*"))) == 2
