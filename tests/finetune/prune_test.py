@@ -4,6 +4,7 @@ entries at 0."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 import optax
 import pytest
 
@@ -101,8 +102,7 @@ def _encoder(scan=False):
   model = encoder.Encoder(config)
   ids = np.random.default_rng(0).integers(5, tiny.VOCAB, (2, 16)).astype(np.int32)
   variables = model.init(jax.random.key(0), ids, np.ones_like(ids), deterministic=True)
-  variables = jax.tree.map(lambda x: np.asarray(x.unbox() if hasattr(x, "unbox") else x),
-                           variables, is_leaf=lambda x: hasattr(x, "unbox"))
+  variables = jax.tree.map(np.asarray, nn.meta.unbox(variables))
   r = np.random.default_rng(1).normal(size=(2, 16, 32))
 
   def loss(encoder_params):

@@ -31,3 +31,17 @@ def copy_until(src, dst, step: int) -> None:
   for name in os.listdir(os.path.join(dst, "checkpoints")):
     if name.isdigit() and int(name) > step:
       shutil.rmtree(os.path.join(dst, "checkpoints", name))
+
+
+def damage_array_files(checkpoint: str) -> int:
+  """Overwrites every array data file of a checkpoint step directory (state/ocdbt.process_<i>/
+  d/<hash>) with 64 bytes of 0xff; returns how many files it damaged."""
+  damaged = 0
+  for dirpath, _, filenames in os.walk(os.path.join(checkpoint, "state")):
+    if dirpath.endswith("/d") and "ocdbt.process_" in dirpath:
+      for name in filenames:
+        with open(os.path.join(dirpath, name), "r+b") as f:
+          f.write(b"\xff" * 64)
+          f.truncate(64)
+        damaged += 1
+  return damaged

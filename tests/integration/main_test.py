@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from helpers.run_records import metric_records
+from helpers.run_records import damage_array_files, metric_records
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -210,16 +210,7 @@ def test_corrupt_checkpoint(bert_workdir, tmp_path):
   workdir = str(tmp_path / "workdir")
   shutil.copytree(bert_workdir, workdir)
   checkpoint = os.path.join(workdir, "checkpoints", "4")
-  damaged = 0
-  for dirpath, _, filenames in os.walk(os.path.join(checkpoint, "state")):
-    # The array data files: state/ocdbt.process_<i>/d/<hash>.
-    if dirpath.endswith("/d") and "ocdbt.process_" in dirpath:
-      for name in filenames:
-        with open(os.path.join(dirpath, name), "r+b") as f:
-          f.write(b"\xff" * 64)
-          f.truncate(64)
-        damaged += 1
-  assert damaged
+  assert damage_array_files(checkpoint)
   before = _digest(workdir)
   result = _run(_command(workdir, "--config.train.total_steps=8",
                          config="configs/bert.py:runlocal"))

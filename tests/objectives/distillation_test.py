@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import linen as nn
 import pytest
 
 from bertfam_jax import config_lib as cl
@@ -52,12 +53,9 @@ def test_the_student_starts_from_the_mapped_teacher_layers(student_layers, expec
   teacher = jax.device_get(teacher_model.init(
       jax.random.key(1), jnp.zeros((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32),
       jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 2), jnp.int32), deterministic=True)["params"])
-  teacher = jax.tree.map(lambda x: np.asarray(x.unbox() if hasattr(x, "unbox") else x), teacher,
-                         is_leaf=lambda x: hasattr(x, "unbox"))
+  teacher = jax.tree.map(np.asarray, nn.meta.unbox(teacher))
   start = distillation.initial_params(c, lambda workdir: teacher if workdir == "/teacher" else 0)
-  unboxed = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, abstract,
-                         is_leaf=lambda x: hasattr(x, "unbox"))
-  assert jax.tree.structure(start) == jax.tree.structure(unboxed)
+  assert jax.tree.structure(start) == jax.tree.structure(nn.meta.unbox(abstract))
   student, taught = start["params"], start[pretraining.TEACHER]["teacher"]
   assert "type_embeddings" not in student["encoder"]
   for i, j in enumerate(expected):
@@ -118,8 +116,7 @@ def test_identical_student_and_teacher_have_zero_distillation_loss():
   model = distillation.build_model(c)
   params = jax.device_get(model.init(jax.random.key(0), **distillation.init_inputs(c),
                                      deterministic=True))
-  params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, params,
-                        is_leaf=lambda x: hasattr(x, "unbox"))
+  params = nn.meta.unbox(params)
   teacher = params[pretraining.TEACHER]["teacher"]
   same = {"params": {"encoder": distillation.student_encoder(teacher["encoder"], [0, 1]),
                      "mlm_head": teacher["mlm_head"]}, pretraining.TEACHER: {"teacher": teacher}}

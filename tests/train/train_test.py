@@ -12,7 +12,7 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.train import checkpoint, loop, train
-from helpers.run_records import copy_until, train_records
+from helpers.run_records import copy_until, damage_array_files, train_records
 from helpers import tiny
 
 
@@ -437,15 +437,7 @@ def test_a_corrupt_checkpoint_is_reported_once(uninterrupted, tmp_path, monkeypa
   from bertfam_jax.train import optimizer, sharding, step  # pylint: disable=g-import-not-at-top
   directory = str(tmp_path / "checkpoints")
   shutil.copytree(os.path.join(uninterrupted, "checkpoints"), directory)
-  damaged = 0
-  for dirpath, _, filenames in os.walk(os.path.join(directory, "4", "state")):
-    if dirpath.endswith("/d") and "ocdbt.process_" in dirpath:
-      for name in filenames:
-        with open(os.path.join(dirpath, name), "r+b") as f:
-          f.write(b"\xff" * 64)
-          f.truncate(64)
-        damaged += 1
-  assert damaged
+  assert damage_array_files(os.path.join(directory, "4"))
   reported = []
   monkeypatch.setattr(sys, "unraisablehook", reported.append)
   config = tiny_config()
