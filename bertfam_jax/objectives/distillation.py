@@ -36,7 +36,7 @@ import numpy as np
 from bertfam_jax import config_lib, flops
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import pretraining
-from bertfam_jax.objectives import losses
+from bertfam_jax.objectives import losses, noise
 
 FIELD_RULES = {
     "objective.mask_rate": config_lib.Range(0, 1, low_open=True, high_open=True),
@@ -171,7 +171,7 @@ def make_features(config, tokenizer):
 def token_weights(input_ids, input_mask, special_ids, vocab_size: int, smoothing: float):
   """[V] float64: max(count, 1)^−smoothing of each id over the real tokens of `input_ids`, 0 for
   the special ids (train.py's token_probs)."""
-  counts = np.bincount(input_ids[input_mask > 0], minlength=vocab_size)[:vocab_size]
+  counts = noise.unigram_counts(input_ids, input_mask > 0, vocab_size)
   weights = np.maximum(counts, 1).astype(np.float64) ** -smoothing
   weights[special_ids] = 0.0
   return weights

@@ -114,10 +114,7 @@ def init_state(model, tx, shardings, seed: int, inputs, carry=None, *,
     return jax.jit(init, out_shardings=shardings)()
 
   host_params = _draw_on_host(init_params, jax.tree.leaves(shardings.params)[0].mesh)
-  params = jax.tree.map(
-      lambda x, sh: jax.make_array_from_callback(x.shape, sh, lambda index: x[index]),
-      host_params, shardings.params)
-  return state_of(params, tx, shardings, carry)
+  return state_of(_placed(host_params, shardings.params), tx, shardings, carry)
 
 
 def state_of(params, tx, shardings, carry=None) -> TrainState:
@@ -144,9 +141,15 @@ def place(host_tree, abstract):
     if x.shape != a.shape or x.dtype != a.dtype:
       raise ValueError(f"{jax.tree_util.keystr(path)}: {x.shape} {x.dtype}, the state has "
                        f"{a.shape} {a.dtype}")
+  return _placed(host_tree, jax.tree.map(lambda a: a.sharding, abstract))
+
+
+def _placed(host_tree, shardings):
+  """Host numpy arrays → global arrays in `shardings` (a tree of the same structure); each
+  process places only what its devices hold."""
   return jax.tree.map(
-      lambda x, a: jax.make_array_from_callback(a.shape, a.sharding, lambda index: x[index]),
-      host_tree, abstract)
+      lambda x, sh: jax.make_array_from_callback(x.shape, sh, lambda index: x[index]),
+      host_tree, shardings)
 
 
 def _host_cpu():
