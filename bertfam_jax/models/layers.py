@@ -199,8 +199,8 @@ class SelfAttention(nn.Module):
       if decode:
         self._create_cache(k_BLNH, v_BLNH)
       mask_B11L = mask_B11L & causal_mask(x_BLD.shape[1])
-    if self.attention_dropout > 0 and not deterministic:
-      out_BLNH = self._explicit_attention(q_BLNH, k_BLNH, v_BLNH, mask_B11L)
+    if (self.attention_dropout > 0 and not deterministic) or self._sowing_scores():
+      out_BLNH = self._explicit_attention(q_BLNH, k_BLNH, v_BLNH, mask_B11L, deterministic)
     elif self.attention_impl == "cudnn" and not decode:
       # cuDNN flash attention takes padding as key lengths (its PADDING mask type) rather than a
       # materialised mask; every pipeline here pads on the right, so the mask is a prefix.
@@ -241,15 +241,25 @@ class SelfAttention(nn.Module):
     mask_QK = key_positions_K[None, :] <= query_positions_Q[:, None]
     return cached_key.value, cached_value.value, mask_QK[None, None]
 
-  def _explicit_attention(self, q_BLNH, k_BLNH, v_BLNH, mask_B11L):
+  def _sowing_scores(self) -> bool:
+    """Whether this call records its attention scores: when applied with the "intermediates"
+    collection mutable (TinyBERT's layer distillation, objectives/tinybert.py), never in `init`."""
+    return self.is_mutable_collection("intermediates") and not self.is_initializing()
+
+  def _explicit_attention(self, q_BLNH, k_BLNH, v_BLNH, mask_B11L, deterministic: bool):
+    """softmax(QKᵀ/√d) V with dropout on the probabilities. When `_sowing_scores`, the scaled
+    scores before masking, [batch, heads, query, key] float32, are sown as
+    intermediates/.../attention/scores."""
     scores_BNLL = jnp.einsum("bqnh,bknh->bnqk", q_BLNH, k_BLNH) / jnp.sqrt(self.head_dim).astype(
         q_BLNH.dtype)
+    if self._sowing_scores():
+      self.sow("intermediates", "scores", scores_BNLL.astype(jnp.float32))
     # Softmax in float32; masked keys get the dtype's lowest value (BERT adds -10000, which is the
     # same after softmax for any realistic score range).
     scores_BNLL = jnp.where(mask_B11L, scores_BNLL.astype(jnp.float32), jnp.finfo(jnp.float32).min)
     probs_BNLL = jax.nn.softmax(scores_BNLL, axis=-1).astype(self.dtype)
     probs_BNLL = Dropout(self.attention_dropout, self.dropout_bits)(probs_BNLL,
-                                                                  deterministic=False)
+                                                                  deterministic=deterministic)
     return jnp.einsum("bnqk,bknh->bqnh", probs_BNLL, v_BLNH)
 
 

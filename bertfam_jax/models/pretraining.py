@@ -7,7 +7,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from bertfam_jax.models import encoder, heads
+from bertfam_jax.models import encoder, heads, layers
 
 
 class MaskedLM(nn.Module):
@@ -55,8 +55,8 @@ class MaskedLM(nn.Module):
     return outputs
 
 
-# DistilBERT's teacher weights: a variable collection of their own, which nothing trains
-# (train/step.py TRAINED), kept in checkpoints beside the student's 'params'.
+# A teacher's weights (DistilBERT, TinyBERT): a variable collection of their own, which nothing
+# trains (train/step.py TRAINED), kept in checkpoints beside the student's 'params'.
 TEACHER = "teacher"
 
 
@@ -70,6 +70,14 @@ def _from_teacher(variables):
   return {"params": variables.get(TEACHER, {})}
 
 
+def teacher_module(module_cls, initializing: bool):
+  """`module_cls` with its 'params' read from (and, when `initializing`, initialised into) the
+  TEACHER collection: a teacher inside a student's model (Distiller, LayerDistiller,
+  models/finetune.TaskDistiller)."""
+  return nn.map_variables(module_cls, ("params", TEACHER), trans_in_fn=_from_teacher,
+                          trans_out_fn=_as_teacher, init=initializing, mutable=initializing)
+
+
 class Distiller(nn.Module):
   """DistilBERT (Sanh et al., 2019): a student encoder with the tied MLM head, its parameters
   named as `MaskedLM`'s (so a distilled workdir fine-tunes as any MLM run), and a
@@ -81,10 +89,7 @@ class Distiller(nn.Module):
   def setup(self):
     self.encoder = encoder.Encoder(self.config)
     self.mlm_head = heads.MLMHead(self.config)
-    initializing = self.is_initializing()
-    teacher = nn.map_variables(MaskedLM, ("params", TEACHER), trans_in_fn=_from_teacher,
-                               trans_out_fn=_as_teacher, init=initializing, mutable=initializing)
-    self.teacher = teacher(self.teacher_config)
+    self.teacher = teacher_module(MaskedLM, self.is_initializing())(self.teacher_config)
 
   def __call__(self, input_ids, input_mask, *, deterministic: bool):
     """input_ids / input_mask: [batch, length]. Returns the logits at every position and the last
@@ -97,6 +102,40 @@ class Distiller(nn.Module):
     return {"student_logits": self.mlm_head(x_BLD, positions_BL, self.encoder.attend),
             "student_hidden": x_BLD,
             "teacher_logits": taught["mlm_logits"], "teacher_hidden": taught["hidden"]}
+
+
+class LayerDistiller(nn.Module):
+  """TinyBERT's general distillation (Jiao et al., 2020; huawei-noah TinyBERT general_distill.py):
+  a student encoder and a teacher encoder (the TEACHER collection, no dropout) over the same
+  tokens, each returning every layer. The student's layers pass through `fit_dense`, a learned
+  hidden → teacher-hidden projection (with bias; TinyBertForPreTraining's fit_dense), when the
+  widths differ. Attention scores reach the loss as sown intermediates (layers.SelfAttention),
+  so apply with mutable=['intermediates']."""
+  config: Any          # the student's `config.model`
+  teacher_config: Any  # the teacher's
+
+  def setup(self):
+    self.encoder = encoder.Encoder(self.config)
+    if self.config.hidden != self.teacher_config.hidden:
+      self.fit_dense = nn.Dense(self.teacher_config.hidden, dtype=jnp.dtype(self.config.dtype),
+                                param_dtype=jnp.float32,
+                                kernel_init=layers.param_init(self.config.initializer_range,
+                                                              ("embed", "embed_out")),
+                                bias_init=layers.zeros_init(("embed_out",)))
+    self.teacher = teacher_module(encoder.Encoder, self.is_initializing())(
+        self.teacher_config)
+
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool):
+    """input_ids / input_mask / segment_ids: [batch, length]. Returns {'student_layers',
+    'teacher_layers': [layers + 1, batch, length, teacher hidden]}: the embedding output then
+    every layer's output, the student's projected to the teacher's width."""
+    _, student_NBLD = self.encoder(input_ids, input_mask, segment_ids,
+                                   deterministic=deterministic, return_all_layers=True)
+    _, teacher_NBLD = self.teacher(input_ids, input_mask, segment_ids, deterministic=True,
+                                   return_all_layers=True)
+    if self.config.hidden != self.teacher_config.hidden:
+      student_NBLD = self.fit_dense(student_NBLD)
+    return {"student_layers": student_NBLD, "teacher_layers": teacher_NBLD}
 
 
 class CausalLM(nn.Module):

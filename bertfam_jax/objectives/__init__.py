@@ -94,11 +94,13 @@ import jax
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.objectives import causal_lm, distillation, electra, mlm, t5, unilm, xlnet
+from bertfam_jax.objectives import causal_lm, distillation, electra, mlm, t5, tinybert, unilm
+from bertfam_jax.objectives import xlnet
 
 OBJECTIVES = {
     "mlm": mlm,
     "distillation": distillation,
+    "tinybert": tinybert,
     "causal_lm": causal_lm,
     "unilm": unilm,
     "electra": electra,

@@ -72,10 +72,12 @@ def layer_map(config) -> list[int]:
   return student_layer_map(config.objective.teacher_model.layers, config.model.layers)
 
 
-# What a student may set apart from its teacher: its depth and token types, and how it computes
-# (dropout, precision, memory, kernels); every other model field is the teacher's.
-_STUDENT_OWN = ("layers", "type_vocab_size", "dropout", "attention_dropout", "dropout_bits",
-                "dtype", "remat_policy", "attention_impl", "scan_layers")
+# How a student may compute apart from its teacher (dropout, precision, memory, kernels).
+STUDENT_COMPUTE = ("dropout", "attention_dropout", "dropout_bits", "dtype", "remat_policy",
+                   "attention_impl", "scan_layers")
+# What a DistilBERT student may set apart from its teacher: its depth and token types, and how it
+# computes; every other model field is the teacher's.
+_STUDENT_OWN = ("layers", "type_vocab_size") + STUDENT_COMPUTE
 
 
 def validate(config) -> None:

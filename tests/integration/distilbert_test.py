@@ -9,7 +9,6 @@ import jax
 import numpy as np
 import pytest
 
-from bertfam_jax import config_lib as cl
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import pipeline as pipeline_lib
@@ -17,30 +16,17 @@ from bertfam_jax.data import sources
 from bertfam_jax.models import pretraining
 from bertfam_jax.objectives import distillation
 from bertfam_jax.train import checkpoint, train
+from helpers import teachers
 from helpers.run_records import copy_until, metric_records, train_records
 from helpers.sharded import run_steps
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH = 8
-
-
-def _load(name, arg):
-  return cl.load_config(os.path.join(_ROOT, "configs", name), arg)
+_load = teachers.load_config
 
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-  """configs/bert.py:runlocal at 32-token rows: a 2-layer 32-wide BERT with NSP, 60 steps."""
-  c = _load("bert.py", "runlocal")
-  c.data.update(seq_len=32, docs_per_chunk=16)
-  c.model.update(hidden=32, heads=4, mlp=64, layers=2, vocab_size=512, max_positions=32)
-  c.objective.max_predictions = 5
-  c.optimizer.update(peak_lr=5e-3, warmup_steps=5)
-  c.train.update(batch_size=BATCH, total_steps=60, log_every=20, eval_every=60, eval_batches=2,
-                 checkpoint_every=60)
-  workdir = str(tmp_path_factory.mktemp("teacher"))
-  train.run(c, workdir)
-  return workdir
+  return teachers.train_bert_teacher(str(tmp_path_factory.mktemp("teacher")), BATCH)
 
 
 def student_config(teacher_dir):

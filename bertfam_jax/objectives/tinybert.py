@@ -1,0 +1,216 @@
+"""TinyBERT's general distillation: a narrower, shallower encoder taught layer by layer (Jiao et
+al., 2020, arXiv:1909.10351 §3.1-3.2; huawei-noah/Pretrained-Language-Model TinyBERT:
+general_distill.py, transformer/modeling.py TinyBertForPreTraining).
+
+The model (`models/pretraining.LayerDistiller`) holds a student encoder, initialised at random as
+general_distill.py's `from_scratch`, and a teacher encoder, the TEACHER collection, read from any
+masked-LM workdir of ours (or an imported transformers BERT) and run without dropout and without
+gradients. The student has the teacher's vocabulary, positions, token types and head count, and
+may be narrower (its layers then go through `fit_dense`, a learned projection to the teacher's
+width) and shallower.
+
+Layer mapping (`teacher_layer_map`): student layer m (0-based) learns from teacher layer
+g(m) = (m + 1)·k − 1 with k = teacher layers / student layers, general_distill.py's
+`teacher_atts[i * layers_per_block + layers_per_block - 1]`; or `objective.teacher_layers`, one
+teacher layer per student layer. The embedding output learns from the teacher's.
+
+Loss (general_distill.py: `att_loss + rep_loss`; the paper's Eq. 7-10 without the prediction
+layer, which only the task-specific stage adds, finetune/distill.py):
+  att: Σ_m MSE(A_s^m, A_t^g(m))   attention scores (QKᵀ/√d, before softmax) [batch, heads, L, L],
+                                  with the padded keys' scores set to 0 in both (the reference's
+                                  `where(score <= -1e2, 0, score)` after its −10000 mask)
+  rep: Σ_i MSE(H_s^i W_h, H_t^g'(i))  the embedding output (i = 0) and each layer's output, the
+                                  student's through `fit_dense`; g'(0) = 0, g'(m + 1) = g(m) + 1
+Each MSE is torch's MSELoss: a mean over every element, padded positions included.
+
+Inputs: general_distill.py reads BERT's masked pre-training instances (pregenerate_training_data.
+py), so the rows are masked as BERT's, 15%, 80/10/10, by DistilBERT's host masking
+(`distillation.distil_features`, here with smoothing 0: uniform over real non-special tokens).
+Batch keys: input_ids (noised), input_mask [n, L]; segment_ids [n, L] when the pipeline gives
+them (else 0).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+import flax.linen as nn
+
+from bertfam_jax import config_lib, flops
+from bertfam_jax.config_lib import ConfigError
+from bertfam_jax.models import pretraining
+from bertfam_jax.objectives import distillation
+
+FIELD_RULES = {
+    "objective.mask_rate": config_lib.Range(0, 1, low_open=True, high_open=True),
+    "objective.mask_token_prob": config_lib.PROBABILITY,
+    "objective.random_token_prob": config_lib.PROBABILITY,
+    "objective.smoothing": config_lib.Range(0),
+}
+
+# What a TinyBERT student may set apart from its teacher: its size (width, depth, feed-forward)
+# and how it computes. Heads must match (the attention scores are compared head by head), and
+# the vocabulary, positions and token types (both read the same rows).
+_STUDENT_OWN = distillation.STUDENT_COMPUTE + ("layers", "hidden", "mlp", "initializer_range")
+
+
+def build_model(config):
+  return pretraining.LayerDistiller(config.model, config.objective.teacher_model)
+
+
+def uniform_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
+  """The teacher layer each student layer learns from: the last of each block of k = teacher /
+  student consecutive layers (0-based; 12 → 4: 2, 5, 8, 11)."""
+  if teacher_layers % student_layers:
+    raise ConfigError(f"A {student_layers}-layer student of a {teacher_layers}-layer teacher has "
+                      f"no uniform layer map (TinyBERT needs the teacher's depth to be a multiple "
+                      f"of the student's); list one teacher layer per student layer, e.g. "
+                      f"teacher_layers='{','.join(str(i) for i in range(student_layers))}'.")
+  block = teacher_layers // student_layers
+  return [(m + 1) * block - 1 for m in range(student_layers)]
+
+
+def teacher_layer_map(given: str, teacher_layers: int, student_layers: int, field: str
+                      ) -> list[int]:
+  """`given` ('2,5,8,11': one 0-based teacher layer per student layer), or the uniform map when
+  it is ''. ConfigError naming `field` when it does not list `student_layers` teacher layers."""
+  if not given:
+    return uniform_layer_map(teacher_layers, student_layers)
+  try:
+    mapped = [int(i) for i in given.split(",")]
+  except ValueError:
+    mapped = []
+  if len(mapped) != student_layers or not all(0 <= i < teacher_layers for i in mapped):
+    raise ConfigError(f"{field}={given!r} must list {student_layers} teacher layers (one per "
+                      f"student layer) in [0, {teacher_layers}), comma-separated, or be '' for "
+                      f"the uniform map.")
+  return mapped
+
+
+def layer_map(config) -> list[int]:
+  o = config.objective
+  return teacher_layer_map(o.teacher_layers, o.teacher_model.layers, config.model.layers,
+                           "objective.teacher_layers")
+
+
+def check_student(student, teacher, student_name: str, teacher_name: str) -> None:
+  """ConfigError unless `student` (a model section) can learn `teacher`'s layers: every field but
+  _STUDENT_OWN the teacher's, BERT-style encoders unscanned with layers of their own, and the
+  student no deeper."""
+  for key in sorted(set(student) | set(teacher)):
+    if key not in _STUDENT_OWN and student.get(key) != teacher.get(key):
+      raise ConfigError(f"{student_name}.{key}={student.get(key)!r} differs from the teacher's "
+                        f"{teacher.get(key)!r}; a TinyBERT student reads the teacher's rows and "
+                        f"matches its attention head by head, so set it to {teacher.get(key)!r}.")
+  for name, m in ((student_name, student), (teacher_name, teacher)):
+    if m.share_layers != "none" or m.scan_layers or m.get("kind", "encoder") != "encoder":
+      raise ConfigError(f"{name}: layer distillation reads every layer's attention, so it needs "
+                        f"a BERT-style encoder with layers of its own, unscanned "
+                        f"(share_layers=none, scan_layers=False).")
+  if student.layers > teacher.layers:
+    raise ConfigError(f"{student_name}.layers={student.layers} exceeds the teacher's "
+                      f"{teacher.layers}.")
+
+
+def validate(config) -> None:
+  o = config.objective
+  check_student(config.model, o.teacher_model, "model", "objective.teacher_model")
+  layer_map(config)
+  if o.mask_token_prob + o.random_token_prob > 1.0:
+    raise ConfigError(f"objective.mask_token_prob={o.mask_token_prob} and random_token_prob="
+                      f"{o.random_token_prob} must sum to <= 1 (the rest stay unchanged).")
+  if not o.teacher:
+    raise ConfigError("objective.teacher is empty; pass the teacher's workdir in the config "
+                      "argument: --config=configs/tinybert.py:teacher=DIR.")
+
+
+def init_inputs(config) -> dict[str, jnp.ndarray]:
+  length = config.data.seq_len
+  return dict(input_ids=jnp.zeros((1, length), jnp.int32),
+              input_mask=jnp.ones((1, length), jnp.int32),
+              segment_ids=jnp.zeros((1, length), jnp.int32))
+
+
+def initial_params(config, restore_params):
+  """The student drawn from `config.seed` as a random start would be, and the teacher's encoder
+  read from `objective.teacher`: {'params': student, TEACHER: {'teacher': teacher encoder}}."""
+  saved = restore_params(config.objective.teacher)
+  if "encoder" not in saved:
+    raise ConfigError(f"objective.teacher={config.objective.teacher} has no encoder parameters "
+                      f"(it has {sorted(saved)}); the teacher must be a BERT-style pre-training "
+                      f"run or an imported transformers BERT.")
+  rng = jax.random.key(config.seed)
+  fresh = jax.jit(lambda: nn.meta.unbox(build_model(config).init(
+      {"params": rng, "dropout": rng}, **init_inputs(config), deterministic=True)["params"]))()
+  return {"params": jax.device_get(fresh),
+          pretraining.TEACHER: {"teacher": saved["encoder"]}}
+
+
+def make_features(config, tokenizer):
+  """BERT-style masking of the rows both encoders read (module docstring)."""
+  config_lib.check_fields(config, FIELD_RULES)
+  return distillation.make_features(config, tokenizer)
+
+
+# ------------------------------------------------------------------------------------- the loss
+
+
+def attention_scores(intermediates, path: str, count: int) -> list:
+  """The scores sown by layers `0 .. count − 1` of the encoder at `path` of the model ('encoder':
+  the student's, 'teacher'): a list of [batch, heads, L, L] float32."""
+  flat = traverse_util.flatten_dict(intermediates, sep="/")
+  return [flat[f"{path}/layer_{i}/attention/scores"][0] for i in range(count)]
+
+
+def layer_losses(student_scores, teacher_scores, student_layers_NBLD, teacher_layers_NBLD,
+                 input_mask_BL, mapped: list[int]):
+  """TinyBERT's (att_loss, rep_loss) (module docstring), float32 scalars.
+
+  Args:
+    student_scores, teacher_scores: every layer's attention scores, [batch, heads, L, L] each.
+    student_layers_NBLD: [student layers + 1, batch, L, teacher hidden] (projected).
+    teacher_layers_NBLD: [teacher layers + 1, batch, L, teacher hidden].
+    input_mask_BL: [batch, L]; mapped: the teacher layer of each student layer.
+  """
+  keys_B11L = input_mask_BL[:, None, None, :] > 0
+  masked = lambda s: jnp.where(keys_B11L, s.astype(jnp.float32), 0.0)  # noqa: E731
+  mse = lambda a, b: jnp.mean(jnp.square(a.astype(jnp.float32) - b.astype(jnp.float32)))  # noqa
+  att = sum(mse(masked(student_scores[m]), masked(teacher_scores[j]))
+            for m, j in enumerate(mapped))
+  reps = [0] + [j + 1 for j in mapped]
+  rep = sum(mse(student_layers_NBLD[i], teacher_layers_NBLD[j]) for i, j in enumerate(reps))
+  return att, rep
+
+
+def loss_fn(model, params, batch, rng, config, *, deterministic=False):
+  """Returns (att_loss + rep_loss, metrics): att_loss, rep_loss (each its batch's value)."""
+  segment_ids = batch.get("segment_ids", jnp.zeros_like(batch["input_ids"]))
+  out, state = model.apply(params, batch["input_ids"], batch["input_mask"], segment_ids,
+                           deterministic=deterministic, rngs={"dropout": rng},
+                           mutable=["intermediates"])
+  o = config.objective
+  att, rep = layer_losses(
+      attention_scores(state["intermediates"], "encoder", config.model.layers),
+      attention_scores(state["intermediates"], "teacher", o.teacher_model.layers),
+      out["student_layers"], out["teacher_layers"], batch["input_mask"], layer_map(config))
+  one = jnp.ones([], jnp.float32)
+  return att + rep, {"att_loss": (att, one), "rep_loss": (rep, one)}
+
+
+def flops_per_token(config) -> float:
+  """The student's training, the projection of its layers, and the teacher's forward pass (a
+  third of its training FLOPs, flops.py's 2 : 4 forward to backward); no output layer."""
+  length = config.data.seq_len
+  s, t = config.model, config.objective.teacher_model
+  student = flops.encoder_train_flops_per_token(s, length, 0, sentence_head=False)
+  teacher = flops.encoder_train_flops_per_token(t, length, 0, sentence_head=False)
+  projection = 6 * (s.layers + 1) * s.hidden * t.hidden if s.hidden != t.hidden else 0.0
+  return student + projection + teacher / 3
+
+
+def describe(config) -> str:
+  s, t = config.model, config.objective.teacher_model
+  return (f"TinyBERT general distillation: a {s.layers}-layer {s.hidden}-wide student of the "
+          f"{t.layers}-layer {t.hidden}-wide teacher {config.objective.teacher} (its layers "
+          f"{layer_map(config)}), {config.data.seq_len}-token rows, loss att + rep")

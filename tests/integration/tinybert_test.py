@@ -1,0 +1,100 @@
+"""TinyBERT's general distillation through the one train loop: configs/tinybert.py:runlocal
+(shrunk) teaches a half-depth, half-width student from a BERT runlocal teacher's workdir. The
+teacher stays frozen, both layer losses fall, a resumed run equals the uninterrupted one, sharded
+steps equal one device, and the student is an encoder workdir that fine-tunes."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bertfam_jax import workdir as workdir_lib
+from bertfam_jax.data import pipeline as pipeline_lib
+from bertfam_jax.data import sources
+from bertfam_jax.models import pretraining
+from bertfam_jax.objectives import tinybert
+from bertfam_jax.train import checkpoint, train
+from helpers import teachers
+from helpers.run_records import copy_until, metric_records, train_records
+from helpers.sharded import run_steps
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+  return teachers.train_bert_teacher(str(tmp_path_factory.mktemp("teacher")), BATCH)
+
+
+def student_config(teacher_dir):
+  c = teachers.load_config("tinybert.py", f"runlocal,teacher={teacher_dir}")
+  c.data.update(seq_len=32, docs_per_chunk=16)
+  c.optimizer.update(peak_lr=5e-3, warmup_steps=2)
+  c.train.update(batch_size=BATCH, total_steps=30, log_every=5, eval_every=30, eval_batches=2,
+                 checkpoint_every=15, keep_checkpoints=5)
+  return c
+
+
+@pytest.fixture(scope="module")
+def student(teacher, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("student"))
+  train.run(student_config(teacher), workdir)
+  return workdir
+
+
+def test_the_config_reads_its_teacher(teacher):
+  """Half the teacher's depth and width, its heads, vocabulary, token types and tokenizer."""
+  c, saved = student_config(teacher), workdir_lib.read_config(teacher)
+  assert (c.model.layers, c.model.hidden, c.model.heads, c.model.mlp) == (1, 16, 4, 64)
+  assert (c.model.vocab_size, c.model.type_vocab_size) == (512, 2)
+  assert c.objective.teacher_model.to_dict() == saved.model.to_dict()
+  assert tinybert.layer_map(c) == [1]
+
+
+def test_distillation_trains_the_student_and_leaves_the_teacher(teacher, student):
+  metrics = train_records(student)
+  assert sorted(metrics) == [5, 10, 15, 20, 25, 30]
+  for name in ("att_loss", "rep_loss"):
+    assert metrics[30][name] < 0.8 * metrics[5][name], name
+  assert any("eval_att_loss" in r for r in metric_records(student))
+  directory = os.path.join(student, "checkpoints")
+  state = checkpoint.read_params(directory, 30)
+  assert set(state) == {"encoder", "fit_dense"}
+  assert state["fit_dense"]["kernel"].shape == (16, 32)
+  frozen = checkpoint.read_params(directory, 30, pretraining.TEACHER)["teacher"]
+  jax.tree.map(np.testing.assert_array_equal, frozen,
+               workdir_lib.restore_params(teacher)["encoder"])
+
+
+def test_resume_reproduces_the_run(teacher, student, tmp_path):
+  workdir = str(tmp_path / "resumed")
+  copy_until(student, workdir, 15)
+  train.run(student_config(teacher), workdir)
+  resumed, reference = train_records(workdir), train_records(student)
+  assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
+                                                        for s in (20, 25, 30)]
+
+
+def test_the_student_loads_as_an_encoder(student):
+  config, _, encoder_params = workdir_lib.load_encoder(student)
+  assert (config.model.layers, config.model.hidden) == (1, 16)
+  assert encoder_params["layer_0"]["mlp"]["intermediate"]["kernel"].shape == (16, 64)
+
+
+def test_sharded_steps_equal_single_device(teacher):
+  """Two steps on a 2 x 2 x 2 mesh equal one device; the teacher collection stays."""
+  config = student_config(teacher)
+  docs = sources.get_documents(config.data, "train")
+  tokenizer = workdir_lib.load_tokenizer(workdir_lib.read_config(teacher), teacher)
+  pipe = pipeline_lib.Pipeline(config, tokenizer, docs, tinybert.make_features(config, tokenizer),
+                               0, 1, BATCH)
+  batches = [next(pipe) for _ in range(2)]
+  pipe.close()
+  config.mesh.update(data=2, fsdp=2, tensor=2)
+  losses, state = run_steps(config, tinybert, batches, jax.devices())
+  config.mesh.update(data=1, fsdp=1, tensor=1)
+  ref_losses, ref_state = run_steps(config, tinybert, batches, jax.devices()[:1])
+  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
+               state.params, ref_state.params)
