@@ -961,6 +961,13 @@ def finetune_config() -> ml_collections.ConfigDict:
       unfreeze_every=0,        # ULMFiT's gradual unfreezing: the head first, then one more layer
                                # from the top every this many steps (ULMFiT: an epoch); 0 = off
       reuse_pooler=True,       # start the head's pooler from the pre-trained NSP pooler if any
+      # TinyBERT's task-specific distillation (finetune/distill.py): a fine-tuning workdir on this
+      # task as the teacher ('' = off), the stage, the soft labels' temperature, and the teacher
+      # layer each student layer learns ('' = uniform).
+      teacher="",
+      distill="intermediate",  # intermediate (attention + hidden states) | prediction (logits)
+      distill_temperature=1.0,
+      teacher_layers="",
       # GPT (a causal_lm init): the auxiliary LM loss's weight λ (the paper's 0.5; 0 = off), and
       # similarity's input transformation: 2 = both orders of a pair, their extract states summed.
       lm_coef=_DEFAULT(float),

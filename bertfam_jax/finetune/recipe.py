@@ -52,6 +52,8 @@ class Recipe(NamedTuple):
   score: `score(predict, params) -> results` (task, split, examples, main_metric, scores
     {metric: value}, predictions [one dict per example]).
   extra: entries added to every evaluation's results.
+  constants: variable collections other than 'params' that the loss reads and nothing trains
+    (TinyBERT's teacher, finetune/distill.py), as host arrays; {} for none.
   """
   model: Any
   example: dict[str, np.ndarray]
@@ -66,6 +68,7 @@ class Recipe(NamedTuple):
   make_predict: Callable
   score: Callable
   extra: dict
+  constants: dict = {}
 
 
 class _Compiled(NamedTuple):
@@ -136,12 +139,13 @@ def predict_all(predict, params, data: dict[str, np.ndarray], batch_size: int, m
 def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState:
   """A new state in `shardings`: parameters initialised from `config.seed`, then, unless
   `recipe.transfer` is None, replaced by the pre-trained weights, magnitude-pruned with
-  `finetune.prune_sparsity` (finetune/prune.py), under a fresh optimizer state."""
+  `finetune.prune_sparsity` (finetune/prune.py), beside `recipe.constants`, under a fresh
+  optimizer state."""
   state = step_lib.with_mesh_context(step_lib.init_state, mesh)(
       recipe.model, recipe.tx, shardings, config.seed, recipe.example)
   sparsity = config.finetune.get("prune_sparsity", 0.0)
   heads = config.finetune.get("prune_heads", 0.0)
-  if recipe.transfer is None and not sparsity and not heads:
+  if recipe.transfer is None and not sparsity and not heads and not recipe.constants:
     return state
   params = jax.device_get(state.params["params"])
   if recipe.transfer is not None:
@@ -152,11 +156,11 @@ def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState
     params, removed = prune.prune_heads(params, heads, _importance_gradients(recipe, config, mesh))
     metrics_lib.print_progress("Pruned attention heads (Michel et al.'s importance): " + "; ".join(
         f"{path}: {found}" for path, found in removed.items()))
-  params = {"params": params}
+  params = {"params": params, **recipe.constants}
 
   def with_fresh_optimizer(params):
     return step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,
-                               opt_state=recipe.tx.init(params))
+                               opt_state=recipe.tx.init(step_lib.trained(params)))
 
   return step_lib.with_mesh_context(jax.jit(with_fresh_optimizer, out_shardings=shardings),
                                     mesh)(params)
@@ -175,7 +179,8 @@ def _importance_gradients(recipe: Recipe, config, mesh):
   batches = [{k: v[i:i + size] for k, v in recipe.train_data.items()}
              for i in range(0, min(rows, IMPORTANCE_BATCHES * size) - size + 1, size)]
   grad = step_lib.with_mesh_context(jax.jit(jax.grad(lambda p, b: recipe.loss_fn(
-      recipe.model, {"params": p}, b, jax.random.key(0), config, deterministic=True)[0])), mesh)
+      recipe.model, {"params": p, **recipe.constants}, b, jax.random.key(0), config,
+      deterministic=True)[0])), mesh)
 
   def gradients_of(params):
     for batch in batches:

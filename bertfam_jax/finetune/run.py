@@ -45,7 +45,7 @@ import optax
 from bertfam_jax import config_lib, fileio
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.finetune import features, optim, recipe as recipe_lib, seq2seq, tasks
+from bertfam_jax.finetune import distill, features, optim, recipe as recipe_lib, seq2seq, tasks
 from bertfam_jax.finetune import text_tasks, unilm_seq2seq
 from bertfam_jax.finetune import losses as finetune_losses
 from bertfam_jax.models import finetune as finetune_models
@@ -252,7 +252,19 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
       f"{batch_size}; mesh {dict(mesh.shape)}; data ready in {time.time() - start:.1f} s.")
 
   model, example = build_model(config)
-  shapes = _abstract_params(model, example)
+  loss_fn = _make_loss_fn(task.kind, ft.get("lm_coef", 0.0))
+  transfer = None if params is None else functools.partial(
+      transfer_pretrained, pretrained=params, reuse_pooler=ft.reuse_pooler)
+  constants = {}
+  if ft.get("teacher"):   # TinyBERT's task-specific distillation (finetune/distill.py)
+    teacher_config, teacher_params = distill.load_teacher(config, task.kind)
+    model = distill.build_model(model, teacher_config)
+    loss_fn = distill.make_loss_fn(task.kind, ft.distill, ft.distill_temperature,
+                                   distill.layer_map(config, teacher_config), config.model.layers,
+                                   teacher_config.model.layers)
+    transfer = transfer and distill.with_fit_dense(transfer, params)
+    constants = distill.teacher_variables(teacher_params)
+  shapes = {"params": _abstract_params(model, example)["params"]}
   tx, schedule = optim.make_finetune_optimizer(config, shapes, total_steps)
   fraction = optim.trainable_fraction(ft, config.model, shapes)
   train_metrics.print_progress(f"method {ft.method}: {100 * fraction:.2f}% of the parameters "
@@ -263,10 +275,7 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
 
   return recipe_lib.Recipe(
       model=model, example=example, tx=tx, schedule=schedule,
-      loss_fn=_make_loss_fn(task.kind, ft.get("lm_coef", 0.0)),
-      transfer=None if params is None else functools.partial(
-          transfer_pretrained, pretrained=params, reuse_pooler=ft.reuse_pooler),
-      train_data=train_data, total_steps=total_steps, steps_per_epoch=num_train // batch_size,
+      loss_fn=loss_fn, transfer=transfer, constants=constants, train_data=train_data, total_steps=total_steps, steps_per_epoch=num_train // batch_size,
       tokens_per_row=ft.max_seq_len,
       make_predict=lambda shardings: recipe_lib.sharded_predict(predict, shardings.params, mesh),
       score=functools.partial(evaluate, task, eval_data=eval_data, eval_examples=eval_examples,

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.models import encoder, heads, xlnet
+from bertfam_jax.models import encoder, heads, layers, pretraining, xlnet
 
 
 class XLNetContent(xlnet.XLNet):
@@ -121,11 +121,12 @@ class FineTuneModel(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool,
-               with_lm: bool = False):
+               with_lm: bool = False, with_layers: bool = False):
     """input_ids / input_mask / segment_ids: [batch, length] int ([batch, choices, length] for
     multiple_choice, whose choices are folded into the batch; [batch, 2, length] with
     orders=2). `with_lm` (causal backbones): returns (the head's output, LM logits [..., length,
-    vocab] of every input row)."""
+    vocab] of every input row). `with_layers`: returns (the head's output, the backbone's
+    embedding output and every layer's, [layers + 1, rows, length, hidden], rows folded)."""
     width = output_width(self.kind, self.num_outputs)
     causal = self.backbone == "causal"
     if causal and self.kind not in SEQUENCE_KINDS:
@@ -142,10 +143,13 @@ class FineTuneModel(nn.Module):
     batch_shape = input_ids.shape[:-1]
     fold = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
     backbone = BACKBONES[self.backbone](self.config, name="encoder")
-    if self.features == "weighted_sum":
+    if with_lm and with_layers:
+      raise ValueError("FineTuneModel returns the LM logits or the layers, not both.")
+    if self.features == "weighted_sum" or with_layers:
       last_BLD, hidden_NBLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
                                        deterministic=deterministic, return_all_layers=True)
-      x_BLD = heads.ScalarMix(hidden_NBLD.shape[0], name="scalar_mix")(hidden_NBLD)
+      x_BLD = (heads.ScalarMix(hidden_NBLD.shape[0], name="scalar_mix")(hidden_NBLD)
+               if self.features == "weighted_sum" else last_BLD)
     else:
       last_BLD = x_BLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
                                   deterministic=deterministic)
@@ -162,4 +166,56 @@ class FineTuneModel(nn.Module):
     out = head(self.config, width, SUMMARY_POSITION[self.backbone], name=name)(
         x_BLD, deterministic=deterministic)
     out = out.reshape(batch_shape + out.shape[1:])  # multiple choice: [batch, choices]
+    if with_layers:
+      return out, hidden_NBLD
     return (out, lm_logits) if with_lm else out
+
+
+class TaskDistiller(nn.Module):
+  """TinyBERT's task-specific distillation (finetune/distill.py): the student `FineTuneModel`,
+  whose parameters are this module's own ('encoder', the head, ...: a distilled workdir predicts
+  and exports as any fine-tuning), `fit_dense` (student → teacher width, when they differ) and
+  the teacher `FineTuneModel` on the same task in the TEACHER collection, without dropout.
+
+  `__call__` is the student's (prediction); `distill` returns both models' outputs and, with
+  `layers`, every layer of both (apply with mutable=['intermediates'] for the attention
+  scores)."""
+  student: FineTuneModel
+  teacher_config: Any          # the teacher's `config.model`
+  teacher_features: str = "last"
+
+  def setup(self):
+    nn.share_scope(self, self.student)
+    student_width, teacher_width = self.student.config.hidden, self.teacher_config.hidden
+    if student_width != teacher_width:
+      self.fit_dense = nn.Dense(teacher_width, dtype=jnp.dtype(self.student.config.dtype),
+                                param_dtype=jnp.float32,
+                                kernel_init=layers.param_init(
+                                    self.student.config.initializer_range, ("embed", "embed_out")),
+                                bias_init=layers.zeros_init(("embed_out",)))
+    self.teacher = pretraining.teacher_module(FineTuneModel, self.is_initializing())(
+        self.teacher_config, self.student.kind, self.student.num_outputs,
+        features=self.teacher_features, backbone=backbone_for(self.teacher_config))
+
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool):
+    if self.is_initializing():   # create every parameter, the teacher's and fit_dense too
+      return self.distill(input_ids, input_mask, segment_ids, deterministic=deterministic,
+                          layers=True)["student"]
+    return self.student(input_ids, input_mask, segment_ids, deterministic=deterministic)
+
+  def distill(self, input_ids, input_mask, segment_ids, *, deterministic: bool, layers: bool):
+    """{'student', 'teacher': the head outputs} and, with `layers`, {'student_layers',
+    'teacher_layers': [layers + 1, rows, length, teacher hidden]} (the student's projected)."""
+    if not layers:
+      return {"student": self.student(input_ids, input_mask, segment_ids,
+                                      deterministic=deterministic),
+              "teacher": self.teacher(input_ids, input_mask, segment_ids,
+                                            deterministic=True)}
+    student, student_NBLD = self.student(input_ids, input_mask, segment_ids,
+                                         deterministic=deterministic, with_layers=True)
+    teacher, teacher_NBLD = self.teacher(input_ids, input_mask, segment_ids,
+                                               deterministic=True, with_layers=True)
+    if student_NBLD.shape[-1] != teacher_NBLD.shape[-1]:
+      student_NBLD = self.fit_dense(student_NBLD)
+    return {"student": student, "teacher": teacher, "student_layers": student_NBLD,
+            "teacher_layers": teacher_NBLD}

@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 from bertfam_jax import workdir as workdir_lib
+from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources
+from bertfam_jax.finetune import distill
+from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.models import pretraining
 from bertfam_jax.objectives import tinybert
 from bertfam_jax.train import checkpoint, train
@@ -98,3 +101,100 @@ def test_sharded_steps_equal_single_device(teacher):
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
                state.params, ref_state.params)
+
+
+# ------------------------------------------------------------- the task-specific stage (finetune)
+
+
+def finetune_config(init, **finetune):
+  c = teachers.load_config("finetune.py", f"task=wordnet_supersense,init={init}")
+  c.finetune.update(max_train_examples=96, max_eval_examples=32, epochs=2.0, max_seq_len=32)
+  c.finetune.update(finetune)
+  c.optimizer.peak_lr = 5e-3
+  c.train.update(batch_size=BATCH, eval_batch_size=BATCH, log_every=4)
+  return c
+
+
+@pytest.fixture(scope="module")
+def task_teacher(teacher, tmp_path_factory):
+  """The BERT teacher fine-tuned on supersense classification."""
+  workdir = str(tmp_path_factory.mktemp("task_teacher"))
+  finetune_run.run(finetune_config(teacher), workdir)
+  return workdir
+
+
+def _losses(workdir, name):
+  return [r[name] for r in metric_records(workdir) if name in r]
+
+
+@pytest.fixture(scope="module")
+def intermediate(student, task_teacher, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("intermediate"))
+  finetune_run.run(finetune_config(student, teacher=task_teacher), workdir)
+  return workdir
+
+
+def test_intermediate_stage_learns_the_teachers_layers(student, task_teacher, intermediate):
+  att, rep = _losses(intermediate, "att_loss"), _losses(intermediate, "rep_loss")
+  assert len(att) >= 5 and att[-1] < 0.8 * att[0] and rep[-1] < 0.8 * rep[0]
+  assert os.path.exists(os.path.join(intermediate, "eval_results.json"))
+  step = workdir_lib.latest_step(intermediate)
+  directory = os.path.join(intermediate, "checkpoints")
+  jax.tree.map(np.testing.assert_array_equal,
+               checkpoint.read_params(directory, step, pretraining.TEACHER)["teacher"],
+               workdir_lib.restore_params(task_teacher))
+  params = checkpoint.read_params(directory, step)
+  assert set(params) == {"encoder", "classification_head", "fit_dense"}
+  # The head is not trained in this stage (no loss reads it); the encoder is.
+  general = workdir_lib.restore_params(student)
+  assert not np.array_equal(params["encoder"]["layer_0"]["mlp"]["output"]["kernel"],
+                            general["encoder"]["layer_0"]["mlp"]["output"]["kernel"])
+
+
+def test_prediction_stage_learns_the_teachers_logits(intermediate, task_teacher, tmp_path):
+  workdir = str(tmp_path / "prediction")
+  results = finetune_run.run(finetune_config(intermediate, teacher=task_teacher,
+                                             distill="prediction"), workdir)
+  pred = _losses(workdir, "pred_loss")
+  assert len(pred) >= 5 and pred[-1] < pred[0]
+  assert "accuracy" in results["scores"] and "task_accuracy" in metric_records(workdir)[0]
+
+
+def test_the_distilled_student_predicts_as_a_fine_tuning(intermediate, task_teacher):
+  """Its predictions come from the student alone: the same scores as the fine-tuned model's
+  predict applied to the student's parameters only."""
+  config = workdir_lib.read_config(intermediate)
+  model, _ = finetune_run.build_model(config)
+  params = workdir_lib.restore_params(intermediate)
+  student = {k: v for k, v in params.items() if k != "fit_dense"}
+  ids = np.ones((2, 32), np.int32)
+  plain = model.apply({"params": student}, ids, ids, 0 * ids, deterministic=True)
+  teacher_config, teacher_params = distill.load_teacher(config, "classification")
+  distiller = distill.build_model(model, teacher_config)
+  both = {"params": params, **distill.teacher_variables(teacher_params)}
+  np.testing.assert_allclose(distiller.apply(both, ids, ids, 0 * ids, deterministic=True), plain,
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(distill="soft"), "finetune.distill='soft'"),
+    (dict(distill_temperature=0.0), "finetune.distill_temperature=0.0"),
+    (dict(teacher_layers="5"), "finetune.teacher_layers='5'"),
+])
+def test_task_distillation_refusals(student, task_teacher, tmp_path, change, message):
+  with pytest.raises(ConfigError, match=message):
+    finetune_run.run(finetune_config(student, teacher=task_teacher, **change),
+                     str(tmp_path / "w"))
+
+
+def test_a_teacher_must_be_fine_tuned_on_the_task(student, teacher, task_teacher, tmp_path):
+  with pytest.raises(ConfigError, match="holds a pre-training run"):
+    finetune_run.run(finetune_config(student, teacher=teacher), str(tmp_path / "a"))
+  c = finetune_config(student, teacher=task_teacher)
+  c.finetune.task = "wordnet_tagging"
+  with pytest.raises(ConfigError, match="holds a fine-tuning on 'wordnet_supersense'"):
+    finetune_run.run(c, str(tmp_path / "b"))
+  c.finetune.distill = "prediction"
+  with pytest.raises(ConfigError, match="wordnet_tagging is token_classification"):
+    finetune_run.run(c, str(tmp_path / "c"))
+  assert not os.listdir(tmp_path)   # refused before any workdir was made
