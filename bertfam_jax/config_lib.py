@@ -968,6 +968,10 @@ def finetune_config() -> ml_collections.ConfigDict:
       distill="intermediate",  # intermediate (attention + hidden states) | prediction (logits)
       distill_temperature=1.0,
       teacher_layers="",
+      # Q8BERT's 8-bit quantization (finetune/quantize.py): 'qat' quantization-aware fine-tuning,
+      # 'ptq' a float fine-tuning evaluated quantized with dynamic ranges; '' = off.
+      quantize="",
+      quantize_ema_decay=0.9999,
       # GPT (a causal_lm init): the auxiliary LM loss's weight λ (the paper's 0.5; 0 = off), and
       # similarity's input transformation: 2 = both orders of a pair, their extract states summed.
       lm_coef=_DEFAULT(float),

@@ -54,6 +54,8 @@ class Recipe(NamedTuple):
   extra: entries added to every evaluation's results.
   constants: variable collections other than 'params' that the loss reads and nothing trains
     (TinyBERT's teacher, finetune/distill.py), as host arrays; {} for none.
+  mutable: collections the loss updates without gradients (Q8BERT's ranges,
+    finetune/quantize.py; `step.make_train_step(mutable=...)`).
   """
   model: Any
   example: dict[str, np.ndarray]
@@ -69,6 +71,7 @@ class Recipe(NamedTuple):
   score: Callable
   extra: dict
   constants: dict = {}
+  mutable: tuple[str, ...] = ()
 
 
 class _Compiled(NamedTuple):
@@ -90,7 +93,8 @@ def _compiled(recipe: Recipe, config, mesh) -> _Compiled:
     abstract, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
         recipe.model, recipe.tx, mesh, recipe.example)
     train_step = step_lib.make_train_step(recipe.model, recipe.tx, recipe.schedule,
-                                          recipe.loss_fn, config, shardings, mesh)
+                                          recipe.loss_fn, config, shardings, mesh,
+                                          mutable=recipe.mutable)
     _CACHE[key] = _Compiled(abstract, shardings, train_step, recipe.make_predict(shardings))
     while len(_CACHE) > _CACHE_SIZE:
       _CACHE.popitem(last=False)
@@ -139,15 +143,16 @@ def predict_all(predict, params, data: dict[str, np.ndarray], batch_size: int, m
 def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState:
   """A new state in `shardings`: parameters initialised from `config.seed`, then, unless
   `recipe.transfer` is None, replaced by the pre-trained weights, magnitude-pruned with
-  `finetune.prune_sparsity` (finetune/prune.py), beside `recipe.constants`, under a fresh
-  optimizer state."""
+  `finetune.prune_sparsity` (finetune/prune.py), beside `recipe.constants` and the fresh
+  state's other collections, under a fresh optimizer state."""
   state = step_lib.with_mesh_context(step_lib.init_state, mesh)(
       recipe.model, recipe.tx, shardings, config.seed, recipe.example)
   sparsity = config.finetune.get("prune_sparsity", 0.0)
   heads = config.finetune.get("prune_heads", 0.0)
   if recipe.transfer is None and not sparsity and not heads and not recipe.constants:
     return state
-  params = jax.device_get(state.params["params"])
+  variables = jax.device_get(state.params)
+  params = variables["params"]
   if recipe.transfer is not None:
     params = recipe.transfer(params)
   if sparsity:
@@ -156,7 +161,7 @@ def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState
     params, removed = prune.prune_heads(params, heads, _importance_gradients(recipe, config, mesh))
     metrics_lib.print_progress("Pruned attention heads (Michel et al.'s importance): " + "; ".join(
         f"{path}: {found}" for path, found in removed.items()))
-  params = {"params": params, **recipe.constants}
+  params = {**variables, "params": params, **recipe.constants}
 
   def with_fresh_optimizer(params):
     return step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,

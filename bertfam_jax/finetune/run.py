@@ -45,7 +45,8 @@ import optax
 from bertfam_jax import config_lib, fileio
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.finetune import distill, features, optim, recipe as recipe_lib, seq2seq, tasks
+from bertfam_jax.finetune import distill, features, optim, quantize, recipe as recipe_lib
+from bertfam_jax.finetune import seq2seq, tasks
 from bertfam_jax.finetune import text_tasks, unilm_seq2seq
 from bertfam_jax.finetune import losses as finetune_losses
 from bertfam_jax.models import finetune as finetune_models
@@ -264,6 +265,12 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
                                    teacher_config.model.layers)
     transfer = transfer and distill.with_fit_dense(transfer, params)
     constants = distill.teacher_variables(teacher_params)
+  quantize.check(ft, finetune_models.backbone_for(config.model))
+  predict_quant = "none"
+  if ft.quantize:   # Q8BERT (finetune/quantize.py): evaluated through the int8 path
+    model, predict_quant = quantize.wrap(model, ft), "int8"
+    if ft.quantize == "qat":
+      loss_fn = quantize.qat_loss_fn(task.kind)
   shapes = {"params": _abstract_params(model, example)["params"]}
   tx, schedule = optim.make_finetune_optimizer(config, shapes, total_steps)
   fraction = optim.trainable_fraction(ft, config.model, shapes)
@@ -271,11 +278,14 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
                                f"are trained.")
 
   def predict(variables, inputs):
-    return model.apply(variables, *(inputs[k] for k in INPUT_KEYS), deterministic=True)
+    quant = {} if predict_quant == "none" else {"quant": predict_quant}
+    return model.apply(variables, *(inputs[k] for k in INPUT_KEYS), deterministic=True, **quant)
 
   return recipe_lib.Recipe(
       model=model, example=example, tx=tx, schedule=schedule,
-      loss_fn=loss_fn, transfer=transfer, constants=constants, train_data=train_data, total_steps=total_steps, steps_per_epoch=num_train // batch_size,
+      loss_fn=loss_fn, transfer=transfer, constants=constants,
+      mutable=(quantize.RANGES,) if ft.quantize == "qat" else (),
+      train_data=train_data, total_steps=total_steps, steps_per_epoch=num_train // batch_size,
       tokens_per_row=ft.max_seq_len,
       make_predict=lambda shardings: recipe_lib.sharded_predict(predict, shardings.params, mesh),
       score=functools.partial(evaluate, task, eval_data=eval_data, eval_examples=eval_examples,

@@ -69,8 +69,9 @@ def abstract_state(model, tx, mesh, inputs, carry=None):
 
   boxed = jax.eval_shape(init)
   param_sh = sharding_lib.logical_to_shardings(boxed, mesh)
-  params = jax.tree.map(lambda x: x.unbox(apply_constraint=False), boxed,
-                        is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731  (Q8BERT's ranges are not)
+  params = jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, boxed,
+                        is_leaf=is_box)
   opt_state = jax.eval_shape(tx.init, trained(params))
   replicated = NamedSharding(mesh, P())
   batch_sh = sharding_lib.batch_sharding(mesh)
@@ -206,7 +207,8 @@ def fresh_train_step(config, mesh, objective):
                                 p.shardings, mesh)
 
 
-def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardings, mesh):
+def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardings, mesh,
+                    mutable: tuple[str, ...] = ()):
   """Returns jitted `step(state, batch) -> (state, metrics)`; metrics are {name: (sum, count)}
   plus scalars learning_rate and grad_norm (as (value, 1)); the loop adds `param_norm` at the
   steps it logs (a pass over every parameter: on an H200 the per-leaf reductions of the two
@@ -217,6 +219,9 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
 
   When the state has a carry (`objectives.init_carry`), `loss_fn(..., carry=state.carry)` returns
   `(loss, metrics, new_carry)` and the new carry (no gradient flows into it) is the next step's.
+  `mutable` names collections of the parameters that the loss updates without gradients (Q8BERT's
+  activation ranges, finetune/quantize.py): `loss_fn` then returns `(loss, metrics, {name: new
+  value})` and the new values replace the old in the next state.
 
   Dropout keys are `fold_in(key(config.seed + 1), step)`. The seed is an argument of the compiled
   program, not a constant in it: `step.with_seed(s)` runs the same executable for another seed
@@ -224,14 +229,20 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
   """
   accum = config.train.grad_accum_steps
   carrying = state_shardings.carry is not None
-  if carrying and accum > 1:
-    raise ValueError("An objective that carries state between steps (XLNet's memory) cannot "
-                     "split a batch into micro-batches: set --config.train.grad_accum_steps=1.")
+  if (carrying or mutable) and accum > 1:
+    raise ValueError("A loss that carries state between steps (XLNet's memory, Q8BERT's "
+                     "ranges) cannot split a batch into micro-batches: set "
+                     "--config.train.grad_accum_steps=1.")
+  if carrying and mutable:
+    raise ValueError("make_train_step takes a carry or mutable collections, not both.")
 
   def micro_grads(params, batch, rng, carry=None):
     """Gradients with respect to the TRAINED collection; the others enter as constants."""
     def loss_and_aux(trained_params):
       p = {**params, **trained_params}
+      if mutable:
+        loss, metrics, updated = loss_fn(model, p, batch, rng, config)
+        return loss, (metrics, {k: updated[k] for k in mutable})
       if not carrying:
         loss, metrics = loss_fn(model, p, batch, rng, config)
         return loss, (metrics, None)
@@ -245,8 +256,11 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
   def step(state, batch, base_rng):
     rng = jax.random.fold_in(base_rng, state.step)
     carry = state.carry
+    updated = {}
     if accum == 1:
       grads, metrics, carry = micro_grads(state.params, batch, rng, carry)
+      if mutable:
+        carry, updated = state.carry, jax.lax.stop_gradient(carry)
     else:
       # Strided micro-batches (rows i, i+k, i+2k, ...) keep every device's rows on that device;
       # contiguous slices of a batch-sharded array would reshuffle data between devices.
@@ -263,7 +277,8 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
       (grads, metrics), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro))
       grads = jax.tree.map(lambda g: g / accum, grads)
     updates, opt_state = tx.update(grads, state.opt_state, trained(state.params))
-    params = {**state.params, **optax.apply_updates(trained(state.params), updates)}
+    params = {**state.params, **updated,
+              **optax.apply_updates(trained(state.params), updates)}
     one = jnp.ones([], jnp.float32)
     metrics = dict(metrics,
                    learning_rate=(schedule(state.step), one),

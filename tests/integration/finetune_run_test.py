@@ -223,6 +223,41 @@ def test_head_pruning_removes_half_the_heads_and_keeps_them_removed(pretrained, 
   assert removed == 2
 
 
+def test_q8bert_fine_tunes_quantized_and_scores_the_integer_path(pretrained, tmp_path):
+  """finetune.quantize=qat: the ranges are learned and checkpointed, a resumed run ends as the
+  uninterrupted one, the scores are the int8 model's; ptq: the same float run as without
+  quantization, scored through the int8 path with dynamic ranges."""
+  from bertfam_jax.finetune import quantize  # pylint: disable=import-outside-toplevel
+  from bertfam_jax.train import checkpoint  # pylint: disable=import-outside-toplevel
+  config = small("wordnet_supersense", pretrained, finetune__quantize="qat",
+                 finetune__max_train_examples=64, finetune__epochs=2.0)   # checkpoints at 4, 8
+  config.train.update(keep_checkpoints=3, log_every=1)
+  qat = str(tmp_path / "qat")
+  results = finetune_run.run(config, qat)
+  ranges = checkpoint.read_params(os.path.join(qat, "checkpoints"), 8, quantize.RANGES)
+  assert len(jax.tree.leaves(ranges)) == 2 * 6 + 2 and all(
+      float(r) > 0 for r in jax.tree.leaves(ranges))
+  resumed = str(tmp_path / "resumed")
+  shutil.copytree(qat, resumed)
+  shutil.rmtree(os.path.join(resumed, "checkpoints", "8"))
+  finetune_run.run(config, resumed)
+  assert (read_json(os.path.join(resumed, "eval_results.json"))["scores"] == results["scores"])
+  assert np.isfinite(results["scores"]["accuracy"])
+
+  float_run, ptq = str(tmp_path / "float"), str(tmp_path / "ptq")
+  finetune_run.run(small("wordnet_supersense", pretrained), float_run)
+  finetune_run.run(small("wordnet_supersense", pretrained, finetune__quantize="ptq"), ptq)
+  _, _, float_params = workdir_lib.load(float_run)
+  _, _, ptq_params = workdir_lib.load(ptq)
+  jax.tree.map(np.testing.assert_array_equal, ptq_params, float_params)
+  float_nll = [p["gold_nll"] for p in read_lines(os.path.join(float_run, "predictions.jsonl"))]
+  ptq_nll = [p["gold_nll"] for p in read_lines(os.path.join(ptq, "predictions.jsonl"))]
+  assert float_nll != ptq_nll and np.allclose(float_nll, ptq_nll, atol=0.1)
+  with pytest.raises(ConfigError, match="finetune.quantize='int4'"):
+    finetune_run.run(small("wordnet_supersense", pretrained, finetune__quantize="int4"),
+                     str(tmp_path / "bad"))
+
+
 def test_errors_name_the_fix(pretrained, tmp_path):
   with pytest.raises(ConfigError, match="finetune.init is empty"):
     finetune_run.run(finetune_config("wordnet_supersense", ""), str(tmp_path / "x"))
