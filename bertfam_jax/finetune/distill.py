@@ -8,7 +8,8 @@ task_distill.py): fine-tuning a student with a teacher fine-tuned on the same ta
                           task head untrained (task_distill.py without --pred_distill);
                         'prediction': the soft cross-entropy of the student's logits against the
                           teacher's at `finetune.distill_temperature` (1, task_distill.py's
-                          default), or the MSE of the predictions for regression; no hard labels
+                          default), no hard labels; for regression task_distill.py's MSE against
+                          the gold scores (the teacher's predictions are not read)
   finetune.teacher_layers  one teacher layer per student layer; '' = uniform
 
 The reference's recipe is the two stages in turn: intermediate from the general TinyBERT
@@ -35,6 +36,7 @@ from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import losses as finetune_losses
 from bertfam_jax.models import finetune as finetune_models
 from bertfam_jax.models import pretraining
+from bertfam_jax.models.layers import SCORES
 from bertfam_jax.objectives import tinybert
 
 STAGES = ("intermediate", "prediction")
@@ -115,7 +117,7 @@ def make_loss_fn(kind: str, stage: str, temperature: float, mapped: list[int],
     inputs = [batch[k] for k in INPUT_KEYS]
     layers = stage == "intermediate"
     out, state = model.apply(params, *inputs, deterministic=deterministic,
-                             rngs={"dropout": rng}, mutable=["intermediates"] if layers else [],
+                             rngs={"dropout": rng}, mutable=[SCORES] if layers else [],
                              method=finetune_models.TaskDistiller.distill, layers=layers)
     _, metrics = finetune_losses.task_loss(kind, out["student"], batch)
     metrics = {f"task_{k}": v for k, v in metrics.items()}
@@ -123,14 +125,14 @@ def make_loss_fn(kind: str, stage: str, temperature: float, mapped: list[int],
     if layers:
       mask = batch["input_mask"]
       att, rep = tinybert.layer_losses(
-          tinybert.attention_scores(state["intermediates"], "encoder", student_layers),
-          tinybert.attention_scores(state["intermediates"], "teacher/encoder", teacher_layers),
+          tinybert.attention_scores(state[SCORES], "encoder", student_layers),
+          tinybert.attention_scores(state[SCORES], "teacher/encoder", teacher_layers),
           out["student_layers"], out["teacher_layers"], mask.reshape(-1, mask.shape[-1]),
           mapped)
       return att + rep, {**metrics, "att_loss": (att, one), "rep_loss": (rep, one)}
-    if kind == "regression":
+    if kind == "regression":   # task_distill.py: the MSE against the gold scores
       pred = jnp.mean(jnp.square(out["student"].astype(jnp.float32)
-                                 - out["teacher"].astype(jnp.float32)))
+                                 - batch["label"].astype(jnp.float32)))
     else:
       pred = soft_cross_entropy(out["student"], out["teacher"], temperature)
     return pred, {**metrics, "pred_loss": (pred, one)}

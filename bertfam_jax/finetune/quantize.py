@@ -179,8 +179,10 @@ class Quantized(nn.Module):
 # --------------------------------------------------------------------------- the fine-tuning run
 
 
-def check(ft, backbone: str) -> None:
-  """ConfigError for a `finetune.quantize` setting that cannot run."""
+def check(config, backbone: str) -> None:
+  """ConfigError for a `finetune.quantize` setting that cannot run (a resolved fine-tuning
+  config)."""
+  ft, m = config.finetune, config.model
   if ft.quantize not in MODES:
     raise ConfigError(f"finetune.quantize={ft.quantize!r}; choose one of {MODES} ('' = off).")
   if not 0 < ft.quantize_ema_decay < 1:
@@ -189,9 +191,18 @@ def check(ft, backbone: str) -> None:
   if ft.quantize and backbone != "encoder":
     raise ConfigError(f"finetune.quantize={ft.quantize!r} quantizes BERT-family encoders; this "
                       f"init is a {backbone} backbone.")
-  if ft.quantize and ft.get("teacher"):
+  if not ft.quantize:
+    return
+  if ft.get("teacher"):
     raise ConfigError("finetune.quantize and finetune.teacher (distillation) are not combined; "
                       "distil first, then quantize the distilled workdir.")
+  if m.get("scan_layers") or m.get("share_layers", "none") != "none":
+    raise ConfigError(f"finetune.quantize keeps one activation range per layer, so it needs "
+                      f"layers of their own, unscanned; this init has scan_layers="
+                      f"{m.get('scan_layers')} and share_layers={m.get('share_layers')!r}.")
+  if ft.quantize == "qat" and config.train.grad_accum_steps != 1:
+    raise ConfigError(f"finetune.quantize='qat' updates its ranges every step; set "
+                      f"--config.train.grad_accum_steps=1 (got {config.train.grad_accum_steps}).")
 
 
 def wrap(model, ft) -> Quantized:

@@ -151,17 +151,19 @@ def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState
   heads = config.finetune.get("prune_heads", 0.0)
   if recipe.transfer is None and not sparsity and not heads and not recipe.constants:
     return state
-  variables = jax.device_get(state.params)
+  variables = {**jax.device_get(state.params), **recipe.constants}
   params = variables["params"]
   if recipe.transfer is not None:
     params = recipe.transfer(params)
   if sparsity:
     params = prune.magnitude_prune(params, sparsity)
   if heads:
-    params, removed = prune.prune_heads(params, heads, _importance_gradients(recipe, config, mesh))
+    others = {k: v for k, v in variables.items() if k != "params"}
+    params, removed = prune.prune_heads(params, heads,
+                                        _importance_gradients(recipe, config, mesh, others))
     metrics_lib.print_progress("Pruned attention heads (Michel et al.'s importance): " + "; ".join(
         f"{path}: {found}" for path, found in removed.items()))
-  params = {**variables, "params": params, **recipe.constants}
+  params = {**variables, "params": params}
 
   def with_fresh_optimizer(params):
     return step_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,
@@ -176,20 +178,22 @@ def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState
 IMPORTANCE_BATCHES = 8
 
 
-def _importance_gradients(recipe: Recipe, config, mesh):
+def _importance_gradients(recipe: Recipe, config, mesh, others: dict):
   """`gradients_of(params)` for `prune.prune_heads`: the fine-tuning loss's gradient (no dropout)
-  on each of the first IMPORTANCE_BATCHES full training batches, as host numpy trees."""
+  on each of the first IMPORTANCE_BATCHES full training batches, as host numpy trees. `others`:
+  the variable collections besides 'params' (a teacher, Q8BERT's ranges), an argument of the
+  jitted gradient rather than constants compiled into it."""
   rows = len(next(iter(recipe.train_data.values())))
   size = config.train.batch_size
   batches = [{k: v[i:i + size] for k, v in recipe.train_data.items()}
              for i in range(0, min(rows, IMPORTANCE_BATCHES * size) - size + 1, size)]
-  grad = step_lib.with_mesh_context(jax.jit(jax.grad(lambda p, b: recipe.loss_fn(
-      recipe.model, {"params": p, **recipe.constants}, b, jax.random.key(0), config,
-      deterministic=True)[0])), mesh)
+  grad = step_lib.with_mesh_context(jax.jit(jax.grad(lambda p, c, b: recipe.loss_fn(
+      recipe.model, {**c, "params": p}, b, jax.random.key(0), config, deterministic=True)[0])),
+                                    mesh)
 
   def gradients_of(params):
     for batch in batches:
-      yield jax.device_get(grad(params, batch))
+      yield jax.device_get(grad(params, others, batch))
   return gradients_of
 
 

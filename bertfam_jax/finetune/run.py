@@ -200,6 +200,11 @@ def fine_tune(config: ml_collections.ConfigDict, tokenizer, params, *, mesh=None
 def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   """The `Recipe` of a resolved config: text-to-text for a T5 (`seq2seq.make_recipe`), else the
   task's head on the encoder (`encoder_recipe`)."""
+  seq2seq_run = config.model.get("kind") == "t5" or text_to_text(config.finetune.task, config)
+  if seq2seq_run and (config.finetune.get("quantize") or config.finetune.get("teacher")):
+    raise ConfigError("finetune.quantize and finetune.teacher apply to encoder tasks (a head on "
+                      "a BERT-family encoder); a text-to-text fine-tuning takes neither: set "
+                      "them to ''.")
   if config.model.get("kind") == "t5":
     return seq2seq.make_recipe(config, tokenizer, params, mesh)
   if text_to_text(config.finetune.task, config):
@@ -265,7 +270,7 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
                                    teacher_config.model.layers)
     transfer = transfer and distill.with_fit_dense(transfer, params)
     constants = distill.teacher_variables(teacher_params)
-  quantize.check(ft, finetune_models.backbone_for(config.model))
+  quantize.check(config, finetune_models.backbone_for(config.model))
   predict_quant = "none"
   if ft.quantize:   # Q8BERT (finetune/quantize.py): evaluated through the int8 path
     model, predict_quant = quantize.wrap(model, ft), "int8"

@@ -178,7 +178,7 @@ class TaskDistiller(nn.Module):
   the teacher `FineTuneModel` on the same task in the TEACHER collection, without dropout.
 
   `__call__` is the student's (prediction); `distill` returns both models' outputs and, with
-  `layers`, every layer of both (apply with mutable=['intermediates'] for the attention
+  `layers`, every layer of both (apply with mutable=[layers.SCORES] for the attention
   scores)."""
   student: FineTuneModel
   teacher_config: Any          # the teacher's `config.model`

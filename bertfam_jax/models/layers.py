@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 
 Dtype = Any
+# The collection SelfAttention sows its attention scores into when it is mutable.
+SCORES = "attention_scores"
 
 
 def truncated_normal(stddev: float):
@@ -242,18 +244,19 @@ class SelfAttention(nn.Module):
     return cached_key.value, cached_value.value, mask_QK[None, None]
 
   def _sowing_scores(self) -> bool:
-    """Whether this call records its attention scores: when applied with the "intermediates"
-    collection mutable (TinyBERT's layer distillation, objectives/tinybert.py), never in `init`."""
-    return self.is_mutable_collection("intermediates") and not self.is_initializing()
+    """Whether this call records its attention scores: when applied with the SCORES collection
+    mutable (TinyBERT's layer distillation, objectives/tinybert.py), never in `init`. A collection
+    of its own, so that other readers of intermediates (hf/io.py) keep the fast path."""
+    return self.is_mutable_collection(SCORES) and not self.is_initializing()
 
   def _explicit_attention(self, q_BLNH, k_BLNH, v_BLNH, mask_B11L, deterministic: bool):
     """softmax(QKᵀ/√d) V with dropout on the probabilities. When `_sowing_scores`, the scaled
     scores before masking, [batch, heads, query, key] float32, are sown as
-    intermediates/.../attention/scores."""
+    SCORES/.../attention/scores."""
     scores_BNLL = jnp.einsum("bqnh,bknh->bnqk", q_BLNH, k_BLNH) / jnp.sqrt(self.head_dim).astype(
         q_BLNH.dtype)
     if self._sowing_scores():
-      self.sow("intermediates", "scores", scores_BNLL.astype(jnp.float32))
+      self.sow(SCORES, "scores", scores_BNLL.astype(jnp.float32))
     # Softmax in float32; masked keys get the dtype's lowest value (BERT adds -10000, which is the
     # same after softmax for any realistic score range).
     scores_BNLL = jnp.where(mask_B11L, scores_BNLL.astype(jnp.float32), jnp.finfo(jnp.float32).min)

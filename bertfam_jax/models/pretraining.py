@@ -109,8 +109,8 @@ class LayerDistiller(nn.Module):
   a student encoder and a teacher encoder (the TEACHER collection, no dropout) over the same
   tokens, each returning every layer. The student's layers pass through `fit_dense`, a learned
   hidden → teacher-hidden projection (with bias; TinyBertForPreTraining's fit_dense), when the
-  widths differ. Attention scores reach the loss as sown intermediates (layers.SelfAttention),
-  so apply with mutable=['intermediates']."""
+  widths differ. Attention scores reach the loss as sown values (layers.SelfAttention), so apply
+  with mutable=[layers.SCORES]."""
   config: Any          # the student's `config.model`
   teacher_config: Any  # the teacher's
 

@@ -39,7 +39,7 @@ import flax.linen as nn
 
 from bertfam_jax import config_lib, flops
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.models import pretraining
+from bertfam_jax.models import layers, pretraining
 from bertfam_jax.objectives import distillation
 
 FIELD_RULES = {
@@ -156,10 +156,10 @@ def make_features(config, tokenizer):
 # ------------------------------------------------------------------------------------- the loss
 
 
-def attention_scores(intermediates, path: str, count: int) -> list:
+def attention_scores(sown, path: str, count: int) -> list:
   """The scores sown by layers `0 .. count − 1` of the encoder at `path` of the model ('encoder':
   the student's, 'teacher'): a list of [batch, heads, L, L] float32."""
-  flat = traverse_util.flatten_dict(intermediates, sep="/")
+  flat = traverse_util.flatten_dict(sown, sep="/")
   return [flat[f"{path}/layer_{i}/attention/scores"][0] for i in range(count)]
 
 
@@ -188,11 +188,11 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
   segment_ids = batch.get("segment_ids", jnp.zeros_like(batch["input_ids"]))
   out, state = model.apply(params, batch["input_ids"], batch["input_mask"], segment_ids,
                            deterministic=deterministic, rngs={"dropout": rng},
-                           mutable=["intermediates"])
+                           mutable=[layers.SCORES])
   o = config.objective
   att, rep = layer_losses(
-      attention_scores(state["intermediates"], "encoder", config.model.layers),
-      attention_scores(state["intermediates"], "teacher", o.teacher_model.layers),
+      attention_scores(state[layers.SCORES], "encoder", config.model.layers),
+      attention_scores(state[layers.SCORES], "teacher", o.teacher_model.layers),
       out["student_layers"], out["teacher_layers"], batch["input_mask"], layer_map(config))
   one = jnp.ones([], jnp.float32)
   return att + rep, {"att_loss": (att, one), "rep_loss": (rep, one)}

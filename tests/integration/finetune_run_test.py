@@ -256,6 +256,14 @@ def test_q8bert_fine_tunes_quantized_and_scores_the_integer_path(pretrained, tmp
   with pytest.raises(ConfigError, match="finetune.quantize='int4'"):
     finetune_run.run(small("wordnet_supersense", pretrained, finetune__quantize="int4"),
                      str(tmp_path / "bad"))
+  accumulating = small("wordnet_supersense", pretrained, finetune__quantize="qat")
+  accumulating.train.grad_accum_steps = 2
+  with pytest.raises(ConfigError, match="grad_accum_steps=1"):
+    finetune_run.run(accumulating, str(tmp_path / "accumulating"))
+  assert not os.path.exists(tmp_path / "accumulating")
+  # Head pruning reads the ranges too (its importance is the quantized loss's gradient).
+  finetune_run.run(small("wordnet_supersense", pretrained, finetune__quantize="qat",
+                         finetune__prune_heads=0.5), str(tmp_path / "pruned"))
 
 
 def test_errors_name_the_fix(pretrained, tmp_path):

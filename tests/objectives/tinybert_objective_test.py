@@ -12,7 +12,7 @@ import pytest
 from bertfam_jax import config_lib as cl
 from bertfam_jax import objectives
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.models import encoder, pretraining
+from bertfam_jax.models import encoder, layers, pretraining
 from bertfam_jax.objectives import tinybert
 from helpers import tiny
 
@@ -101,16 +101,16 @@ def test_sowing_scores_leaves_the_encoder_output_unchanged(attention_dropout):
   model = encoder.Encoder(c)
   ids, mask = _ids()
   variables = model.init(jax.random.key(0), ids, mask, deterministic=True)
-  assert "intermediates" not in variables
+  assert layers.SCORES not in variables
   plain = model.apply(variables, ids, mask, deterministic=True)
-  sown, state = model.apply(variables, ids, mask, deterministic=True, mutable=["intermediates"])
+  sown, state = model.apply(variables, ids, mask, deterministic=True, mutable=[layers.SCORES])
   np.testing.assert_allclose(sown, plain, rtol=1e-5, atol=1e-6)
-  scores = [state["intermediates"][f"layer_{i}"]["attention"]["scores"][0]
+  scores = [state[layers.SCORES][f"layer_{i}"]["attention"]["scores"][0]
             for i in range(c.layers)]
   assert [s.shape for s in scores] == [(2, 4, tiny.LENGTH, tiny.LENGTH)] * 2
-  _, layers = model.apply(variables, ids, mask, deterministic=True, return_all_layers=True)
+  _, all_layers = model.apply(variables, ids, mask, deterministic=True, return_all_layers=True)
   attention = jax.tree.map(np.asarray, nn.meta.unbox(variables["params"])["layer_0"]["attention"])
-  x = np.asarray(layers[0])
+  x = np.asarray(all_layers[0])
   q = np.einsum("bld,dnh->blnh", x, attention["query"]["kernel"]) + attention["query"]["bias"]
   k = np.einsum("bld,dnh->blnh", x, attention["key"]["kernel"]) + attention["key"]["bias"]
   np.testing.assert_allclose(scores[0], np.einsum("bqnh,bknh->bnqk", q, k) / np.sqrt(8),
