@@ -14,8 +14,8 @@ share at small scales, so there half the depth costs ~0.65 M and a decoder-only 
 the `cpu` scale L = 2 (t5_objectives' mini T5), so "6 layers" (the paper's half of 12) is one
 layer per stack.
 
-  # The denoising half and the floor × 3 seeds on a 2-core CPU (seeds 0-1 took 2 h 12 min on a
-  # CPU shared with other jobs, 1-24 min per run, the prefix LM the longest: its decoding
+  # The denoising half and the floor × 3 seeds on a 2-core CPU (2 h 50 min in all on a CPU
+  # shared with other jobs, 1-24 min per run, the prefix LM the longest: its decoding
   # recomputes the row; experiments/results/t5_architectures/cpu):
   python -m experiments.t5_architectures --scale=cpu
   # Every row, one seed, on its own machine:
