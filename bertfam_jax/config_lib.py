@@ -838,8 +838,9 @@ def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
   """A lower bound on the memory one training step needs, from the config alone: 4-byte
   parameters and their gradients for the embedding tables and the feed-forward matrices (every
   family has both; attention and the rest come on top), and one hidden state per token of a
-  micro-batch per layer, in the compute dtype, kept for the backward pass. Python integers, so
-  that absurd sizes do not overflow.
+  micro-batch per layer, in the compute dtype, kept for the backward pass; a distillation
+  teacher's (`objective.teacher_model`) tables and feed-forward matrices once more, at 4 bytes.
+  Python integers, so that absurd sizes do not overflow.
   `train.run` refuses a config whose floor exceeds the devices' memory (a hidden size of 10^9
   would otherwise fail deep inside XLA)."""
   m = c.model
@@ -851,15 +852,24 @@ def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
     stacks = [(m.layers, inputs), (m.decoder_layers, targets)]
   else:   # one decoder stack over the inputs and targets concatenated (objectives/t5.py)
     stacks = [(m.decoder_layers, inputs + targets)]
-  # ALBERT: tables embedding_size wide, one feed-forward block per group of shared layers.
-  tables = (m.vocab_size + m.get("max_positions", 0)) * (m.get("embedding_size", 0) or m.hidden)
-  own_ffns = (m.hidden_groups if m.get("share_layers", "none") in ("all", "ffn")
-              else sum(layers for layers, _ in stacks))
-  params = tables + own_ffns * 2 * m.hidden * m.mlp
   micro_batch = c.train.batch_size // c.train.grad_accum_steps
   activation_bytes = 4 if m.get("dtype", "float32") == "float32" else 2
   activations = sum(layers * length for layers, length in stacks) * micro_batch * m.hidden
-  return 8 * params + activation_bytes * activations
+  floor = 8 * _floor_params(m, sum(layers for layers, _ in stacks)) + (
+      activation_bytes * activations)
+  teacher = c.get("objective", {}).get("teacher_model")
+  if teacher is not None:   # a distillation teacher: 4-byte parameters, no gradient, forward only
+    floor += 4 * _floor_params(teacher, teacher.layers)
+  return floor
+
+
+def _floor_params(m: ml_collections.ConfigDict, layers: int) -> int:
+  """The embedding tables and feed-forward matrices of the model section `m` with `layers`
+  layers (ALBERT: tables embedding_size wide, one feed-forward block per group of shared
+  layers)."""
+  tables = (m.vocab_size + m.get("max_positions", 0)) * (m.get("embedding_size", 0) or m.hidden)
+  own_ffns = (m.hidden_groups if m.get("share_layers", "none") in ("all", "ffn") else layers)
+  return tables + own_ffns * 2 * m.hidden * m.mlp
 
 
 def _validate_attention(m: ml_collections.ConfigDict) -> None:

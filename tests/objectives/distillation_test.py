@@ -224,3 +224,14 @@ def test_refusals_name_the_field(change, message):
     (c.objective.teacher_model if section == "teacher" else c[section]).update(values)
   with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
     objectives.validate(c)
+
+
+def test_the_memory_floor_counts_the_teacher():
+  """A distillation config's floor adds the teacher's tables and feed-forward matrices at 4
+  bytes each (no gradient, no kept activations); the same config without a teacher has none."""
+  c = config(teacher_layers=4, layers=2)
+  t = c.objective.teacher_model
+  without = ml_collections.ConfigDict(c.to_dict())
+  del without.objective["teacher_model"]
+  teacher = (t.vocab_size + t.max_positions) * t.hidden + 4 * 2 * t.hidden * t.mlp
+  assert cl.memory_floor_bytes(c) - cl.memory_floor_bytes(without) == 4 * teacher
