@@ -89,18 +89,38 @@ def _without_abandoned_reads(unraisablehook):
   return hook
 
 
+class _AbandonedTaskFilter(std_logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" for orbax's own tasks: the other face
+  of `_without_abandoned_reads`, when an abandoned read is a Task that the event loop's exception
+  handler logs (with a traceback) as it is collected, instead of a bare coroutine."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.startswith("Task exception was never retrieved")
+                and f"{os.sep}orbax{os.sep}" in message)
+
+
+_ABANDONED_TASKS = _AbandonedTaskFilter()
+
+
 @contextlib.contextmanager
 def _one_report_per_failed_read():
-  """Runs a restore under `_without_abandoned_reads` and `_without_closed_loop_errors`. If the
-  restore fails, the filter stays for the rest of the process: the reads it abandoned fail and are
-  collected at any later point, up to interpreter exit, and TensorStore completes some after
-  orbax closed its event loop. The failure itself is raised once, as a ConfigError."""
+  """Runs a restore under `_without_abandoned_reads` and `_without_closed_loop_errors` (the
+  unraisable hook) and `_ABANDONED_TASKS` (asyncio's logger). If the restore fails, the filters
+  stay for the rest of the process: the reads it abandoned fail and are collected at any later
+  point, up to interpreter exit, and TensorStore completes some after orbax closed its event
+  loop. The failure itself is raised once, as a ConfigError."""
   hook = sys.unraisablehook
   if not getattr(hook, "quiets_failed_reads", False):
     sys.unraisablehook = _without_closed_loop_errors(_without_abandoned_reads(hook))
     sys.unraisablehook.quiets_failed_reads = True
+  asyncio_logger = std_logging.getLogger("asyncio")
+  filtered = _ABANDONED_TASKS in asyncio_logger.filters
+  asyncio_logger.addFilter(_ABANDONED_TASKS)
   yield
   sys.unraisablehook = hook  # not reached when the restore raised
+  if not filtered:
+    asyncio_logger.removeFilter(_ABANDONED_TASKS)
 
 
 class Checkpointer:
