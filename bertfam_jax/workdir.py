@@ -294,6 +294,16 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(saved)
 
 
+def teacher_sections(workdir: str) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict]:
+  """(model, tokenizer) sections of the run in `workdir`, the tokenizer's `model_path` where the
+  workdir keeps it: what a distillation config (configs/distilbert.py, tinybert.py) takes from
+  its teacher."""
+  saved = read_config(workdir)
+  tokenizer = saved.tokenizer
+  tokenizer.model_path = tokenizer_location(saved, workdir)
+  return saved.model, tokenizer
+
+
 def tokenizer_location(config, workdir: str, tokenizer_path: str = "") -> str:
   """Where the tokenizer of the run in `workdir` is: `tokenizer_path`, else the copy the workdir
   holds (tokenizer.model, or tokenizer/ for a transformers tokenizer), else, for workdirs written

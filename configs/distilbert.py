@@ -38,10 +38,7 @@ def get_config(arg=None):
   arg = cl.parse_arg(arg, teacher="")
   config = cl.base_config()
   if arg.teacher:
-    saved = workdir_lib.read_config(arg.teacher)
-    teacher_model = saved.model
-    config.tokenizer = saved.tokenizer
-    config.tokenizer.model_path = workdir_lib.tokenizer_location(saved, arg.teacher)
+    teacher_model, config.tokenizer = workdir_lib.teacher_sections(arg.teacher)
   else:
     teacher_model = cl.encoder("base")
   config.model = ml_collections.ConfigDict(teacher_model.to_dict())

@@ -80,24 +80,34 @@ STUDENT_COMPUTE = ("dropout", "attention_dropout", "dropout_bits", "dtype", "rem
 _STUDENT_OWN = ("layers", "type_vocab_size") + STUDENT_COMPUTE
 
 
+def check_student(student, teacher, *, own: tuple[str, ...], names: tuple[str, str],
+                  fields_reason: str, layers_reason: str) -> None:
+  """ConfigError unless the model section `student` can learn from `teacher`'s layers: every
+  field but `own` the teacher's (`fields_reason`: why), both BERT-style encoders with layers of
+  their own, unscanned (`layers_reason`: why), and the student no deeper. `names`: the two
+  sections' config paths, as the messages name them."""
+  for key in sorted(set(student) | set(teacher)):
+    if key not in own and student.get(key) != teacher.get(key):
+      raise ConfigError(f"{names[0]}.{key}={student.get(key)!r} differs from the teacher's "
+                        f"{teacher.get(key)!r}; {fields_reason}, so set "
+                        f"--config.{names[0]}.{key}={teacher.get(key)!r}.")
+  for name, m in zip(names, (student, teacher)):
+    if m.share_layers != "none" or m.scan_layers or m.get("kind", "encoder") != "encoder":
+      raise ConfigError(f"{name}: {layers_reason}, so it needs a BERT-style encoder with layers "
+                        f"of its own, unscanned (share_layers=none, scan_layers=False).")
+  if student.layers > teacher.layers:
+    raise ConfigError(f"{names[0]}.layers={student.layers} exceeds the teacher's "
+                      f"{teacher.layers}; a student has at most its teacher's depth.")
+
+
 def validate(config) -> None:
   """A student that can start from its teacher's layers: the same width, vocabulary and layer
   layout, at most the teacher's depth, and a layer map of one existing teacher layer each."""
   o, s = config.objective, config.model
   t = o.teacher_model
-  for key in sorted(set(s) | set(t)):
-    if key not in _STUDENT_OWN and s.get(key) != t.get(key):
-      raise ConfigError(f"model.{key}={s.get(key)!r} differs from the teacher's {t.get(key)!r}; "
-                        f"a DistilBERT student copies its teacher's layers, so set "
-                        f"--config.model.{key}={t.get(key)!r}.")
-  for name, m in (("model", s), ("objective.teacher_model", t)):
-    if m.share_layers != "none" or m.scan_layers or m.get("kind", "encoder") != "encoder":
-      raise ConfigError(f"{name}: distillation copies layer by layer, so it needs a BERT-style "
-                        f"encoder with layers of its own, unscanned (share_layers=none, "
-                        f"scan_layers=False).")
-  if s.layers > t.layers:
-    raise ConfigError(f"model.layers={s.layers} exceeds the teacher's {t.layers}; a student has "
-                      f"at most its teacher's depth.")
+  check_student(s, t, own=_STUDENT_OWN, names=("model", "objective.teacher_model"),
+                fields_reason="a DistilBERT student copies its teacher's layers",
+                layers_reason="distillation copies layer by layer")
   if s.type_vocab_size:
     raise ConfigError(f"model.type_vocab_size={s.type_vocab_size}: DistilBERT's student has no "
                       f"token types; set --config.model.type_vocab_size=0.")

@@ -95,22 +95,13 @@ def layer_map(config) -> list[int]:
 
 
 def check_student(student, teacher, student_name: str, teacher_name: str) -> None:
-  """ConfigError unless `student` (a model section) can learn `teacher`'s layers: every field but
-  _STUDENT_OWN the teacher's, BERT-style encoders unscanned with layers of their own, and the
-  student no deeper."""
-  for key in sorted(set(student) | set(teacher)):
-    if key not in _STUDENT_OWN and student.get(key) != teacher.get(key):
-      raise ConfigError(f"{student_name}.{key}={student.get(key)!r} differs from the teacher's "
-                        f"{teacher.get(key)!r}; a TinyBERT student reads the teacher's rows and "
-                        f"matches its attention head by head, so set it to {teacher.get(key)!r}.")
-  for name, m in ((student_name, student), (teacher_name, teacher)):
-    if m.share_layers != "none" or m.scan_layers or m.get("kind", "encoder") != "encoder":
-      raise ConfigError(f"{name}: layer distillation reads every layer's attention, so it needs "
-                        f"a BERT-style encoder with layers of its own, unscanned "
-                        f"(share_layers=none, scan_layers=False).")
-  if student.layers > teacher.layers:
-    raise ConfigError(f"{student_name}.layers={student.layers} exceeds the teacher's "
-                      f"{teacher.layers}.")
+  """`distillation.check_student` with TinyBERT's own fields (_STUDENT_OWN): ConfigError unless
+  `student` (a model section) can learn `teacher`'s layers."""
+  distillation.check_student(
+      student, teacher, own=_STUDENT_OWN, names=(student_name, teacher_name),
+      fields_reason="a TinyBERT student reads the teacher's rows and matches its attention head "
+                    "by head",
+      layers_reason="layer distillation reads every layer's attention")
 
 
 def validate(config) -> None:
