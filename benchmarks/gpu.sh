@@ -101,11 +101,13 @@ for stage in "${STAGES[@]}"; do
       JAX_PLATFORMS= JAX_DISABLE_MOST_OPTIMIZATIONS=0 run_stage gpu-tests 120 "$PYTHON" -m pytest \
         -q -n0 -p no:cacheprovider -rs tests/models/encoder_test.py tests/models/t5_model_test.py -k cudnn ;;
     smoke)
-      run_stage smoke 300 "$PYTHON" benchmarks/profile_step.py \
+      # The CPU alone: with libtpu installed (the tpu-aot and test extras) an unset JAX_PLATFORMS
+      # loads its TPU plugin, whose profiler crashes jax.profiler.trace (jax 0.10.2, libtpu 0.0.52).
+      JAX_PLATFORMS=cpu run_stage smoke 300 "$PYTHON" benchmarks/profile_step.py \
         --row=bert-mini-128 --fast_path=false --steps=3 --warmup=1 --trace_steps=1 \
         --variant=model.dropout=0 --trace_dir="$TRACES/bert-mini-128" \
         --output="$OUTDIR/profile-bert-mini-128.json"
-      run_stage smoke 300 "$PYTHON" benchmarks/table.py --rows=bert-mini-128 \
+      JAX_PLATFORMS=cpu run_stage smoke 300 "$PYTHON" benchmarks/table.py --rows=bert-mini-128 \
         --fast_path=false --hf=eager --steps=3 --warmup=1 --output="$OUTDIR/table.jsonl" ;;
     *) echo "error: unknown stage '$stage' (profile-base, profile-large, table, rows=R1,R2, init=ROW, gpu-tests, smoke)"
        exit 2 ;;
