@@ -312,6 +312,8 @@ def _agreement_lines(boot, table, comparison: Comparison, rows) -> list[str]:
   """Kendall τ and Spearman ρ of our means against the paper's matched column, per block of
   ≥ 3 rows run and over all pre-trained rows run (the floor, last by far in the paper, would
   inflate them), with bootstrap intervals."""
+  if not any(c.paper for c in comparison.columns):
+    return []   # no paper column to agree with
   blocks = [(title, [n for n in group if n in rows]) for title, group in comparison.groups]
   blocks = [(t, g) for t, g in blocks if len(g) >= 3] + [
       ("All pre-trained rows run", [n for n in rows if n != comparison.floor])]
