@@ -17,6 +17,8 @@
 #                  (HF=eager picks the HF peers, TABLE_OVERRIDES=a.b=c,... adds overrides)
 #   init=ROW       benchmarks/init_time.py for ROW: where the time to its first step goes
 #                                                                                 (limit 240 s)
+#   flags=ROW      benchmarks/xla_flags_check.py for ROW: do the cuBLASLt, cuDNN LayerNorm and
+#                  Triton GEMM flag sets leave its loss and gradients as they are?  (limit 300 s)
 #   gpu-tests      the tests that need a GPU (cuDNN attention against XLA's, values and
 #                  gradients, BERT's and T5's)                                                   (limit 120 s)
 #   smoke          bert-mini-128 profiled and tabled against HF eager, float32, 3 steps: the
@@ -96,6 +98,9 @@ for stage in "${STAGES[@]}"; do
     init=*)
       run_stage init 240 "$PYTHON" benchmarks/init_time.py --row="${stage#init=}" \
         --output="$OUTDIR/init.jsonl" ;;
+    flags=*)
+      run_stage flags 300 "$PYTHON" benchmarks/xla_flags_check.py --row="${stage#flags=}" \
+        --output="$OUTDIR/flags.jsonl" ;;
     gpu-tests)
       # JAX_PLATFORMS empty: the GPU where there is one (tests/conftest.py defaults to the CPU).
       JAX_PLATFORMS= JAX_DISABLE_MOST_OPTIMIZATIONS=0 run_stage gpu-tests 120 "$PYTHON" -m pytest \
@@ -109,7 +114,7 @@ for stage in "${STAGES[@]}"; do
         --output="$OUTDIR/profile-bert-mini-128.json"
       JAX_PLATFORMS=cpu run_stage smoke 300 "$PYTHON" benchmarks/table.py --rows=bert-mini-128 \
         --fast_path=false --hf=eager --steps=3 --warmup=1 --output="$OUTDIR/table.jsonl" ;;
-    *) echo "error: unknown stage '$stage' (profile-base, profile-large, table, rows=R1,R2, init=ROW, gpu-tests, smoke)"
+    *) echo "error: unknown stage '$stage' (profile-base, profile-large, table, rows=R1,R2, init=ROW, flags=ROW, gpu-tests, smoke)"
        exit 2 ;;
   esac
 done
