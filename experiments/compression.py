@@ -286,7 +286,7 @@ COMPARISON = report.Comparison(
     columns=COLUMNS, primary_key=f"{SUPERSENSE}/accuracy", paper={}, paper_columns=(),
     paper_source="no paper measures these methods side by side on one teacher; each paper's "
                  "own claim is in docs/compression.md",
-    row_label="Method")
+    row_label="Method", floor_rows=(BASELINE,))
 
 
 def constant_scores(scale: dict) -> dict[str, float]:

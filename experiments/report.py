@@ -72,6 +72,10 @@ class Comparison:
   paper_columns: Sequence[str]
   paper_source: str
   row_label: str = "Objective"                     # what a row is, the tables' first header
+  # The rows the scale's validity asks to be above the floor (None: every row but the floor).
+  # A compression comparison asks it of its teacher alone: a compressed row at the floor is a
+  # result about that method, not a scale too small to measure anything.
+  floor_rows: Sequence[str] | None = None
 
   @property
   def primary(self) -> Column:
@@ -147,7 +151,8 @@ def floor_check(table: Mapping[str, dict], comparison: Comparison,
   if comparison.floor not in table:
     return False, ["The floor was not run: no row can be ranked (EXPERIMENTS.md §1)."]
   pretrained = [r for r in table if r != comparison.floor]
-  lines, valid = [], bool(pretrained)
+  checked = [r for r in pretrained if comparison.floor_rows is None or r in comparison.floor_rows]
+  lines, valid = [], bool(checked)
   for column in comparison.columns:
     floor_mean, floor_half = table[comparison.floor][column.key]
     overlapping = []
@@ -157,7 +162,7 @@ def floor_check(table: Mapping[str, dict], comparison: Comparison,
                                   + np.nan_to_num(floor_half, nan=np.inf)):
         overlapping.append(name)
     if column.key == comparison.primary_key:
-      valid = valid and not overlapping
+      valid = valid and not set(overlapping) & set(checked)
     verdict = ("every pre-trained row better, intervals apart" if not overlapping else
                f"not separated from the floor: {', '.join(overlapping)}")
     constant = constant_output(constants or {}, column)
@@ -205,6 +210,10 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
   rows = list(table)
   seeds = sorted({r["seed"] for r in results})
   valid, floor_lines = floor_check(table, comparison, constants)
+  subject = (("every pre-trained row is", "some pre-trained row is")
+             if comparison.floor_rows is None else
+             (2 * (f"{' and '.join(comparison.floor_rows)} (the rows the scale must separate "
+                   "from the floor; the others may fall to it) is",)))
   lines = [f"# {comparison.title}", "", setup, "",
            f"Rows × seeds: {len(results)} runs, seeds {seeds}. Cells: mean ± 95% t-interval "
            "over seeds, conditional on the evaluation examples (scores ×100; log-lik: the gold "
@@ -214,9 +223,9 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
            "each row with its seed error added (`experiments/stats.py`: wider than the "
            "t-intervals, which hold the examples fixed).", "",
            "## The floor", "",
-           ("**Valid:** every pre-trained row is above the floor on the primary metric "
+           (f"**Valid:** {subject[0]} above the floor on the primary metric "
             f"({comparison.primary.label}) with non-overlapping 95% intervals." if valid else
-            "**Not valid at this scale:** some pre-trained row is not above the floor on the "
+            f"**Not valid at this scale:** {subject[1]} not above the floor on the "
             f"primary metric ({comparison.primary.label}) with non-overlapping 95% intervals; "
             "the rankings below rank noise where they rank those rows."), "",
            *floor_lines,

@@ -82,7 +82,9 @@ def _fake_results():
   results = []
   for seed in range(3):
     for i, (name, _) in enumerate(compression.ROWS):
-      correct = (rng.random(50) < 0.5 - 0.03 * i).astype(float).tolist()
+      # 50 examples: the teacher and most rows far above the floor, the last compressed row on it.
+      right = {len(compression.ROWS) - 2: 11, len(compression.ROWS) - 1: 10}.get(i, 30 - i) + seed
+      correct = [1.0] * right + [0.0] * (50 - right)
       nll = rng.uniform(1, 3, 50).round(3).tolist()
       tagged = rng.random(40).tolist()
       results.append(dict(
@@ -110,6 +112,9 @@ def test_report_has_the_size_table_and_the_pareto_plot(tmp_path, monkeypatch):
   line = next(l for l in size_lines if l.startswith(f"| {second} |"))
   assert line.split(" | ")[4:7] == [f"{4000 / 3700:.2f}", "2.00", "0.50"]
   assert "Rank agreement" not in text and "## Differences against BERT (teacher)" in text
+  # The scale is valid when the teacher clears the floor, whatever the compressed rows do.
+  assert f"**Valid:** {compression.BASELINE} (the rows" in text
+  assert "not separated from the floor: " in text
   assert os.path.getsize(tmp_path / "plot.png") > 0 and os.path.getsize(tmp_path / "scores.png")
   meta = json.loads((tmp_path / "meta.json").read_text())
   assert meta["evaluation_examples"] == {"wordnet_supersense": 50, "wordnet_tagging": 40}
