@@ -111,8 +111,7 @@ def run_cell(cell: dict, npz: str) -> None:
 
 def spawn(cell: dict, xla_flags: str) -> dict:
   """`run_cell` in a child process with XLA_FLAGS set: {'loss', 'grads'} or {'error'}."""
-  env = dict(os.environ, XLA_FLAGS=xla_flags,
-             PYTHONPATH=os.pathsep.join(filter(None, [_REPO, _HERE, os.environ.get("PYTHONPATH")])))
+  env = table.child_env("ours", xla_flags)
   with tempfile.TemporaryDirectory() as tmp:
     npz = os.path.join(tmp, "out.npz")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), f"--cell={json.dumps(cell)}",
@@ -147,19 +146,14 @@ def compare(reference: dict, default: dict, flagged: dict, tolerance: float) -> 
   missing = sorted(set(reference["grads"]) ^ set(flagged["grads"]))
   items += [(name, flagged["grads"][name], default["grads"][name], g)
             for name, g in sorted(reference["grads"].items()) if name not in missing]
-  failures, worst, worst_key = [], ("", 0.0, 0.0), -1.0
-  for name, ours, theirs, ref in items:
-    allowance = max(1.5 * distance(theirs, ref), tolerance)
-    d = distance(ours, ref)
-    if not d <= allowance:   # NaN fails
-      failures.append((name, d, allowance))
-    key = float("inf") if np.isnan(d) else d   # a NaN leaf is the worst
-    if name != "loss" and key > worst_key:
-      worst, worst_key = (name, d, allowance), key
-  failures += [(name, float("nan"), 0.0) for name in missing]
-  loss_d = distance(flagged["loss"], reference["loss"])
-  return dict(ok=not failures, loss_distance=loss_d,
-              loss_allowance=max(1.5 * distance(default["loss"], reference["loss"]), tolerance),
+  checked = [(name, distance(ours, ref), max(1.5 * distance(theirs, ref), tolerance))
+             for name, ours, theirs, ref in items]
+  failures = [(name, d, allowance) for name, d, allowance in checked if not d <= allowance]
+  failures += [(name, float("nan"), 0.0) for name in missing]   # NaN fails, as above
+  worst = max(checked[1:], default=("", 0.0, 0.0),   # a NaN leaf is the worst
+              key=lambda c: float("inf") if np.isnan(c[1]) else c[1])
+  _, loss_distance, loss_allowance = checked[0]
+  return dict(ok=not failures, loss_distance=loss_distance, loss_allowance=loss_allowance,
               worst_leaf=worst[0], worst_distance=worst[1], worst_allowance=worst[2],
               failures=failures)
 

@@ -99,11 +99,7 @@ SCALES = {
 def teacher_config(scale: dict):
   """configs/bert.py:runlocal with WordNet's training glosses added to its data."""
   config = config_lib.load_config(os.path.join(REPO, "configs", "bert.py"), "runlocal")
-  config.data.wordnet_glosses = True
-  steps = scale["teacher_steps"]
-  config.train.update(total_steps=steps, checkpoint_every=steps, eval_every=steps // 4)
-  config_lib.apply_overrides(config, scale.get("config_overrides", ()))
-  return config
+  return _on_glosses(config, scale["teacher_steps"], 4, scale)
 
 
 def student_config(kind: str, teacher_dir: str, scale: dict):
@@ -111,10 +107,16 @@ def student_config(kind: str, teacher_dir: str, scale: dict):
   scale's steps (warm-up a tenth of them)."""
   config = config_lib.load_config(os.path.join(REPO, "configs", f"{kind}.py"),
                                   f"runlocal,teacher={teacher_dir}")
+  config.optimizer.warmup_steps = scale["student_steps"] // 10
+  return _on_glosses(config, scale["student_steps"], 2, scale)
+
+
+def _on_glosses(config, steps: int, evaluations: int, scale: dict):
+  """`config` on the embedded sample and WordNet's training glosses for `steps` steps,
+  evaluated `evaluations` times, checkpointed at the end, with the scale's overrides last."""
   config.data.wordnet_glosses = True
-  steps = scale["student_steps"]
-  config.train.update(total_steps=steps, checkpoint_every=steps, eval_every=steps // 2)
-  config.optimizer.warmup_steps = steps // 10
+  config.train.update(total_steps=steps, checkpoint_every=steps,
+                      eval_every=steps // evaluations)
   config_lib.apply_overrides(config, scale.get("config_overrides", ()))
   return config
 

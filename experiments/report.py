@@ -151,7 +151,8 @@ def floor_check(table: Mapping[str, dict], comparison: Comparison,
   if comparison.floor not in table:
     return False, ["The floor was not run: no row can be ranked (EXPERIMENTS.md §1)."]
   pretrained = [r for r in table if r != comparison.floor]
-  checked = [r for r in pretrained if comparison.floor_rows is None or r in comparison.floor_rows]
+  checked = [r for r in pretrained
+             if comparison.floor_rows is None or r in comparison.floor_rows]
   lines, valid = [], bool(checked)
   for column in comparison.columns:
     floor_mean, floor_half = table[comparison.floor][column.key]
@@ -210,10 +211,12 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
   rows = list(table)
   seeds = sorted({r["seed"] for r in results})
   valid, floor_lines = floor_check(table, comparison, constants)
-  subject = (("every pre-trained row is", "some pre-trained row is")
-             if comparison.floor_rows is None else
-             (2 * (f"{' and '.join(comparison.floor_rows)} (the rows the scale must separate "
-                   "from the floor; the others may fall to it) is",)))
+  if comparison.floor_rows is None:
+    subject = ("every pre-trained row is", "some pre-trained row is")
+  else:
+    checked = (f"{' and '.join(comparison.floor_rows)} (the rows the scale must separate from "
+               "the floor; the others may fall to it) is")
+    subject = (checked, checked)
   lines = [f"# {comparison.title}", "", setup, "",
            f"Rows × seeds: {len(results)} runs, seeds {seeds}. Cells: mean ± 95% t-interval "
            "over seeds, conditional on the evaluation examples (scores ×100; log-lik: the gold "
