@@ -15,10 +15,14 @@
 #                  (limit 1,800 s: split it with rows=...)
 #   rows=R1,R2     benchmarks/table.py for the named rows                         (limit 540 s)
 #                  (HF=eager picks the HF peers, TABLE_OVERRIDES=a.b=c,... adds overrides)
+#   ab=ROW         benchmarks/table.py --variants for ROW: its step as is, under each of $VARIANTS
+#                  (default: AB_VARIANTS below, the issue-23 options one by one, then together),
+#                  and as is again; tokens/s over the first cell's, 40 timed steps   (limit 400 s)
 #   init=ROW       benchmarks/init_time.py for ROW: where the time to its first step goes
 #                                                                                 (limit 240 s)
-#   flags=ROW      benchmarks/xla_flags_check.py for ROW: do the cuBLASLt, cuDNN LayerNorm and
-#                  Triton GEMM flag sets leave its loss and gradients as they are?  (limit 300 s)
+#   flags=ROW      benchmarks/xla_flags_check.py for ROW at batch $FLAGS_BATCH (default 8): do
+#                  the cuBLASLt, cuDNN LayerNorm and Triton GEMM flag sets leave its loss and
+#                  gradients as they are?                                          (limit 300 s)
 #   gpu-tests      the tests that need a GPU (cuDNN attention against XLA's, values and
 #                  gradients, BERT's and T5's)                                                   (limit 120 s)
 #   smoke          bert-mini-128 profiled and tabled against HF eager, float32, 3 steps: the
@@ -70,6 +74,12 @@ run_stage() {  # name default_limit_s command...: the command under the stage's 
   echo "== $name exit $? after $((SECONDS - start)) s"
 }
 
+# Each speed option of issue 23 alone, then all of them, then an XLA flag set.
+AB_VARIANTS="fused-qkv=model.fused_qkv=true;vocab128=model.vocab_multiple=128;\
+bits16=model.dropout_bits=16;rbg=train.rng_impl=rbg;\
+all=model.fused_qkv=true,model.vocab_multiple=128,model.dropout_bits=16,train.rng_impl=rbg;\
+cublaslt=--xla_gpu_enable_cublaslt=true"
+
 OVERRIDES=(none=0)
 STAGES=()
 for arg in "$@"; do
@@ -95,12 +105,15 @@ for stage in "${STAGES[@]}"; do
       run_stage rows 540 "$PYTHON" benchmarks/table.py --rows="${stage#rows=}" \
         --hf="${HF-eager,compile}" --overrides="${TABLE_OVERRIDES:-}" \
         --output="$OUTDIR/table.jsonl" ;;
+    ab=*)
+      run_stage ab 400 "$PYTHON" benchmarks/table.py --rows="${stage#ab=}" --hf= --steps=40 \
+        --variants="${VARIANTS:-$AB_VARIANTS}" --output="$OUTDIR/ab.jsonl" ;;
     init=*)
       run_stage init 240 "$PYTHON" benchmarks/init_time.py --row="${stage#init=}" \
         --output="$OUTDIR/init.jsonl" ;;
     flags=*)
       run_stage flags 300 "$PYTHON" benchmarks/xla_flags_check.py --row="${stage#flags=}" \
-        --output="$OUTDIR/flags.jsonl" ;;
+        --batch="${FLAGS_BATCH:-8}" --output="$OUTDIR/flags.jsonl" ;;
     gpu-tests)
       # JAX_PLATFORMS empty: the GPU where there is one (tests/conftest.py defaults to the CPU).
       JAX_PLATFORMS= JAX_DISABLE_MOST_OPTIMIZATIONS=0 run_stage gpu-tests 120 "$PYTHON" -m pytest \
@@ -114,7 +127,7 @@ for stage in "${STAGES[@]}"; do
         --output="$OUTDIR/profile-bert-mini-128.json"
       JAX_PLATFORMS=cpu run_stage smoke 300 "$PYTHON" benchmarks/table.py --rows=bert-mini-128 \
         --fast_path=false --hf=eager --steps=3 --warmup=1 --output="$OUTDIR/table.jsonl" ;;
-    *) echo "error: unknown stage '$stage' (profile-base, profile-large, table, rows=R1,R2, init=ROW, flags=ROW, gpu-tests, smoke)"
+    *) echo "error: unknown stage '$stage' (profile-base, profile-large, table, rows=R1,R2, ab=ROW, init=ROW, flags=ROW, gpu-tests, smoke)"
        exit 2 ;;
   esac
 done

@@ -7,8 +7,9 @@ dropout as the recipe has it). For each row, in separate processes one after ano
 same device (so neither allocator holds memory the other needs, and a crash or OOM stays a cell):
 
   ours            `train_throughput.measure`: the jitted train step of the real model, optimizer
-                  and sharding on a synthetic on-device batch; first step (compile) and 3 warm-up
-                  steps excluded, mean of --steps steps
+                  and sharding on a synthetic on-device batch; the time to the first step (the
+                  state built while the step compiles) and 3 warm-up steps excluded, mean of
+                  --steps steps
   HF eager        the same model in transformers (PyTorch), parameter for parameter,
                   `attn_implementation='sdpa'` ('eager' for XLNet, which has no other), bf16
                   autocast, torch.optim.AdamW (`hf_compare.measure_hf`, same inputs, loss terms
@@ -32,6 +33,11 @@ peak (JAX `peak_bytes_in_use`, torch `max_memory_allocated`). The optimizer is A
 sides (ALBERT's LAMB and T5's Adafactor are swapped for it in those rows so the ratio compares
 models, not optimizers).
 
+--variants measures each row's step under named settings, for A/B ratios on one warm machine:
+'name=a.b=c,d.e=f;name2=--xla_flag=v' runs one `ours` cell per variant (config overrides, or XLA
+flags added to the environment's when the value starts with `--`), the row as is first and again
+last (so the drift between them is seen), and prints each variant's tokens/s over the first run's.
+
 --max_batch finds, for the named rows, the largest global batch that fits, with remat off and
 with `remat_policy=full`: the peak memory measured at the row's batch gives the per-example
 activation bytes above the state, the largest multiple of 8 predicted to fit under the device's
@@ -41,6 +47,8 @@ activation bytes above the state, the largest multiple of 8 predicted to fit und
   python benchmarks/table.py --rows=bert-base-128,bert-base-512 --hf=eager,compile
   python benchmarks/table.py --rows=bert-base-512 --max_batch=bert-base-512 --hf=
   python benchmarks/table.py --rows=bert-mini-128 --fast_path=false --steps=3   # CPU smoke run
+  python benchmarks/table.py --rows=bert-base-512 --hf= --steps=50 \
+      --variants='fused-qkv=model.fused_qkv=true;bits16=model.dropout_bits=16'
 Needs torch and transformers for the HF cells (e.g. `pip install torch==2.13.0 transformers`).
 """
 
@@ -121,7 +129,7 @@ CPU_ROWS = ("bert-mini-128", "t5-mini-128")
 GPU_ROWS = [row.name for row in ROWS if row.name not in CPU_ROWS]
 FAST_PATH = ("model.dtype=bfloat16", "model.attention_impl=cudnn")
 HF_MODES = ("eager", "compile")
-COLUMNS = ("model", "seq", "batch", "ours tokens/s", "MFU", "peak GiB", "first step s",
+COLUMNS = ("model", "seq", "batch", "ours tokens/s", "MFU", "peak GiB", "to first step s",
            "HF eager tokens/s", "ours / HF eager", "HF compiled tokens/s", "ours / HF compiled")
 
 if __name__ == "__main__":
@@ -135,6 +143,8 @@ if __name__ == "__main__":
   _OVERRIDES = flags.DEFINE_list("overrides", [], "Extra section.key=value settings for every "
                                  "row (e.g. model.scan_layers=true).")
   _OUTPUT = flags.DEFINE_string("output", "", "JSONL file; one object per cell is appended.")
+  _VARIANTS = flags.DEFINE_string("variants", "", "name=overrides or name=--xla_flags;...: "
+                                   "each row's A/B cells (module docstring).")
   _XLA_FLAGS = flags.DEFINE_string("xla_flags", None, "XLA_FLAGS for our cells (default: the "
                                    "environment's).")
   # Internal: one cell in a child process.
@@ -280,6 +290,57 @@ def child_env(impl: str, xla_flags: str | None) -> dict:
   return env
 
 
+def parse_variants(text: str) -> dict[str, tuple[list[str], str]]:
+  """'a=x.y=1,z.w=2;b=--xla_f=0' → {'a': (['x.y=1', 'z.w=2'], ''), 'b': ([], '--xla_f=0')}: each
+  variant's config overrides and XLA flags. ValueError on an entry without a name or value."""
+  variants = {}
+  for part in filter(None, (p.strip() for p in text.split(";"))):
+    name, _, value = part.partition("=")
+    value = value.strip()
+    if not name.strip() or not value:
+      raise ValueError(f"--variants entry {part!r}: write name=a.b=c,d.e=f or name=--xla_flag=v.")
+    flags_only = value.startswith("--")
+    variants[name.strip()] = ([] if flags_only else value.split(","), value if flags_only else "")
+  return variants
+
+
+def variant_cells(base: dict, variants: dict[str, tuple[list[str], str]], xla_flags: str | None
+                  ) -> list[tuple[str, dict, dict]]:
+  """(name, cell, child environment) of each A/B cell: the row as is, each variant, the row as
+  is again. A variant's XLA flags follow the run's own (`xla_flags`, else the environment's)."""
+  own = xla_flags if xla_flags is not None else os.environ.get("XLA_FLAGS", "")
+  cells = [("as is", base, child_env("ours", xla_flags))]
+  for name, (overrides, variant_flags) in variants.items():
+    cell = dict(base, extra=list(base["extra"]) + overrides)
+    env_flags = " ".join(filter(None, [own, variant_flags])) if variant_flags else xla_flags
+    cells.append((name, cell, child_env("ours", env_flags)))
+  return cells + [("as is, again", base, child_env("ours", xla_flags))]
+
+
+def variant_line(row: BenchRow, name: str, record: dict, first: dict) -> str:
+  fmt = tt.format_cell
+  mfu, tokens, step = (record.get(k) for k in ("mfu", "tokens_per_s", "step_s"))
+  ratio = (f"{tokens / first['tokens_per_s']:.3f}x"
+           if tokens and first.get("tokens_per_s") else "–")
+  return tt.markdown_line([row.label, name, record.get("error") or fmt(tokens, ",.0f"),
+                           "–" if mfu is None else f"{100 * mfu:.1f}%", fmt(step, ".2f", 1e3),
+                           fmt(record.get("first_step_s"), ".0f"), ratio])
+
+
+def run_variants(row: BenchRow, variants: dict[str, tuple[list[str], str]], write) -> list[str]:
+  """The row's A/B cells (`variant_cells`) one after another; a markdown line per cell."""
+  base = dict(row=row.name, impl="ours", batch=row.batch, steps=_STEPS.value,
+              warmup=_WARMUP.value, fast_path=_FAST.value, extra=list(_OVERRIDES.value))
+  lines, first = [], None
+  for label, cell, env in variant_cells(base, variants, _XLA_FLAGS.value):
+    record = dict(spawn(cell, env), variant=label)
+    write(record)
+    first = first or record
+    lines.append(variant_line(row, label, record, first))
+    print(lines[-1], flush=True)
+  return lines
+
+
 def cell_line(row: BenchRow, ours: dict, hf: dict[str, dict]) -> str:
   fmt = tt.format_cell
 
@@ -363,7 +424,11 @@ def main(argv):
         f"{_WARMUP.value}; fast path {_FAST.value}; XLA_FLAGS "
         f"{_XLA_FLAGS.value if _XLA_FLAGS.value is not None else os.environ.get('XLA_FLAGS', '')!r}",
         flush=True)
-  for name in _ROWS.value:
+  try:
+    variants = parse_variants(_VARIANTS.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  for name in [] if variants else _ROWS.value:  # the A/B cells below replace the table's
     row = ROWS_BY_NAME[name]
     base = dict(row=name, batch=row.batch, steps=_STEPS.value, warmup=_WARMUP.value,
                 fast_path=_FAST.value, extra=list(_OVERRIDES.value))
@@ -375,8 +440,16 @@ def main(argv):
       write(hf[mode])
     lines.append(cell_line(row, ours, hf))
     print(lines[-1], flush=True)
-  print("\n" + tt.markdown_header(COLUMNS))
-  print("\n".join(lines), flush=True)
+  if lines:
+    print("\n" + tt.markdown_header(COLUMNS))
+    print("\n".join(lines), flush=True)
+
+  variant_lines = [line for name in (_ROWS.value if variants else [])
+                   for line in run_variants(ROWS_BY_NAME[name], variants, write)]
+  if variant_lines:
+    print("\n" + tt.markdown_header(("model", "variant", "tokens/s", "MFU", "step ms",
+                                     "to first step s", "/ as is")))
+    print("\n".join(variant_lines), flush=True)
 
   max_lines = []
   for name in _MAX_BATCH.value:

@@ -3,8 +3,8 @@ r"""Throughput and MFU of the jitted train step on the present devices, per batc
 For each --batch_sizes entry the real model, optimizer, sharded state and train step of --config are
 built on the config's mesh, and one synthetic batch of the objective's shapes (random ids, every
 position real, sorted random prediction positions) is made on device, so no data pipeline runs:
-this measures the step alone. The first step (compile + one step) is timed on its own, --warmup more
-steps follow untimed, then --steps steps are dispatched back to back and timed to
+this measures the step alone. The time to the first step (the state built while the step compiles,
+`step.compile_ahead`, then one step) is timed on its own, --warmup more steps follow untimed, then --steps steps are dispatched back to back and timed to
 `block_until_ready`; step time is their mean.
 
 Model FLOPs per token are the objective's `flops_per_token` (for the MLM family
@@ -69,7 +69,7 @@ if __name__ == "__main__":
                                 "appended.")
   flags.mark_flag_as_required("config")
 
-COLUMNS = ("device", "config", "batch", "seq", "dtype", "first step s", "step ms", "tokens/s",
+COLUMNS = ("device", "config", "batch", "seq", "dtype", "to first step s", "step ms", "tokens/s",
            "model TFLOP/s", "MFU", "peak mem GiB", "MFLOP/token")
 
 
@@ -82,8 +82,9 @@ class Result:
   seq_len: int
   dtype: str
   flops_per_token: float
-  setup_s: float | None = None  # state initialisation (its compilation included) and the batch
-  first_step_s: float | None = None
+  setup_s: float | None = None  # the state built and the step compiled, side by side; the batch
+  first_step_s: float | None = None  # from the start of set-up to the end of the first step
+  compiled_step_s: float | None = None  # the first step's call alone (after set-up)
   step_s: float | None = None
   tokens_per_s: float | None = None
   model_tflops_per_s: float | None = None
@@ -298,14 +299,16 @@ def measure(config, mesh, result: Result, *, steps: int, warmup: int):
   batch_size = config.train.batch_size
   start = time.perf_counter()
   state, train_step = step_lib.fresh_train_step(config, mesh,
-                                                objectives.get(config.objective.name))
+                                                objectives.get(config.objective.name),
+                                                abstract_batch(config, batch_size, mesh))
   batch = jax.block_until_ready(synthetic_batch(config, batch_size, mesh))
   jax.block_until_ready(state)
   result.setup_s = time.perf_counter() - start
 
-  start = time.perf_counter()
+  first = time.perf_counter()
   state, metrics = jax.block_until_ready(train_step(state, batch))
   result.first_step_s = time.perf_counter() - start
+  result.compiled_step_s = time.perf_counter() - first
   for _ in range(warmup):
     state, metrics = train_step(state, batch)
   jax.block_until_ready((state, metrics))

@@ -236,11 +236,14 @@ def encoder(size: str, *, sizes=ENCODER_SIZES, **overrides) -> ml_collections.Co
     raise ConfigError(f"Unknown model size {size!r}; choose one of {sorted(sizes)}.")
   m = ml_collections.ConfigDict(dict(
       vocab_size=30522,
+      vocab_multiple=1,        # the word table padded to a multiple of this many rows (128:
+                               # an aligned output matmul; layers.Embedding), 1: unpadded
       max_positions=512,
       type_vocab_size=2,
       dropout=0.1,
       attention_dropout=0.1,   # > 0 uses the explicit softmax path; 0 allows fused/flash kernels
       dropout_bits=32,         # random bits per dropout decision: 32 (flax's draw) | 16 (half)
+      fused_qkv=False,         # Q, K and V as one matmul (same values; layers.project_together)
       layer_norm_eps=1e-12,
       activation="gelu_tanh",  # TF BERT uses the tanh approximation; fairseq/HF use exact 'gelu'
       initializer_range=0.02,
@@ -402,6 +405,7 @@ def t5_model(size: str, version: str = "1.0", **overrides) -> ml_collections.Con
       gated_mlp=v11,
       dropout=0.0 if v11 else 0.1,
       dropout_bits=32,
+      fused_qkv=False,  # self-attention's Q, K and V as one matmul (layers.project_together)
       layer_norm_eps=1e-6,
       relative_buckets=32,
       relative_max_distance=128,
@@ -768,6 +772,7 @@ FIELD_RULES = {
     "model.embedding_size": AT_LEAST_0,
     "model.hidden_groups": AT_LEAST_1,
     "model.adapter_size": AT_LEAST_0,
+    "model.vocab_multiple": AT_LEAST_1,
     "model.relative_buckets": AT_LEAST_1,
     "model.relative_max_distance": AT_LEAST_1,
     "model.mem_len": AT_LEAST_0,

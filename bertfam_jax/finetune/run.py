@@ -63,10 +63,13 @@ LABEL_KEYS = ("label", "labels", "label_weights", "start_position", "end_positio
 
 def model_config(init_model: ml_collections.ConfigDict, ft) -> ml_collections.ConfigDict:
   """The pre-trained `model` section with the fine-tuning changes: adapters when
-  `method='adapters'`."""
+  `method='adapters'`; Q, K and V projected one by one when quantizing (the fused matmul would
+  bypass the projections quantize.py intercepts; the same values either way)."""
   m = ml_collections.ConfigDict(init_model.to_dict())
   if ft.method == "adapters":
     m.adapter_size = ft.adapter_size
+  if ft.get("quantize") and m.get("fused_qkv"):
+    m.fused_qkv = False
   return m
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bertfam_jax.models.layers import padded_rows
 from bertfam_jax.models.encoder import factorized_embedding
 
 # Our Transformer-layer parameters → HF's names inside one layer module.
@@ -93,6 +94,18 @@ def _attention(ours, name, config) -> list[Entry]:
       Entry(ours + ("output", "bias"), f"{name['output']}.bias")]
 
 
+def _vocabulary(config) -> tuple[Callable, Callable]:
+  """(to_ours, to_hf) of the word table: ours has `vocab_multiple`'s padding rows (zeros on
+  import), HF's the `vocab_size` real ones."""
+  rows = config.vocab_size
+  padded = padded_rows(rows, config.get("vocab_multiple", 1))
+
+  def to_ours(table):
+    return np.concatenate([table, np.zeros((padded - rows, table.shape[1]), table.dtype)])
+
+  return to_ours, (lambda table: table[:rows])
+
+
 def _positions(config, offset: int) -> tuple[Callable, Callable]:
   rows = config.max_positions
 
@@ -119,7 +132,8 @@ def encoder_entries(config, *, prefix: str, position_offset: int = 0,
   """
   embeddings = f"{prefix}.embeddings"
   entries = [
-      Entry(("word_embeddings", "embedding"), f"{embeddings}.word_embeddings.weight"),
+      Entry(("word_embeddings", "embedding"), f"{embeddings}.word_embeddings.weight",
+            *_vocabulary(config)),
       Entry(("position_embeddings", "embedding"), f"{embeddings}.position_embeddings.weight",
             *_positions(config, position_offset)),
       Entry(("type_embeddings", "embedding"), f"{embeddings}.token_type_embeddings.weight"),
@@ -338,7 +352,8 @@ def gpt_entries(config, openai: bool) -> list[Entry]:
     layer_{i}/{attention_ln,output_ln}               transformer.h.{i}.{ln_1,ln_2}
     final_ln (pre-LN, GPT-2)                         transformer.ln_f"""
   heads = config.heads
-  entries = [Entry((ours, "embedding"), f"transformer.{names[openai]}.weight")
+  entries = [Entry((ours, "embedding"), f"transformer.{names[openai]}.weight",
+                   *(_vocabulary(config) if ours == "word_embeddings" else ()))
              for ours, names in GPT_NAMES.items()]
   for i in range(config.layers):
     ours, theirs = (f"layer_{i}",), f"transformer.h.{i}"

@@ -109,7 +109,7 @@ class TransformerLayer(nn.Module):
               heads=c.heads, head_dim=c.hidden // c.heads, attention_dropout=c.attention_dropout,
               initializer_range=c.initializer_range, attention_impl=c.attention_impl,
               dtype=dtype, dropout_bits=c.dropout_bits, causal=c.get("causal", False),
-              name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
+              fused_qkv=c.get("fused_qkv", False), name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
           deterministic)
     if self.sublayers != "attention":
       x_BLD = _residual(c, x_BLD, "output_ln", "ffn_adapter", layers.MLP(
@@ -169,7 +169,8 @@ class Encoder(nn.Module):
       width, axis = ((c.embedding_size, "embed_factor") if factorized_embedding(c)
                      else (c.hidden, "embed"))
       self.word_embeddings = layers.Embedding(c.vocab_size, width, c.initializer_range, dtype,
-                                              features_axis=axis)
+                                              features_axis=axis,
+                                              rows_multiple=c.get("vocab_multiple", 1))
       self.position_embeddings = layers.Embedding(c.max_positions, width, c.initializer_range,
                                                   rows_axis="positions", features_axis=axis)
       if c.type_vocab_size:

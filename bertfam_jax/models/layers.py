@@ -60,6 +60,11 @@ class LayerNorm(nn.Module):
 class Embedding(nn.Module):
   """A [vocab, features] table: lookup of ids and, for tied output heads, `attend`.
 
+  `rows_multiple` > 1 pads the table to a multiple of that many rows (`model.vocab_multiple`:
+  128 gives the output matmul an aligned width). The padded rows are never looked up, and
+  `attend` drops their logits, so losses, accuracies and samples see `num_embeddings` classes;
+  they receive no gradient (weight decay alone moves them), and the HF export leaves them out.
+
   Before use the table is constrained to ('vocab', 'act_embed'): under FSDP that all-gathers the
   `embed`-sharded rows first (as FSDP does for every weight), so the gathered activations come
   out batch-sharded instead of forcing the partitioner into a full rematerialisation.
@@ -70,11 +75,12 @@ class Embedding(nn.Module):
   dtype: Dtype = jnp.float32
   rows_axis: str = "vocab"  # logical name of the rows: vocab, positions or types
   features_axis: str | None = "embed"  # 'embed_factor' for ALBERT's factorised tables
+  rows_multiple: int = 1
 
   def setup(self):
     self.embedding = self.param(
         "embedding", param_init(self.initializer_range, (self.rows_axis, self.features_axis)),
-        (self.num_embeddings, self.features), jnp.float32)
+        (padded_rows(self.num_embeddings, self.rows_multiple), self.features), jnp.float32)
 
   def _table(self):
     return nn.with_logical_constraint(self.embedding, (self.rows_axis, "act_embed"))
@@ -84,8 +90,14 @@ class Embedding(nn.Module):
     return jnp.take(self._table(), ids, axis=0)
 
   def attend(self, h):
-    """h [..., features] → [..., vocab] in the compute dtype."""
-    return jnp.einsum("...d,vd->...v", h.astype(self.dtype), self._table().astype(self.dtype))
+    """h [..., features] → [..., vocab] in the compute dtype (the padded rows' logits left out)."""
+    logits = jnp.einsum("...d,vd->...v", h.astype(self.dtype), self._table().astype(self.dtype))
+    return logits[..., :self.num_embeddings]
+
+
+def padded_rows(rows: int, multiple: int) -> int:
+  """`rows` rounded up to a multiple of `multiple` (≥ 1)."""
+  return -(-rows // multiple) * multiple
 
 
 def attention_mask_from_input_mask(input_mask):
@@ -116,6 +128,19 @@ class HeadProjection(nn.Module):
     bias = self.param("bias", zeros_init(self.bias_axes), self.bias_shape, jnp.float32)
     y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
     return y + bias.astype(self.dtype).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
+
+
+def project_together(x_BLD, kernels_DNH, biases_NH=None, dtype: Dtype = jnp.float32):
+  """Several head projections of one input as one matmul (the fused QKV kernel): x [batch,
+  length, embed] with kernels, each [embed, heads, kv] (and biases [heads, kv], or None) → one
+  [batch, length, heads, kv] per kernel, the values of projecting by each alone. The kernels are
+  stacked at use ([embed, 3, heads, kv]), so parameters, checkpoints and the HF mapping keep
+  separate query / key / value tensors, and the backward's weight gradient is one matmul too."""
+  kernel_DCNH = jnp.stack([k.astype(dtype) for k in kernels_DNH], axis=1)
+  y_BLCNH = jnp.einsum("bld,dcnh->blcnh", x_BLD.astype(dtype), kernel_DCNH)
+  if biases_NH is not None:
+    y_BLCNH = y_BLCNH + jnp.stack([b.astype(dtype) for b in biases_NH], axis=0)[None, None]
+  return tuple(y_BLCNH[:, :, i] for i in range(len(kernels_DNH)))
 
 
 class Dropout(nn.Module):
@@ -175,6 +200,7 @@ class SelfAttention(nn.Module):
   dtype: Dtype = jnp.float32
   dropout_bits: int = 32
   causal: bool = False  # query i attends keys j <= i only (GPT); cuDNN's `is_causal`
+  fused_qkv: bool = False  # Q, K and V in one matmul (`project_together`): the same values
 
   @nn.compact
   def __call__(self, x_BLD, mask_B11L, *, deterministic: bool, decode: bool = False):
@@ -188,10 +214,16 @@ class SelfAttention(nn.Module):
     every cached position holds a real token)."""
     embed = x_BLD.shape[-1]
     qkv_shape, qkv_axes = (embed, self.heads, self.head_dim), ("embed", "heads", "kv")
-    project = lambda name: HeadProjection(  # noqa: E731
-        "bld,dnh->blnh", qkv_shape, qkv_axes, (self.heads, self.head_dim), ("heads", "kv"),
-        self.initializer_range, self.dtype, name=name)(x_BLD)
-    q_BLNH, k_BLNH, v_BLNH = project("query"), project("key"), project("value")
+    projections = [HeadProjection("bld,dnh->blnh", qkv_shape, qkv_axes,
+                                  (self.heads, self.head_dim), ("heads", "kv"),
+                                  self.initializer_range, self.dtype, name=name)
+                   for name in ("query", "key", "value")]
+    if self.fused_qkv and not self.is_initializing():  # `init` creates them by calling each
+      weights = [nn.meta.unbox(p.variables["params"]) for p in projections]
+      q_BLNH, k_BLNH, v_BLNH = project_together(
+          x_BLD, [w["kernel"] for w in weights], [w["bias"] for w in weights], self.dtype)
+    else:
+      q_BLNH, k_BLNH, v_BLNH = (p(x_BLD) for p in projections)
     axes = ("batch", "length", "act_heads", "act_kv")
     q_BLNH, k_BLNH, v_BLNH = (nn.with_logical_constraint(t, axes) for t in (q_BLNH, k_BLNH, v_BLNH))
     padding_B11L = mask_B11L

@@ -251,15 +251,19 @@ class Attention(nn.Module):
     dtype = jnp.dtype(c.dtype)
     hidden = x_BQD.shape[-1]
     qkv_axes = ("embed", "heads", "kv")
-    project = lambda name, x, std: jnp.einsum(  # noqa: E731
-        "bld,dnh->blnh", x.astype(dtype),
-        self.param(name, normal_init(std, qkv_axes), (hidden, c.heads, c.head_dim),
-                   jnp.float32).astype(dtype))
+    kernels_DNH = [self.param(name, normal_init(std, qkv_axes), (hidden, c.heads, c.head_dim),
+                              jnp.float32)
+                   for name, std in (("query", (hidden * c.head_dim) ** -0.5),
+                                     ("key", hidden ** -0.5), ("value", hidden ** -0.5))]
+    if c.get("fused_qkv", False) and kv_BKD is x_BQD:  # self-attention: one matmul
+      q_BQNH, k_BKNH, v_BKNH = layers.project_together(x_BQD, kernels_DNH, dtype=dtype)
+    else:
+      q_BQNH, k_BKNH, v_BKNH = (
+          jnp.einsum("bld,dnh->blnh", x.astype(dtype), kernel_DNH.astype(dtype))
+          for x, kernel_DNH in zip((x_BQD, kv_BKD, kv_BKD), kernels_DNH))
     act_axes = ("batch", "length", "act_heads", "act_kv")
-    q_BQNH = nn.with_logical_constraint(
-        project("query", x_BQD, (hidden * c.head_dim) ** -0.5), act_axes)
-    k_BKNH = nn.with_logical_constraint(project("key", kv_BKD, hidden ** -0.5), act_axes)
-    v_BKNH = nn.with_logical_constraint(project("value", kv_BKD, hidden ** -0.5), act_axes)
+    q_BQNH, k_BKNH, v_BKNH = (nn.with_logical_constraint(t, act_axes)
+                              for t in (q_BQNH, k_BKNH, v_BKNH))
     if decode:
       k_BKNH, v_BKNH = self._update_cache(k_BKNH, v_BKNH, cache_index)
     if c.dropout > 0 and not deterministic:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any, Callable, NamedTuple
 
 import flax
@@ -196,15 +197,21 @@ def train_parts(config, mesh, objective) -> TrainParts:
   return TrainParts(model, tx, schedule, inputs, carry, abstract, shardings)
 
 
-def fresh_train_step(config, mesh, objective):
+def fresh_train_step(config, mesh, objective, batch_shapes=None):
   """A fresh sharded `TrainState` (seed `config.seed`) and the jitted train step of `objective`
   (an objectives/ module) on `mesh`: what benchmarks and tests run without data or checkpoints.
-  Returns (state, train_step)."""
+  With `batch_shapes` (the batch's ShapeDtypeStructs) the step is compiled for them while the
+  state is built (`compile_ahead`). Returns (state, train_step)."""
   p = train_parts(config, mesh, objective)
+  train_step = make_train_step(p.model, p.tx, p.schedule, objective.loss_fn, config,
+                               p.shardings, mesh)
+  compiling = (compile_ahead(train_step, p.abstract, batch_shapes, mesh)
+               if batch_shapes is not None else None)
   state = with_mesh_context(init_state, mesh)(p.model, p.tx, p.shardings, config.seed, p.inputs,
                                               p.carry)
-  return state, make_train_step(p.model, p.tx, p.schedule, objective.loss_fn, config,
-                                p.shardings, mesh)
+  if compiling is not None:
+    compiling.result()
+  return state, train_step
 
 
 def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardings, mesh,
@@ -317,6 +324,31 @@ class SeededStep:
 
   def with_seed(self, seed: int) -> "SeededStep":
     return SeededStep(self.jitted, seed, self.impl)
+
+
+def compile_ahead(train_step: SeededStep, abstract_state, abstract_batch, mesh
+                  ) -> concurrent.futures.Future:
+  """Starts compiling `train_step` for the state's and batch's shapes and shardings
+  (ShapeDtypeStructs) in a background thread, so that compiling overlaps building the state;
+  JAX keeps the executable, and the step's first call with arrays of those shapes and shardings
+  runs it without compiling again (tests/train/step_test.py). BERT-large on an H100 spent 10 s
+  building its state, then 28 s compiling its step (docs/results.md). Call `.result()` before the
+  first step: it raises what compiling raised."""
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile_ahead")
+  future = pool.submit(with_mesh_context(
+      lambda: train_step.lower(abstract_state, abstract_batch).compile(), mesh))
+  pool.shutdown(wait=False)
+  return future
+
+
+def abstract_batch(host_batch: dict[str, np.ndarray], mesh, process_count: int = 1
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch's shapes and shardings (`pipeline.make_global_batch`'s) from one process's
+  host batch [local_batch, ...]."""
+  sharding = sharding_lib.batch_sharding(mesh)
+  return {key: jax.ShapeDtypeStruct((value.shape[0] * process_count,) + value.shape[1:],
+                                    value.dtype, sharding=sharding)
+          for key, value in host_batch.items()}
 
 
 def make_eval_step(model, loss_fn: Callable, config, state_shardings, mesh):

@@ -178,6 +178,9 @@ def _train(config, workdir, objective, train_pipe, train_step, evaluators, mesh,
                                              config.train.keep_checkpoints)
   writer = None
   try:
+    # The step compiles while the state is drawn or restored, not after (step.compile_ahead).
+    compiling = step_lib.compile_ahead(train_step, abstract, step_lib.abstract_batch(
+        train_pipe.peek(), mesh, jax.process_count()), mesh)
     state, data_states, resumed_step = with_ctx(_initial_state)(
         config, model, tx, abstract, shardings, checkpointer, inputs, carry)
     if data_states is not None:
@@ -187,6 +190,7 @@ def _train(config, workdir, objective, train_pipe, train_step, evaluators, mesh,
     stop = t.stop_step or t.total_steps  # the schedule spans total_steps whatever the stop
     if int(jax.device_get(state.step)) < stop:
       metrics_lib.print_progress("Compiling the train step (the first step)...")
+    compiling.result()
     _, last = loop_lib.train(
         state, train_step, train_pipe, mesh=mesh, total_steps=stop,
         log_every=t.log_every, checkpoint_every=t.checkpoint_every,

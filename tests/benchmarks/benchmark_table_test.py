@@ -167,3 +167,23 @@ def test_predicted_max_batch():
                 cell=dict(batch=8))
   assert table.predicted_max_batch(record) == 32
   assert table.predicted_max_batch(dict(record, peak_memory_bytes=None)) is None
+
+
+def test_variants_are_the_row_as_is_around_each_setting(monkeypatch):
+  variants = table.parse_variants(
+      "fused=model.fused_qkv=true,model.vocab_multiple=128; lt=--xla_gpu_enable_cublaslt=true")
+  assert variants == {"fused": (["model.fused_qkv=true", "model.vocab_multiple=128"], ""),
+                      "lt": ([], "--xla_gpu_enable_cublaslt=true")}
+  with pytest.raises(ValueError, match="name="):
+    table.parse_variants("fused=")
+  monkeypatch.setenv("XLA_FLAGS", "--own=1")
+  base = dict(row="bert-mini-128", extra=["train.total_steps=9"])
+  cells = table.variant_cells(base, variants, None)
+  assert [name for name, _, _ in cells] == ["as is", "fused", "lt", "as is, again"]
+  assert cells[1][1]["extra"] == ["train.total_steps=9", "model.fused_qkv=true",
+                                  "model.vocab_multiple=128"]
+  assert [env["XLA_FLAGS"] for _, _, env in cells] == [
+      "--own=1", "--own=1", "--own=1 --xla_gpu_enable_cublaslt=true", "--own=1"]
+  # The run's own --xla_flags replace the environment's, the variant's flags follow them.
+  assert table.variant_cells(base, variants, "--run=2")[2][2]["XLA_FLAGS"] == (
+      "--run=2 --xla_gpu_enable_cublaslt=true")

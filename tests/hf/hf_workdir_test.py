@@ -49,7 +49,7 @@ def our_run(tmp_path_factory):
   proto = sp_tokenizers.train_sentencepiece(
       [s for d in docs[:2] for s in sources.split_sentences(d)], 300, "unigram")
   (root / "spm.model").write_bytes(proto)
-  config = run_config(300)
+  config = run_config(300, vocab_multiple=128)  # a 384-row table: the export keeps 300
   config.tokenizer.model_path = str(root / "spm.model")
   workdir = str(root / "workdir")
   os.makedirs(workdir)
@@ -81,6 +81,8 @@ def test_export_of_our_run_reimports_with_our_logits(our_run, tmp_path):
   assert exported.architecture == "BertForPreTraining"
   hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
   assert hf_config["model_type"] == "bert" and hf_config["hidden_act"] == "gelu_new"
+  assert hf_config["vocab_size"] == 300 and params["encoder"]["word_embeddings"][
+      "embedding"].shape == (384, 32)
   assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.safetensors",
                                                  "spiece.model", "tokenizer_config.json"]
   again = hf.from_pretrained(str(tmp_path / "hf"))

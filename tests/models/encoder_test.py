@@ -249,12 +249,14 @@ def test_stacked_tree_is_the_scanned_models_tree(unrolled):
 
 # Every remat policy on the unrolled layers, the scanned layers, and remat inside the scan (the
 # policy reaches both layer classes the same way, so one policy covers that branch).
+# Q, K and V as one matmul (model.fused_qkv) reads the same parameters and gives the same values.
 VARIANTS = [dict(remat_policy="full"), dict(remat_policy="dots"),
             dict(remat_policy="dots_no_batch"), dict(scan_layers=True),
-            dict(scan_layers=True, remat_policy="dots")]
+            dict(scan_layers=True, remat_policy="dots"), dict(fused_qkv=True)]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
+@pytest.mark.parametrize("variant", VARIANTS,
+                         ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()))
 def test_scan_and_remat_match_unrolled(unrolled, variant):
   params, ref_outputs, ref_grads = unrolled
   model = pretraining.MaskedLM(tiny_config(**variant), 2)
@@ -310,6 +312,47 @@ def test_explicit_softmax_path_equals_fused_attention():
   dropped = attention(0.5).apply(variables, x, mask, deterministic=False,
                                  rngs={"dropout": dropout_key(1)})
   assert not np.allclose(dropped, fused, atol=1e-2)  # the explicit path does drop probabilities
+
+
+def test_padded_vocabulary_changes_nothing_but_the_table(unrolled):
+  """model.vocab_multiple=64 pads the 101-row table to 128 rows: with the same real rows the
+  outputs are the unpadded model's (101 logits), and the padding rows get no gradient."""
+  params, ref_outputs, ref_grads = unrolled
+  model = pretraining.MaskedLM(tiny_config(vocab_multiple=64), 2)
+  table = params["encoder"]["word_embeddings"]["embedding"]
+  padding = jnp.asarray(np.random.default_rng(2).normal(size=(128 - VOCAB, table.shape[1])),
+                        table.dtype)
+  padded = jax.tree.map(lambda x: x, params)
+  padded["encoder"]["word_embeddings"]["embedding"] = jnp.concatenate([table, padding])
+  outputs, grads = outputs_and_grads(model, padded, make_inputs(), deterministic=True)
+  assert outputs["mlm_logits"].shape[-1] == VOCAB
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), outputs,
+               ref_outputs)
+  table_grad = grads["encoder"]["word_embeddings"]["embedding"]
+  np.testing.assert_array_equal(table_grad[VOCAB:], 0.0)
+  np.testing.assert_allclose(table_grad[:VOCAB],
+                             ref_grads["encoder"]["word_embeddings"]["embedding"],
+                             rtol=1e-4, atol=1e-5)
+
+
+def test_fused_qkv_is_one_matmul_forward_and_backward():
+  """model.fused_qkv leaves two of the three projection matmuls out of the forward and two of the
+  weight-gradient and two of the input-gradient matmuls out of the backward (6 - 2 = 4 fewer in
+  the gradient's program)."""
+  x = jnp.ones((BATCH, LENGTH, 32), jnp.float32)
+  mask = layers.attention_mask_from_input_mask(make_inputs()["input_mask"])
+
+  def matmuls(fused: bool, backward: bool) -> int:
+    attention = layers.SelfAttention(heads=4, head_dim=8, attention_dropout=0.0,
+                                     initializer_range=0.02, fused_qkv=fused)
+    variables = nn.meta.unbox(attention.init(jax.random.key(0), x, mask, deterministic=True))
+    forward = lambda v, x: jnp.sum(  # noqa: E731
+        attention.apply(v, x, mask, deterministic=True))
+    program = jax.grad(forward, argnums=(0, 1)) if backward else forward
+    return str(jax.make_jaxpr(program)(variables, x)).count("dot_general")
+
+  assert matmuls(False, False) - matmuls(True, False) == 2
+  assert matmuls(False, True) - matmuls(True, True) == 2 + 4
 
 
 # The fused path, and the explicit one with nothing dropped (see above).

@@ -188,6 +188,27 @@ def test_scanned_rematerialised_stack_equals_unrolled(tiny_params):
       t5.T5(tiny_config()).apply(tiny_params, input_ids, decoder_ids, deterministic=True), **TOL)
 
 
+def test_fused_qkv_gives_the_same_logits_and_gradients(tiny_params):
+  """model.fused_qkv: self-attention's Q, K and V as one matmul over the same parameters (the
+  encoder-decoder attention keeps its own projections); logits and every gradient unchanged."""
+  rng = np.random.default_rng(6)
+  input_ids = rng.integers(0, 50, (BATCH, INPUTS)).astype(np.int32)
+  decoder_ids = rng.integers(0, 50, (BATCH, TARGETS)).astype(np.int32)
+  cotangent = rng.normal(size=(BATCH, TARGETS, 50))
+
+  def logits_and_grads(config):
+    def objective(params):
+      logits = t5.T5(config).apply({"params": params}, input_ids, decoder_ids, deterministic=True)
+      return jnp.sum(logits * cotangent), logits
+    return jax.value_and_grad(objective, has_aux=True)(tiny_params["params"])[::-1]
+
+  grads, (_, logits) = logits_and_grads(tiny_config())
+  fused_grads, (_, fused_logits) = logits_and_grads(tiny_config(fused_qkv=True))
+  np.testing.assert_allclose(fused_logits, logits, **TOL)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), fused_grads,
+               grads)
+
+
 def test_init_scales_follow_mesh_tf():
   """N(0, σ²) with σ from HF `_init_weights` / t5x: embedding 1, query (hidden·kv)^-½,
   key/value/wi hidden^-½, out (heads·kv)^-½, wo mlp^-½, untied logits hidden^-½ (t5x);

@@ -242,3 +242,29 @@ def test_state_drawn_on_the_host_equals_the_device_draw(mesh_shape):
     assert a.sharding == b.sharding == sh
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert any(np.asarray(leaf).std() > 0 for leaf in jax.tree.leaves(host.params))
+
+
+def test_step_compiled_ahead_is_not_compiled_again():
+  """step.compile_ahead compiles the train step while the state is built; the first call with
+  the real state and a batch made as the loop makes it (pipeline.make_global_batch) runs that
+  executable: no XLA compilation happens in it, on a sharded mesh too."""
+  from bertfam_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  compiles = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda name, *_, **__: compiles.append(name) if "backend_compile" in name else None)
+  config = tiny_config(data=2, fsdp=2)
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:4])
+  host_batch = random_batch()
+  shapes = step_lib.abstract_batch(host_batch, mesh)
+  state, train_step = step_lib.fresh_train_step(config, mesh, mlm, shapes)
+  batch = pipeline.make_global_batch(host_batch, mesh, sharding.BATCH_SPEC)
+  assert {k: (v.shape, v.dtype, v.sharding) for k, v in batch.items()} == {
+      k: (s.shape, s.dtype, s.sharding) for k, s in shapes.items()}
+  before = len(compiles)
+  state, metrics = jax.block_until_ready(train_step(state, batch))
+  assert compiles[before:] == []
+  # Without it the first call compiles (the listener sees compilations at all).
+  _, fresh_step = step_lib.fresh_train_step(config, mesh, mlm)
+  before = len(compiles)
+  jax.block_until_ready(fresh_step.with_seed(1)(state, batch))
+  assert compiles[before:]
