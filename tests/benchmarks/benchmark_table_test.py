@@ -125,7 +125,8 @@ def test_structbert_has_no_hf_peer():
 
 def test_rows_are_the_recipes_on_the_fast_path():
   bert = table.row_config(table.ROWS_BY_NAME["bert-base-512"], fast_path=True)
-  assert (bert.model.dtype, bert.model.attention_impl) == ("bfloat16", "cudnn")
+  assert (bert.model.dtype, bert.model.attention_impl, bert.model.fused_qkv) == (
+      "bfloat16", "cudnn", True)
   assert (bert.model.attention_dropout, bert.model.dropout) == (0.0, 0.1)  # only attention's off
   assert (bert.data.seq_len, bert.train.batch_size, bert.objective.max_predictions) == (512, 64, 80)
   albert = table.row_config(table.ROWS_BY_NAME["albert-base-512"], fast_path=True)

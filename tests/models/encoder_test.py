@@ -252,7 +252,8 @@ def test_stacked_tree_is_the_scanned_models_tree(unrolled):
 # Q, K and V as one matmul (model.fused_qkv) reads the same parameters and gives the same values.
 VARIANTS = [dict(remat_policy="full"), dict(remat_policy="dots"),
             dict(remat_policy="dots_no_batch"), dict(scan_layers=True),
-            dict(scan_layers=True, remat_policy="dots"), dict(fused_qkv=True)]
+            dict(scan_layers=True, remat_policy="dots"), dict(fused_qkv=True),
+            dict(scan_layers=True, fused_qkv=True)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS,
