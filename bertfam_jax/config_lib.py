@@ -482,6 +482,44 @@ def gpt_adam(**overrides) -> ml_collections.ConfigDict:
   return o
 
 
+# ELMo's biLMs as allennlp released them (the options files' names: LSTM layers x cells,
+# projection, CNN filters, highway layers); 'original' is the paper's.
+ELMO_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))  # 2,048
+ELMO_SIZES = {
+    "original": dict(lstm_cells=4096, projection_dim=512, highway_layers=2),  # 2x4096_512_..2x
+    "medium": dict(lstm_cells=2048, projection_dim=256, highway_layers=1),    # 2x2048_256_..1x
+    "small": dict(lstm_cells=1024, projection_dim=128, highway_layers=1),     # 2x1024_128_..1x
+}
+
+
+def elmo_model(size: str, **overrides) -> ml_collections.ConfigDict:
+  """ELMo's biLM (models/elmo.py; bilm-tf's options for the released models, spec §8): character
+  CNN over 16-dim embeddings of ≤ 50 characters (261 ids), filters ELMO_FILTERS with ReLU,
+  highway layers, projection; 2 LSTM layers per direction with projection, cell and projection
+  clipped at 3, skip connections; dropout 0.1; the softmax over the 1B Word Benchmark's 793,471
+  words."""
+  if size not in ELMO_SIZES:
+    raise ConfigError(f"Unknown ELMo size {size!r}; choose one of {sorted(ELMO_SIZES)}.")
+  m = ml_collections.ConfigDict(dict(
+      kind="elmo",
+      vocab_size=793471,
+      max_characters=50,
+      char_embedding_dim=16,
+      char_activation="relu",
+      char_filters=ELMO_FILTERS,
+      lstm_layers=2,
+      cell_clip=3.0,
+      proj_clip=3.0,
+      skip_connections=True,
+      dropout=0.1,
+      dropout_bits=32,
+      dtype="float32",
+  ))
+  m.update(ELMO_SIZES[size])
+  m.update(overrides)
+  return m
+
+
 def xlnet_model(size: str, **overrides) -> ml_collections.ConfigDict:
   """XLNet's Transformer-XL (models/xlnet.py; zihangdai/xlnet modeling.py, spec §6.4): relative
   positions (sinusoidal, r_w / r_r biases), relative segments (r_s, seg_embed), untied per-layer
@@ -587,6 +625,17 @@ def albert_lamb(**overrides) -> ml_collections.ConfigDict:
   return o
 
 
+def elmo_adagrad(**overrides) -> ml_collections.ConfigDict:
+  """bilm-tf's optimizer (training.py `train`): TF's Adagrad at a constant 0.2 with every
+  accumulator starting at 1.0, after clipping the gradients' global norm at 10
+  (`all_clip_norm_val`); no weight decay."""
+  o = ml_collections.ConfigDict(dict(
+      name="adagrad", peak_lr=0.2, initial_accumulator=1.0, clip_norm=10.0, weight_decay=0.0,
+      schedule="constant", warmup_steps=0, end_lr=0.0))
+  o.update(overrides)
+  return o
+
+
 def fairseq_adam(**overrides) -> ml_collections.ConfigDict:
   """fairseq's Adam (fairseq/optim/adam.py) with polynomial_decay: bias-corrected, decoupled decay
   on every parameter, warmup then linear to `end_lr` over the remaining steps."""
@@ -626,6 +675,10 @@ def mask_budget(seq_len: int, mask_rate: float) -> int:
   return max(1, round(seq_len * mask_rate))
 
 
+# Model kinds other than the BERT-family encoder, each trained by the objective of its name.
+OWN_MODELS = ("t5", "xlnet", "elmo")
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the fix for configurations that cannot run: the sections every
   run has (data, model, optimizer, train, mesh). The objective's own fields are its module's
@@ -633,21 +686,22 @@ def validate(c: ml_collections.ConfigDict) -> None:
   d, m, t = c.data, c.model, c.train
   check_fields(c, FIELD_RULES)
   validate_tracking(t)
-  if m.get("kind") in ("t5", "xlnet") and c.objective.get("name") != m.kind:
+  if m.get("kind") in OWN_MODELS and c.objective.get("name") != m.kind:
     raise ConfigError(f"model.kind={m.kind!r} trains with objective.name={m.kind!r}, not "
                       f"{c.objective.get('name')!r}.")
   if m.get("causal", False) != (c.objective.get("name") == "causal_lm"):
     raise ConfigError(f"model.causal={m.get('causal', False)} with objective.name="
                       f"{c.objective.get('name')!r}: causal attention is the causal_lm objective's "
                       "(configs/gpt.py) and only its.")
-  if m.get("kind") not in ("t5", "xlnet") and d.seq_len > m.max_positions:
+  if m.get("kind") not in OWN_MODELS and d.seq_len > m.max_positions:
     raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_positions={m.max_positions}; "
                       f"lower --config.data.seq_len or raise --config.model.max_positions.")
-  if m.get("kind") not in ("t5", "xlnet"):
+  if m.get("kind") not in OWN_MODELS:
     if m.hidden % m.heads:
       raise ConfigError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}.")
     _validate_model(m)
-  _validate_attention(m)
+  if m.get("kind") != "elmo":   # no attention
+    _validate_attention(m)
   if d.source == "text" and not d.text_files:
     raise ConfigError("data.source='text' needs --config.data.text_files=PATH[,PATH...] (globs allowed).")
   if d.source == "tfds" and d.get("wordnet_glosses", False):
@@ -682,7 +736,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("", "xla", "cudnn")
 DROPOUT_BITS = (32, 16)
-OPTIMIZERS = ("adamw", "lamb", "adafactor")
+OPTIMIZERS = ("adamw", "lamb", "adafactor", "adagrad")
 SHARE_LAYERS = ("none", "all", "attention", "ffn")
 PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments",
             "t5_segments", "xlnet_streams", "lm_stream")
@@ -789,7 +843,7 @@ FIELD_RULES = {
     "model.dropout_bits": DROPOUT_BITS,
     "model.share_layers": SHARE_LAYERS,
     "model.architecture": T5_ARCHITECTURES,
-    "model.kind": ("t5", "xlnet"),
+    "model.kind": ("t5", "xlnet", "elmo"),
     "model.version": ("1.0", "1.1"),
     "objective.masking": ("static", "dynamic"),
     "optimizer.name": OPTIMIZERS,
@@ -803,6 +857,7 @@ FIELD_RULES = {
     "optimizer.eps": AT_LEAST_0,
     "optimizer.weight_decay": AT_LEAST_0,
     "optimizer.clip_norm": AT_LEAST_0,
+    "optimizer.initial_accumulator": AT_LEAST_0,
     "optimizer.decay_rate": Range(0, 1, low_open=True),
     "optimizer.clipping_threshold": AT_LEAST_0,
     "train.batch_size": AT_LEAST_1,
@@ -850,6 +905,12 @@ def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
   would otherwise fail deep inside XLA)."""
   m = c.model
   inputs, targets = c.data.seq_len, c.objective.get("targets_length", 0)
+  micro_batch = c.train.batch_size // c.train.grad_accum_steps
+  activation_bytes = 4 if m.get("dtype", "float32") == "float32" else 2
+  if m.get("kind") == "elmo":   # the softmax and each LSTM's gates; each step's cell state
+    weights = m.vocab_size * m.projection_dim + 2 * m.lstm_layers * (
+        8 * m.projection_dim * m.lstm_cells)
+    return 8 * weights + 4 * 2 * m.lstm_layers * inputs * micro_batch * m.lstm_cells
   # (layers, tokens per row each of them sees) of every stack the model has.
   if m.get("kind") != "t5":
     stacks = [(m.layers, inputs)]
@@ -857,8 +918,6 @@ def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
     stacks = [(m.layers, inputs), (m.decoder_layers, targets)]
   else:   # one decoder stack over the inputs and targets concatenated (objectives/t5.py)
     stacks = [(m.decoder_layers, inputs + targets)]
-  micro_batch = c.train.batch_size // c.train.grad_accum_steps
-  activation_bytes = 4 if m.get("dtype", "float32") == "float32" else 2
   activations = sum(layers * length for layers, length in stacks) * micro_batch * m.hidden
   floor = 8 * _floor_params(m, sum(layers for layers, _ in stacks)) + (
       activation_bytes * activations)

@@ -17,7 +17,9 @@ What each option means:
   layers    which hidden states: 'last' (default), 'all' (the embeddings' output as layer 0,
             then every layer), or indices into that list (negative from the end). The BERT
             family (BERT, RoBERTa, ALBERT, SpanBERT, StructBERT, ELECTRA's discriminator) gives
-            every layer; XLNet's content stream and T5's encoder give their last layer only.
+            every layer; XLNet's content stream and T5's encoder give their last layer only;
+            ELMo its three: the character CNN's token layer (twice: [x; x]) and each LSTM
+            layer, [forward; backward] (`models/elmo.representation_layers`).
   mix       with several layers: none (the vectors keep a layer axis: [units, layers, hidden]),
             mean (ELMo's fixed mix, equal weights), or learned (the scalar mix a fine-tuned
             workdir learned with finetune.features=weighted_sum, over all layers).
@@ -45,7 +47,9 @@ from bertfam_jax import errors, fileio
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import features
 from bertfam_jax.finetune import run as finetune_run
+from bertfam_jax.models import elmo as elmo_model
 from bertfam_jax.models import encoder as encoder_lib
+from bertfam_jax.objectives import elmo as elmo_objective
 from bertfam_jax.models import finetune as finetune_models
 
 UNITS = ("word", "token")
@@ -61,6 +65,8 @@ class Representer:
     self.kind = config.model.get("kind", "encoder")
     self.mix_params = params.get("scalar_mix") if isinstance(params, dict) else None
     network, self.num_states = _network(config.model, params, self.kind)
+    if self.kind == "elmo":
+      self._word_table = elmo_objective.WordTable(tokenizer, config.model.max_characters)
     self._forward = jax.jit(lambda *a: network(*a).astype(jnp.float32))
 
   def rows(self, token_ids: Sequence[np.ndarray], length: int) -> tuple[dict, np.ndarray]:
@@ -84,13 +90,39 @@ class Representer:
 
   def hidden_states(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
     """[states, rows, length, hidden] float32: every hidden state the network gives (the
-    embeddings' output and each layer for the BERT family; the last layer otherwise)."""
+    embeddings' output and each layer for the BERT family; the last layer otherwise; ELMo's
+    three layers, each piece given the vector of the word it belongs to)."""
+    if self.kind == "elmo":
+      return self._elmo_states(inputs)
     return np.asarray(self._forward(*(jnp.asarray(inputs[k]) for k in
                                       ("input_ids", "input_mask", "segment_ids"))))
 
+  def _elmo_states(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """ELMo reads words: each row's pieces become words as in pre-training
+    (`objectives.elmo.WordTable`), and each piece takes its word's vectors."""
+    length = inputs["input_ids"].shape[1]
+    rows = len(inputs["input_ids"])
+    chars = np.full((rows, length, self.config.model.max_characters), elmo_model.PAD_CHAR,
+                    np.int32)
+    mask = np.zeros((rows, length), np.int32)
+    piece_word = np.zeros((rows, length), np.int32)
+    for row, (ids, real) in enumerate(zip(inputs["input_ids"], inputs["input_mask"])):
+      words, owner = self._word_table.words_of_pieces(ids[real > 0])
+      chars[row, :len(words)] = np.stack([c for c, _ in words])
+      mask[row, :len(words)] = 1
+      piece_word[row, :len(owner)] = owner
+    states = np.asarray(self._forward(jnp.asarray(chars), jnp.asarray(mask), None))
+    return np.take_along_axis(states, piece_word[None, :, :, None], axis=2)
+
 
 def _network(model_config, params, kind: str) -> tuple[Callable, int]:
-  """(fn(ids, mask, segments) → [states, batch, length, hidden], states)."""
+  """(fn(ids, mask, segments) → [states, batch, length, hidden], states); ELMo's reads
+  (characters, mask, None)."""
+  if kind == "elmo":
+    model = elmo_model.BiLM(model_config)
+    def elmo_layers(chars, mask, _):
+      return elmo_model.representation_layers(model.apply({"params": params}, chars, mask))
+    return elmo_layers, 1 + model_config.lstm_layers
   if kind == "t5":
     from bertfam_jax.models import t5  # pylint: disable=g-import-not-at-top
     model = t5.T5(model_config)

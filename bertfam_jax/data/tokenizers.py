@@ -128,6 +128,10 @@ class Tokenizer:
           f"on the corpus.")
     return cls(proto, extra_ids)
 
+  def pieces(self) -> list[str]:
+    """Every piece's text, by id ('▁' marking a word start), then '' for each extra id."""
+    return [self._sp.id_to_piece(i) for i in range(self.num_pieces)] + [""] * self.extra_ids
+
   def piece_id(self, piece: str) -> int | None:
     """The id of `piece`, or None when the vocabulary does not have it."""
     piece_id = self._sp.piece_to_id(piece)  # the <unk> id for a piece it does not have

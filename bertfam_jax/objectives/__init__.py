@@ -86,6 +86,10 @@ streams, so the batch's row r continues row r of the previous batch):
   target_ids       [n, P] int32   their tokens;  target_weights [n, P] float32 1.0 real, 0.0 padding
   direction        [n]    float32 +1 forward row, -1 reversed row (bi_data)
 
+ELMo (objectives/elmo.py; `W` = data.seq_len words, `C` = model.max_characters):
+  char_ids [n, W, C] int32 each word's characters (bilm-tf's codes); input_mask [n, W] int32;
+  word_ids [n, W] int32 each word's softmax id (its piece, or <unk> for a word of several)
+
 Adding an objective touches its module, one line in OBJECTIVES, its config and its tests; never
 `train/`.
 """
@@ -94,8 +98,8 @@ import jax
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.objectives import causal_lm, distillation, electra, mlm, t5, tinybert, unilm
-from bertfam_jax.objectives import xlnet
+from bertfam_jax.objectives import causal_lm, distillation, electra, elmo, mlm, t5, tinybert
+from bertfam_jax.objectives import unilm, xlnet
 
 OBJECTIVES = {
     "mlm": mlm,
@@ -106,6 +110,7 @@ OBJECTIVES = {
     "electra": electra,
     "t5": t5,
     "xlnet": xlnet,
+    "elmo": elmo,
 }
 
 

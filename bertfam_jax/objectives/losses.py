@@ -66,3 +66,37 @@ def token_cross_entropy(logits, targets, weights, z_loss: float = 0.0):
   correct = target_is_top(logits, target_logit)
   return (jnp.sum(losses * weights), jnp.sum(z_term * weights), jnp.sum(correct * weights),
           jnp.sum(weights))
+
+
+def log_uniform_probabilities(ids, range_max: int):
+  """P(id) of TF's log-uniform (Zipfian) candidate sampler over [0, range_max): log((id + 2) /
+  (id + 1)) / log(range_max + 1), which assumes ids sorted by falling frequency."""
+  ids = ids.astype(jnp.float32)
+  return jnp.log1p(1.0 / (ids + 1.0)) / jnp.log(range_max + 1.0)
+
+
+def log_uniform_candidates(rng, num_sampled: int, range_max: int):
+  """[num_sampled] int32 ids drawn with replacement from `log_uniform_probabilities` (TF's
+  LogUniformSampler: floor(exp(u · log(range_max + 1))) − 1, u ~ U[0, 1))."""
+  u = jax.random.uniform(rng, (num_sampled,))
+  ids = jnp.floor(jnp.exp(u * jnp.log(range_max + 1.0))).astype(jnp.int32) - 1
+  return jnp.clip(ids, 0, range_max - 1)
+
+
+def sampled_softmax_cross_entropy(h_NP, targets_N, kernel_VP, bias_V, sampled_S):
+  """TF's `sampled_softmax_loss` (num_true 1, remove_accidental_hits, subtract_log_q) over the
+  candidates `sampled_S` drawn with replacement by `log_uniform_candidates`, so that a candidate's
+  expected count is S · P(id) exactly (TF's default sampler draws them unique, whose expected
+  counts follow the number of draws it took): per position, the cross-entropy of the true class
+  against the S candidates, each logit h·w + b − log(S · P(id)), a candidate equal to the target
+  masked out. h [N, P], targets [N] int, kernel [vocab, P], bias [vocab] → [N] float32."""
+  num_sampled, vocab = sampled_S.shape[0], kernel_VP.shape[0]
+  h_NP = h_NP.astype(jnp.float32)
+  log_q = lambda ids: jnp.log(num_sampled * log_uniform_probabilities(ids, vocab))  # noqa: E731
+  true_N = (jnp.sum(h_NP * kernel_VP[targets_N], axis=-1) + bias_V[targets_N]
+            - log_q(targets_N))
+  sampled_NS = h_NP @ kernel_VP[sampled_S].T + (bias_V[sampled_S] - log_q(sampled_S))[None]
+  sampled_NS = jnp.where(sampled_S[None, :] == targets_N[:, None], jnp.finfo(jnp.float32).min,
+                         sampled_NS)
+  logits_N1S = jnp.concatenate([true_N[:, None], sampled_NS], axis=-1)
+  return jax.nn.logsumexp(logits_N1S, axis=-1) - true_N

@@ -342,16 +342,23 @@ def make_optimizer(config, param_axes=None) -> tuple[optax.GradientTransformatio
 
   name 'adamw': BERT's or fairseq's Adam (bias_correction / decay_norm_and_bias select which);
   'lamb': the same moments and decay followed by LAMB's trust ratio, which skips the same
-  parameters as the decay; 'adafactor': T5's Adafactor (`adafactor_transform`).
+  parameters as the decay; 'adafactor': T5's Adafactor (`adafactor_transform`); 'adagrad': TF's
+  Adagrad (ELMo's bilm-tf): a ← a + g², θ ← θ − lr·g/√a, every a starting at
+  `initial_accumulator`, no ε (optax's scale_by_rss with eps 0).
   """
   o = config.optimizer
   if o.name not in OPTIMIZERS:
     raise ConfigError(f"optimizer.name={o.name!r} is not available; use 'adamw' (with "
                       "bias_correction / decay_norm_and_bias selecting BERT's or fairseq's "
-                      "variant), 'lamb' (ALBERT) or 'adafactor' (T5).")
+                      "variant), 'lamb' (ALBERT), 'adafactor' (T5) or 'adagrad' (ELMo).")
   schedule = learning_rate_schedule(o, config.train.total_steps)
   if o.name == "adafactor":
     return adafactor_transform(o, schedule, param_axes), schedule
+  if o.name == "adagrad":
+    parts = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
+    parts += [optax.scale_by_rss(o.initial_accumulator, eps=0.0),
+              optax.scale_by_learning_rate(schedule)]
+    return optax.chain(*parts), schedule
   decays = None if o.decay_norm_and_bias else decay_mask  # leaves with decay (and trust ratio)
   parts = []
   if o.clip_norm > 0:

@@ -36,6 +36,9 @@ def family_config(family: str):
     c.model.update(hidden=32, heads=2, head_dim=16, mlp=64, layers=2, vocab_size=512,
                    reuse_len=16, mem_len=16)
     c.objective.update(num_predict=6, perm_size=16)
+  elif family == "elmo":   # [forward; backward] 32 wide
+    c.model.update(vocab_size=512, max_characters=12, char_embedding_dim=4,
+                   char_filters=((1, 8), (2, 8)), projection_dim=16, lstm_cells=24)
   else:
     c.model.update(hidden=32, heads=2, head_dim=16, mlp=64, layers=2, decoder_layers=2,
                    vocab_size=532)
@@ -59,7 +62,7 @@ def trained(family: str, tmp_path_factory):
   return _RUNS[family]
 
 
-@pytest.fixture(scope="module", params=["bert", "xlnet", "t5"])
+@pytest.fixture(scope="module", params=["bert", "xlnet", "t5", "elmo"])
 def run(request, tmp_path_factory):
   return trained(request.param, tmp_path_factory)
 
@@ -154,6 +157,24 @@ def test_every_layer_equals_the_encoder_forward_pass(bert_run):
   np.testing.assert_allclose(mean, (expected[:, 0] + expected[:, 2]) / 2, rtol=1e-5, atol=1e-5)
   with pytest.raises(ConfigError, match="finetune.features=weighted_sum"):
     represent.represent(r, TEXTS, layers="all", mix="learned")
+
+
+def test_elmo_gives_its_token_layer_and_both_lstm_layers(tmp_path_factory):
+  """ELMo's three layers per word, [forward; backward], from the biLM run on the text's words
+  (<S> text </S>), each piece carrying its word's vectors."""
+  from bertfam_jax.models import elmo as elmo_model  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.objectives import elmo as elmo_objective  # pylint: disable=g-import-not-at-top
+  _, workdir, r = trained("elmo", tmp_path_factory)
+  assert r.num_states == 3
+  ids = np.asarray([r.tokenizer.cls_id, *r.tokenizer.encode([TEXTS[0]])[0], r.tokenizer.sep_id])
+  words, owner = elmo_objective.WordTable(r.tokenizer, 12).words_of_pieces(ids)
+  chars = np.stack([c for c, _ in words])[None]
+  outputs = elmo_model.BiLM(r.config.model).apply(
+      {"params": workdir_lib.restore_params(workdir)}, chars, np.ones(chars.shape[:2], np.int32))
+  expected = np.asarray(elmo_model.representation_layers(outputs))[:, 0, owner[1:-1]]
+  got, = represent.represent(r, TEXTS[:1], unit="token", layers="all")
+  np.testing.assert_allclose(got, expected.transpose(1, 0, 2), rtol=1e-5, atol=1e-5)
+  assert len(words) < len(ids)   # some words are several pieces
 
 
 def cli(*args):
