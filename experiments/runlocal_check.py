@@ -2,8 +2,9 @@ r"""Does each paper's quick-start recipe learn? `configs/<family>.py:runlocal` t
 then its last held-out evaluation against the trivial baseline on the same held-out batches:
 
   MLM families (bert, roberta, albert, spanbert, structbert, unilm), ELECTRA's generator, T5 (span
-    corruption's decoder targets), XLNet (its permutation LM's targets) and GPT (every next
-    token): eval accuracy and cross-entropy against the unigram predictor (`unigram_baseline`:
+    corruption's decoder targets), XLNet (its permutation LM's targets), GPT (every next token)
+    and ELMo (each direction's next word): eval accuracy and cross-entropy against the unigram
+    predictor (`unigram_baseline`:
     the most frequent target, and the unigram distribution of the training batches' targets);
   ELECTRA's discriminator: eval accuracy against the base rate, 1 − the replaced share (a
     detector that always says 'original').
@@ -30,9 +31,10 @@ from experiments import common
 from experiments.unigram_baseline import unigram_baseline
 
 FAMILIES = ("bert", "roberta", "albert", "spanbert", "structbert", "electra", "t5", "xlnet",
-            "gpt", "unilm")
-# The held-out metrics' prefix per family: {prefix}_accuracy and {prefix}_loss.
-METRIC_PREFIX = {"electra": "generator_mlm", "t5": "t5", "xlnet": "plm", "gpt": "lm"}
+            "gpt", "unilm", "elmo")
+# The held-out metrics' prefixes per family: {prefix}_accuracy and {prefix}_loss.
+METRIC_PREFIXES = {"electra": ("generator_mlm",), "t5": ("t5",), "xlnet": ("plm",),
+                   "gpt": ("lm",), "elmo": ("forward", "backward")}
 _FAMILIES = flags.DEFINE_list("families", list(FAMILIES), f"Of {FAMILIES}.")
 _WORKDIRS = flags.DEFINE_string("workdirs", "/tmp/runlocal_check", "Where the runs train.")
 _OUT = flags.DEFINE_string("out", "experiments/results/runlocal_check", "Results folder.")
@@ -48,11 +50,12 @@ def family_config(family: str):
 def comparisons(family: str, final: dict[str, float], baseline: dict[str, float]
                 ) -> list[tuple[str, float, float, bool]]:
   """(metric, model, baseline, model beats baseline) of one run's final held-out evaluation."""
-  mlm = METRIC_PREFIX.get(family, "mlm")
-  rows = [(f"{mlm}_accuracy", final[f"{mlm}_accuracy"], baseline["unigram_accuracy"],
-           final[f"{mlm}_accuracy"] > baseline["unigram_accuracy"]),
-          (f"{mlm}_loss", final[f"{mlm}_loss"], baseline["unigram_cross_entropy"],
-           final[f"{mlm}_loss"] < baseline["unigram_cross_entropy"])]
+  rows = []
+  for prefix in METRIC_PREFIXES.get(family, ("mlm",)):
+    rows += [(f"{prefix}_accuracy", final[f"{prefix}_accuracy"], baseline["unigram_accuracy"],
+              final[f"{prefix}_accuracy"] > baseline["unigram_accuracy"]),
+             (f"{prefix}_loss", final[f"{prefix}_loss"], baseline["unigram_cross_entropy"],
+              final[f"{prefix}_loss"] < baseline["unigram_cross_entropy"])]
   if family == "electra":
     base_rate = 1 - final["replaced_share"]
     rows.append(("discriminator_accuracy", final["discriminator_accuracy"], base_rate,

@@ -25,7 +25,9 @@ if __name__ == "__main__":  # flags of the script only, so that others can impor
 # ELECTRA's generator: mlm_targets / mlm_weights).
 TARGET_KEYS = {"t5": ("decoder_target_ids", "decoder_loss_weights"),
                "xlnet": ("target_ids", "target_weights"),
-               "causal_lm": ("target_ids", "loss_weights")}
+               "causal_lm": ("target_ids", "loss_weights"),
+               # ELMo: every real word (each direction's targets, less one edge word a row)
+               "elmo": ("word_ids", "input_mask")}
 MLM_TARGET_KEYS = ("mlm_targets", "mlm_weights")
 
 

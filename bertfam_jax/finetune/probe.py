@@ -66,11 +66,22 @@ def linear_probe(config_model, encoder_params, train_data: dict[str, np.ndarray]
     accuracy, macro_f1, mcc on eval_data, predictions [eval examples] int32 and gold_nll [eval
     examples] float64: the gold label's negative log-probability (nats).
   """
-  train_x = mean_pooled_features(config_model, encoder_params, train_data)
-  eval_x = mean_pooled_features(config_model, encoder_params, eval_data)
+  return softmax_regression(mean_pooled_features(config_model, encoder_params, train_data),
+                            train_data["label"],
+                            mean_pooled_features(config_model, encoder_params, eval_data),
+                            eval_data["label"], num_classes=num_classes, steps=steps,
+                            learning_rate=learning_rate, l2=l2)
+
+
+def softmax_regression(train_x: np.ndarray, train_labels: np.ndarray, eval_x: np.ndarray,
+                       eval_labels: np.ndarray, *, num_classes: int, steps: int = 500,
+                       learning_rate: float = 0.05, l2: float = 1e-4) -> dict[str, Any]:
+  """`linear_probe`'s regression on given features: train_x [n, d], eval_x [m, d] (standardised
+  here by the training features' statistics), labels [n] / [m] int. Returns what
+  `linear_probe` returns."""
   mean, std = train_x.mean(0), train_x.std(0) + 1e-6
   train_x, eval_x = (train_x - mean) / std, (eval_x - mean) / std
-  labels = jnp.asarray(train_data["label"])
+  labels = jnp.asarray(train_labels)
   params = dict(w=jnp.zeros((train_x.shape[1], num_classes)), b=jnp.zeros((num_classes,)))
   tx = optax.adam(learning_rate)
 
@@ -92,5 +103,5 @@ def linear_probe(config_model, encoder_params, train_data: dict[str, np.ndarray]
   params = fit(params)
   logits = np.asarray(jnp.asarray(eval_x) @ params["w"] + params["b"][None, :])
   predictions = logits.argmax(-1).astype(np.int32)
-  return dict(predictions=predictions, gold_nll=metrics.gold_nll(logits, eval_data["label"]),
-              **metrics.classification_metrics(eval_data["label"], predictions, num_classes))
+  return dict(predictions=predictions, gold_nll=metrics.gold_nll(logits, eval_labels),
+              **metrics.classification_metrics(eval_labels, predictions, num_classes))
