@@ -145,7 +145,8 @@ if __name__ == "__main__":
                                  "row (e.g. model.scan_layers=true).")
   _OUTPUT = flags.DEFINE_string("output", "", "JSONL file; one object per cell is appended.")
   _VARIANTS = flags.DEFINE_string("variants", "", "name=overrides or name=--xla_flags;...: "
-                                   "each row's A/B cells (module docstring).")
+                                   "each row's A/B cells (module docstring); overrides are "
+                                   "comma-separated, so no value may hold a comma.")
   _XLA_FLAGS = flags.DEFINE_string("xla_flags", None, "XLA_FLAGS for our cells (default: the "
                                    "environment's).")
   # Internal: one cell in a child process.

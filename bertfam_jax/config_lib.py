@@ -626,12 +626,13 @@ def albert_lamb(**overrides) -> ml_collections.ConfigDict:
 
 
 def elmo_adagrad(**overrides) -> ml_collections.ConfigDict:
-  """bilm-tf's optimizer (training.py `train`): TF's Adagrad at a constant 0.2 with every
-  accumulator starting at 1.0, after clipping the gradients' global norm at 10
-  (`all_clip_norm_val`); no weight decay."""
+  """bilm-tf's optimizer (training.py `train`): the gradients of the mean loss × unroll_steps
+  (20: `opt.compute_gradients(loss * options['unroll_steps'])`, a sum over the 20 words of its
+  rows), their global norm clipped at 10 (`all_clip_norm_val`), then TF's Adagrad at a constant
+  0.2 with every accumulator starting at 1.0; no weight decay."""
   o = ml_collections.ConfigDict(dict(
-      name="adagrad", peak_lr=0.2, initial_accumulator=1.0, clip_norm=10.0, weight_decay=0.0,
-      schedule="constant", warmup_steps=0, end_lr=0.0))
+      name="adagrad", peak_lr=0.2, initial_accumulator=1.0, gradient_scale=20.0, clip_norm=10.0,
+      weight_decay=0.0, schedule="constant", warmup_steps=0, end_lr=0.0))
   o.update(overrides)
   return o
 
@@ -858,6 +859,7 @@ FIELD_RULES = {
     "optimizer.weight_decay": AT_LEAST_0,
     "optimizer.clip_norm": AT_LEAST_0,
     "optimizer.initial_accumulator": AT_LEAST_0,
+    "optimizer.gradient_scale": POSITIVE,
     "optimizer.decay_rate": Range(0, 1, low_open=True),
     "optimizer.clipping_threshold": AT_LEAST_0,
     "train.batch_size": AT_LEAST_1,

@@ -289,7 +289,9 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   model = saved.get("model", {})
   kind = model.get("kind")
   defaults = (config_lib.t5_model("base", model.get("version", "1.0")) if kind == "t5"
-              else config_lib.xlnet_model("base") if kind == "xlnet" else config_lib.encoder("base"))
+              else config_lib.xlnet_model("base") if kind == "xlnet"
+              else config_lib.elmo_model("original") if kind == "elmo"
+              else config_lib.encoder("base"))
   saved["model"] = {**defaults.to_dict(), **model}
   return ml_collections.ConfigDict(saved)
 

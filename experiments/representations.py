@@ -23,9 +23,9 @@ A static row gives the same vector to a word in every sentence: on wic it has no
 word's inflection to go on.
 
 The probe: softmax regression on standardised features (`finetune.probe.softmax_regression`,
-500 full-batch Adam steps); the seed draws which of the training examples it fits (the scale's
-`train_fraction` of them; its L2 weight is chosen on the others, L2_GRID) and the floor's
-initialisation. Scores on the same test examples for
+500 full-batch Adam steps); the seed draws which training words it fits (the scale's
+`train_fraction` of them, with all their examples; its L2 weight is chosen on the others',
+L2_GRID) and the floor's initialisation. Scores on the same test examples for
 every row: accuracy and the gold label's log-likelihood, per example, for the paired bootstrap
 (`experiments/report.py`). Per-layer curves (seed 0): the supersense probe on each layer of the
 rows that have several (which layer holds what).
@@ -59,7 +59,7 @@ STATIC_ROWS = ("word2vec", "fastText")
 ROWS = [
     ("word2vec", dict(kind="static", method="word2vec")),
     ("fastText", dict(kind="static", method="fasttext")),
-    ("ELMo", dict(kind="run", family="elmo", layers="all", mix="mean")),
+    ("ELMo", dict(kind="run", family="elmo", mix="mean")),
     ("BERT", dict(kind="run", family="bert")),
     ("RoBERTa", dict(kind="run", family="roberta")),
     ("ALBERT", dict(kind="run", family="albert")),
@@ -234,19 +234,28 @@ def design(items: list[dict], features: dict, task: str) -> np.ndarray:
 
 # The probe's L2 weights, one chosen per (row, task, seed) by the gold label's log-likelihood on
 # the training examples the seed left out: a fixed weight let the 1,024-wide wic inputs overfit
-# below the constant output's log-likelihood while the 100-wide static ones did not.
+# below the constant output's log-likelihood while the 100-wide static ones did not. The seed
+# leaves out whole words (every training example of a word it draws), as the test split holds
+# words the probe never saw: held-out examples of seen words chose too weak a weight for wic.
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
+def target_word(item: dict) -> str:
+  """The example's target word, lowercased (a wic pair's, the same in both sentences)."""
+  text, word = (item["text"], item["word"]) if "text" in item else (item["texts"][0],
+                                                                    item["words"][0])
+  return text.split()[word].lower()
 def probe_task(items: dict[str, list[dict]], features: dict, task: str, seed: int,
                fraction: float, num_classes: int) -> tuple[dict, dict]:
   """(metrics {task/accuracy, task/target_loss, task/macro_f1, task/distinct, task/l2},
-  per-example {accuracy, target_nll}) of the probe trained on the seed's `fraction` of the
-  training items, its L2 weight chosen on the rest (L2_GRID)."""
-  order = np.random.default_rng(seed).permutation(len(items["train"]))
-  cut = int(fraction * len(order))
-  fit_items, held_items = ([items["train"][k] for k in np.sort(part)]
-                           for part in (order[:cut], order[cut:]))
+  per-example {accuracy, target_nll}) of the probe trained on the training items of the seed's
+  `fraction` of their words, its L2 weight chosen on the rest (L2_GRID)."""
+  held = [_hash_unit(f"{seed}:{target_word(i)}") >= fraction for i in items["train"]]
+  fit_items = [i for i, h in zip(items["train"], held) if not h]
+  held_items = [i for i, h in zip(items["train"], held) if h]
+  if not fit_items or not held_items:
+    raise ValueError(f"{task}: the {len(items['train'])} training examples share too few words "
+                     f"to hold {1 - fraction:.0%} of them out.")
   fit_x, held_x, test_x = (design(part, features, task)
                            for part in (fit_items, held_items, items["test"]))
   fit_labels, held_labels, test_labels = (np.array([i["label"] for i in part])
@@ -268,32 +277,41 @@ def probe_task(items: dict[str, list[dict]], features: dict, task: str, seed: in
 NUM_CLASSES = {SUPERSENSE: 45, WIC: 2}
 
 
-def layer_curve(r: represent.Representer, items: dict, sentences, scale: dict) -> list[float]:
-  """The supersense probe's test accuracy on each layer alone (seed 0)."""
-  features = contextual_features(r, sentences, layers="all", mix="none",
-                                 max_tokens=scale["max_tokens"])
+def layer_curve(layered: dict, items: dict, scale: dict) -> list[float]:
+  """The supersense probe's test accuracy on each layer alone (seed 0); `layered`: {(text,
+  word): [layers, hidden]}."""
   curve = []
-  for layer in range(r.num_states):
-    one = {k: v[layer] for k, v in features.items()}
+  for layer in range(next(iter(layered.values())).shape[0]):
+    one = {k: v[layer] for k, v in layered.items()}
     metrics, _ = probe_task(items[SUPERSENSE], one, SUPERSENSE, 0, scale["train_fraction"],
                             NUM_CLASSES[SUPERSENSE])
     curve.append(round(metrics[f"{SUPERSENSE}/accuracy"], 4))
   return curve
 
 
-def run_row(name: str, spec: dict, seed: int, scale: dict, items: dict, workdirs: str) -> dict:
-  """One (row, seed): its features, a probe per task, and (seed 0) its layer curve."""
-  start = time.time()
+def layered_features(spec: dict, seed: int, scale: dict, items: dict, workdirs: str) -> dict:
+  """{(text, word): [layers, hidden]} of every target word: a static row's one vector, a
+  network's every hidden state."""
   sentences = targets(items)
-  curve = None
   if spec["kind"] == "static":
-    features = static_features(static_vectors(spec, workdirs), sentences)
-  else:
-    r = representer(spec, seed, workdirs)
-    features = contextual_features(r, sentences, layers=spec.get("layers", "last"),
-                                   mix=spec.get("mix", "none"), max_tokens=scale["max_tokens"])
-    if seed == 0 and r.num_states > 1:
-      curve = layer_curve(r, items, sentences, scale)
+    return {k: v[None] for k, v in
+            static_features(static_vectors(spec, workdirs), sentences).items()}
+  return contextual_features(representer(spec, seed, workdirs), sentences, layers="all",
+                             mix="none", max_tokens=scale["max_tokens"])
+
+
+def run_row(name: str, spec: dict, seed: int, scale: dict, items: dict, workdirs: str,
+            cache: dict) -> dict:
+  """One (row, seed): its features (a row's own for every seed but the floor's, whose network
+  the seed draws: `cache` keeps them), a probe per task, and (seed 0) its layer curve."""
+  start = time.time()
+  if spec["kind"] == "random" or name not in cache:
+    cache[name] = layered_features(spec, seed, scale, items, workdirs)
+  layered = cache[name]
+  # ELMo's fixed mix is the mean of its layers; every other network's vector its last layer.
+  features = {k: (v.mean(0) if spec.get("mix") == "mean" else v[-1]) for k, v in layered.items()}
+  curve = (layer_curve(layered, items, scale) if seed == 0 and len(next(iter(
+      layered.values()))) > 1 else None)
   metrics, examples = {}, {}
   for task in (SUPERSENSE, WIC):
     task_metrics, examples[task] = probe_task(items[task], features, task, seed,
@@ -353,10 +371,11 @@ def main(argv):
   common.check_rows(f.rows, ROWS, lambda spec: None)
   out, workdirs = common.sweep_dirs("representations")
   items = task_items(scale)
+  cache = {}
   results = common.run_sweep(ROWS, f.rows, list(map(int, f.seeds)),
                              os.path.join(out, "results.jsonl"),
                              lambda name, spec, seed: run_row(name, spec, seed, scale, items,
-                                                              workdirs))
+                                                              workdirs, cache))
   print(write_summary(results, out, f.scale, items))
   with open(os.path.join(out, "items.json"), "w") as fh:
     json.dump({task: {split: len(v) for split, v in splits.items()}

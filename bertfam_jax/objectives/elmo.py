@@ -7,8 +7,10 @@ pre-tokenized text and a word vocabulary file of its own). The pipeline packs wh
 (`data.packing='full_sentences'`: `[CLS] s1 [SEP] s2 [SEP] ...`, L pieces a row), and
 `word_features` turns each row of pieces into a row of words:
   - a word is a piece that begins a word by BERT's rule (a '▁' piece, punctuation, a special
-    piece) and the continuation pieces after it; its characters are its pieces' UTF-8 bytes
-    without the '▁' (every word is read by its characters, whatever its frequency);
+    piece) and the continuation pieces after it; a piece of punctuation alone is a word of its
+    own ('(' then 'quietly'), and a bare '▁' belongs to the word that follows it; its characters
+    are its pieces' UTF-8 bytes without the '▁' (every word is read by its characters, whatever
+    its frequency; an <unk> piece reads as the characters '<unk>');
   - [CLS] is the sentence start <S> and [SEP] the end </S>, with bilm-tf's character codes, and
     a <S> is inserted after each [SEP] that another sentence follows in the row, so that every
     sentence reads `<S> w1 ... wn </S>` as in bilm-tf's batches;
@@ -33,6 +35,7 @@ int32 (W = data.seq_len).
 from __future__ import annotations
 
 import functools
+import string
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +99,9 @@ class WordTable:
   def __init__(self, tokenizer, max_characters: int):
     pieces = tokenizer.pieces()
     self.piece_bytes = [p.replace("▁", "").encode("utf-8") for p in pieces]
+    self.punctuation = [bool(p.replace("▁", "")) and all(c in string.punctuation
+                                                          for c in p.replace("▁", ""))
+                        for p in pieces]
     self.starts = tokenizer.word_start
     self.cls_id, self.sep_id = tokenizer.cls_id, tokenizer.sep_id
     self.unk_id, self.pad_id = tokenizer.unk_id, tokenizer.pad_id
@@ -128,10 +134,13 @@ class WordTable:
         if piece == self.sep_id and position + 1 < len(ids) and ids[position + 1] != self.cls_id:
           out.append((self.bos, self.cls_id))   # the next sentence's <S>
         continue
-      if self.starts[piece] or not current:
+      if self.starts[piece]:
         close()
-      piece_word[position] = len(out)
-      current.append(piece)
+      piece_word[position] = len(out)   # the word being built: the next one `close` appends
+      if self.piece_bytes[piece]:       # a bare '▁' opens the next word without a character
+        current.append(piece)
+      if self.punctuation[piece]:
+        close()
     close()
     return out, piece_word
 

@@ -343,8 +343,9 @@ def make_optimizer(config, param_axes=None) -> tuple[optax.GradientTransformatio
   name 'adamw': BERT's or fairseq's Adam (bias_correction / decay_norm_and_bias select which);
   'lamb': the same moments and decay followed by LAMB's trust ratio, which skips the same
   parameters as the decay; 'adafactor': T5's Adafactor (`adafactor_transform`); 'adagrad': TF's
-  Adagrad (ELMo's bilm-tf): a ← a + g², θ ← θ − lr·g/√a, every a starting at
-  `initial_accumulator`, no ε (optax's scale_by_rss with eps 0).
+  Adagrad (ELMo's bilm-tf): the gradient times `gradient_scale`, clipped, then a ← a + g²,
+  θ ← θ − lr·g/√a, every a starting at `initial_accumulator` (TF's 0.1 unless set), no ε
+  (optax's scale_by_rss with eps 0), no weight decay.
   """
   o = config.optimizer
   if o.name not in OPTIMIZERS:
@@ -355,8 +356,13 @@ def make_optimizer(config, param_axes=None) -> tuple[optax.GradientTransformatio
   if o.name == "adafactor":
     return adafactor_transform(o, schedule, param_axes), schedule
   if o.name == "adagrad":
-    parts = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
-    parts += [optax.scale_by_rss(o.initial_accumulator, eps=0.0),
+    if o.get("weight_decay", 0.0) > 0:
+      raise ConfigError(f"optimizer.name='adagrad' has no weight decay (TF's Adagrad, bilm-tf's); "
+                        f"set --config.optimizer.weight_decay=0 (it is {o.weight_decay}).")
+    parts = [optax.scale(o.get("gradient_scale", 1.0))]
+    if o.clip_norm > 0:
+      parts.append(optax.clip_by_global_norm(o.clip_norm))
+    parts += [optax.scale_by_rss(o.get("initial_accumulator", 0.1), eps=0.0),
               optax.scale_by_learning_rate(schedule)]
     return optax.chain(*parts), schedule
   decays = None if o.decay_norm_and_bias else decay_mask  # leaves with decay (and trust ratio)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from typing import Any, Callable, NamedTuple
 
 import flax
@@ -334,10 +335,18 @@ def compile_ahead(train_step: SeededStep, abstract_state, abstract_batch, mesh
   runs it without compiling again (tests/train/step_test.py). BERT-large on an H100 spent 10 s
   building its state, then 28 s compiling its step (docs/results.md). Call `.result()` before the
   first step: it raises what compiling raised."""
-  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile_ahead")
-  future = pool.submit(with_mesh_context(
-      lambda: train_step.lower(abstract_state, abstract_batch).compile(), mesh))
-  pool.shutdown(wait=False)
+  future = concurrent.futures.Future()
+  compile_ = with_mesh_context(lambda: train_step.lower(abstract_state, abstract_batch).compile(),
+                               mesh)
+
+  def run():
+    try:
+      future.set_result(compile_())
+    except BaseException as e:  # pylint: disable=broad-except  (handed to `.result()`)
+      future.set_exception(e)
+
+  # A daemon thread: a set-up that fails while it compiles exits without waiting for it.
+  threading.Thread(target=run, name="compile_ahead", daemon=True).start()
   return future
 
 

@@ -178,19 +178,22 @@ def _train(config, workdir, objective, train_pipe, train_step, evaluators, mesh,
                                              config.train.keep_checkpoints)
   writer = None
   try:
-    # The step compiles while the state is drawn or restored, not after (step.compile_ahead).
-    compiling = step_lib.compile_ahead(train_step, abstract, step_lib.abstract_batch(
+    t = config.train
+    stop = t.stop_step or t.total_steps  # the schedule spans total_steps whatever the stop
+    # The step compiles while the state is drawn or restored, not after (step.compile_ahead);
+    # a finished run compiles nothing.
+    latest = checkpointer.latest_step()
+    compiling = (step_lib.compile_ahead(train_step, abstract, step_lib.abstract_batch(
         train_pipe.peek(), mesh, jax.process_count()), mesh)
+                 if latest is None or latest < stop else None)
     state, data_states, resumed_step = with_ctx(_initial_state)(
         config, model, tx, abstract, shardings, checkpointer, inputs, carry)
     if data_states is not None:
       train_pipe.restore(data_states)
     writer = metrics_lib.MetricsWriter(workdir, resume_step=resumed_step, config=config)
-    t = config.train
-    stop = t.stop_step or t.total_steps  # the schedule spans total_steps whatever the stop
-    if int(jax.device_get(state.step)) < stop:
+    if compiling is not None:
       metrics_lib.print_progress("Compiling the train step (the first step)...")
-    compiling.result()
+      compiling.result()
     _, last = loop_lib.train(
         state, train_step, train_pipe, mesh=mesh, total_steps=stop,
         log_every=t.log_every, checkpoint_every=t.checkpoint_every,

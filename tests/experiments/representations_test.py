@@ -40,7 +40,7 @@ def test_the_probe_reads_what_the_features_hold():
   """Features that are the label's one-hot score (nearly) 100%; constant features score the
   majority; the wic design is [u; v; u·v; |u − v|]."""
   rng = np.random.default_rng(0)
-  items = {split: [dict(text=f"{split} {k}", word=0, label=int(rng.integers(0, 5)))
+  items = {split: [dict(text=f"{split}{k} word", word=0, label=int(rng.integers(0, 5)))
                    for k in range(200)] for split in ("train", "test")}
   onehot = {(i["text"], 0): np.eye(5)[i["label"]] + 0.01 * rng.normal(size=5)
             for split in items.values() for i in split}

@@ -212,6 +212,7 @@ def test_candidates_follow_the_log_uniform_distribution():
 
 
 def test_adagrad_is_tfs_with_its_initial_accumulator():
+  """bilm-tf's update: the gradient of 20 × the mean loss, then TF's Adagrad from 1.0."""
   config = config_lib.base_config()
   config.optimizer = config_lib.elmo_adagrad(clip_norm=0.0)
   tx, _ = optimizer_lib.make_optimizer(config)
@@ -219,12 +220,16 @@ def test_adagrad_is_tfs_with_its_initial_accumulator():
   state = tx.init(params)
   accumulator = np.ones(2)
   theta = np.array([1.0, -2.0])
-  for g in ([0.5, -1.0], [2.0, 0.25]):
+  for g in ([0.05, -0.1], [0.2, 0.025]):
     updates, state = tx.update({"w": jnp.asarray(g)}, state, params)
     params = jax.tree.map(lambda p, u: p + u, params, updates)
-    accumulator += np.square(g)
-    theta -= 0.2 * np.asarray(g) / np.sqrt(accumulator)
+    scaled = 20 * np.asarray(g)
+    accumulator += np.square(scaled)
+    theta -= 0.2 * scaled / np.sqrt(accumulator)
     np.testing.assert_allclose(params["w"], theta, rtol=1e-6)
+  config.optimizer.weight_decay = 0.01
+  with pytest.raises(config_lib.ConfigError, match="no weight decay"):
+    optimizer_lib.make_optimizer(config)
 
 
 @pytest.mark.parametrize("size", ["original", "medium", "small"])

@@ -11,14 +11,15 @@ from bertfam_jax.models import elmo as elmo_model
 from bertfam_jax.objectives import elmo
 
 # A vocabulary of pieces: pad, unk, [CLS], [SEP], then words and continuations.
-PIECES = ["<pad>", "<unk>", "[CLS]", "[SEP]", "▁the", "▁dog", "s", "▁barked", ".", "▁é", "té"]
-PAD, UNK, CLS, SEP, THE, DOG, S, BARKED, DOT, E, TE = range(len(PIECES))
+PIECES = ["<pad>", "<unk>", "[CLS]", "[SEP]", "▁the", "▁dog", "s", "▁barked", ".", "▁é", "té",
+          "▁", "$", "▁(", "5"]
+PAD, UNK, CLS, SEP, THE, DOG, S, BARKED, DOT, E, TE, BARE, DOLLAR, PAREN, FIVE = range(len(PIECES))
 CHARS = 8
 
 
 class FakeTokenizer:
   pad_id, unk_id, cls_id, sep_id = PAD, UNK, CLS, SEP
-  word_start = np.array([p.startswith("▁") or p in ("<pad>", "<unk>", "[CLS]", "[SEP]", ".")
+  word_start = np.array([p.startswith("▁") or p in ("<pad>", "<unk>", "[CLS]", "[SEP]", ".", "$")
                          for p in PIECES])
 
   def pieces(self):
@@ -53,6 +54,17 @@ def test_rows_of_pieces_become_rows_of_words():
   np.testing.assert_array_equal(got["char_ids"][0, 9:], elmo_model.PAD_CHAR)
   short = elmo.word_features(rows, None, table=table, num_words=4)   # the row is cut at 4 words
   np.testing.assert_array_equal(short["word_ids"][1], expected_ids[:4])
+
+
+def test_punctuation_is_a_word_and_a_bare_space_belongs_to_the_next_word():
+  """'▁ $ 5 ▁( 5': '$' and '(' are words alone (SentencePiece's bare '▁' before '$' makes no
+  empty word), and the continuation '5' after each is a word of its own."""
+  table = elmo.WordTable(FakeTokenizer(), CHARS)
+  words, owner = table.words_of_pieces(np.array([THE, BARE, DOLLAR, FIVE, PAREN, FIVE], np.int32))
+  np.testing.assert_array_equal([c for c, _ in words],
+                                [chars("the"), chars("$"), chars("5"), chars("("), chars("5")])
+  assert [word_id for _, word_id in words] == [THE, DOLLAR, FIVE, PAREN, FIVE]
+  np.testing.assert_array_equal(owner, [0, 1, 1, 2, 3, 4])
 
 
 def test_a_row_cut_inside_a_word_starts_its_first_word_there():
