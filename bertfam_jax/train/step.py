@@ -345,8 +345,10 @@ def compile_ahead(train_step: SeededStep, abstract_state, abstract_batch, mesh
     except BaseException as e:  # pylint: disable=broad-except  (handed to `.result()`)
       future.set_exception(e)
 
-  # A daemon thread: a set-up that fails while it compiles exits without waiting for it.
-  threading.Thread(target=run, name="compile_ahead", daemon=True).start()
+  # Not a daemon: a set-up that fails while it compiles waits for the compile before the process
+  # exits (a daemon thread killed inside XLA's C++ at exit aborts the process, 'FATAL: exception
+  # not rethrown', instead of the run's one-line error and exit 2).
+  threading.Thread(target=run, name="compile_ahead").start()
   return future
 
 
