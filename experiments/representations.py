@@ -39,7 +39,6 @@ import collections
 import json
 import os
 import time
-import zlib
 
 from absl import app, flags
 import numpy as np
@@ -95,10 +94,6 @@ COMPARISON = report.Comparison(
 # ----------------------------------------------------------------------------------- tasks
 
 
-def _hash_unit(text: str) -> float:
-  return zlib.crc32(text.encode("utf-8")) / 2**32
-
-
 def supersense_items(split: str, limit: int) -> list[dict]:
   """{text, word (the lemma's first word's index in text.split()), label (supersense id)} of the
   split's lemma-tagging examples (`wordnet.lemma_tagging_task`), the first `limit`."""
@@ -138,8 +133,8 @@ def wic_items(split: str, limit: int) -> list[dict]:
                                    " ".join(w for w, _, _ in words), found[0][0]))
   bounds = {"train": (0.0, 0.8), "test": (0.8, 1.0)}[split]
   items = []
-  for lemma in sorted(occurrences, key=lambda k: (_hash_unit(k), k)):
-    if not bounds[0] <= _hash_unit(lemma) < bounds[1]:
+  for lemma in sorted(occurrences, key=lambda k: (wordnet.unit_hash(k), k)):
+    if not bounds[0] <= wordnet.unit_hash(lemma) < bounds[1]:
       continue
     found = occurrences[lemma]
     same = [(a, b) for i, a in enumerate(found) for b in found[i + 1:] if a[0] == b[0]]
@@ -201,12 +196,13 @@ def representer(spec: dict, seed: int, workdirs: str) -> represent.Representer:
   return represent.Representer(loaded.config, loaded.tokenizer, params, workdir)
 
 
-def contextual_features(r: represent.Representer, sentences: list[tuple[str, int]], *,
-                        layers: str, mix: str, max_tokens: int) -> dict[tuple[str, int], np.ndarray]:
-  """{(text, word): vector} ([layers, hidden] with mix 'none') of each target word."""
+def contextual_features(r: represent.Representer, sentences: list[tuple[str, int]],
+                        max_tokens: int) -> dict[tuple[str, int], np.ndarray]:
+  """{(text, word): [layers, hidden]} of each target word: every hidden state the network
+  gives."""
   texts = sorted({text for text, _ in sentences})
-  vectors = represent.represent(r, texts, unit="word", pooling="mean", layers=layers, mix=mix,
-                                max_tokens=max_tokens)
+  vectors = represent.represent(r, texts, unit="word", pooling="mean", layers="all",
+                                mix="none", max_tokens=max_tokens)
   by_text = dict(zip(texts, vectors))
   return {(text, word): np.nan_to_num(by_text[text][word]) for text, word in sentences}
 
@@ -250,7 +246,7 @@ def probe_task(items: dict[str, list[dict]], features: dict, task: str, seed: in
   """(metrics {task/accuracy, task/target_loss, task/macro_f1, task/distinct, task/l2},
   per-example {accuracy, target_nll}) of the probe trained on the training items of the seed's
   `fraction` of their words, its L2 weight chosen on the rest (L2_GRID)."""
-  held = [_hash_unit(f"{seed}:{target_word(i)}") >= fraction for i in items["train"]]
+  held = [wordnet.unit_hash(f"{seed}:{target_word(i)}") >= fraction for i in items["train"]]
   fit_items = [i for i, h in zip(items["train"], held) if not h]
   held_items = [i for i, h in zip(items["train"], held) if h]
   if not fit_items or not held_items:
@@ -296,8 +292,7 @@ def layered_features(spec: dict, seed: int, scale: dict, items: dict, workdirs: 
   if spec["kind"] == "static":
     return {k: v[None] for k, v in
             static_features(static_vectors(spec, workdirs), sentences).items()}
-  return contextual_features(representer(spec, seed, workdirs), sentences, layers="all",
-                             mix="none", max_tokens=scale["max_tokens"])
+  return contextual_features(representer(spec, seed, workdirs), sentences, scale["max_tokens"])
 
 
 def run_row(name: str, spec: dict, seed: int, scale: dict, items: dict, workdirs: str,

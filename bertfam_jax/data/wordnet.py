@@ -169,7 +169,7 @@ class ClassificationTask(NamedTuple):
   test: Examples
 
 
-def _unit_hash(text: str) -> float:
+def unit_hash(text: str) -> float:
   """A stable uniform in [0, 1) from the text (blake2b; independent of order and PYTHONHASHSEED)."""
   digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
   return int.from_bytes(digest, "little") / 2.0**64
@@ -206,7 +206,7 @@ def supersense_task(wordnet_dir: str | None = None, *, fractions=(0.8, 0.1, 0.1)
   """
   bounds = _split_bounds(fractions)
   synsets = load_synsets(wordnet_dir)
-  keyed = sorted((_unit_hash(s.definition), s.definition, s.lexname_id) for s in synsets)
+  keyed = sorted((unit_hash(s.definition), s.definition, s.lexname_id) for s in synsets)
   splits = []
   for lower, upper in zip(bounds[:-1], bounds[1:]):
     rows = [(text, label) for key, text, label in keyed if lower <= key < upper][:max_examples]
@@ -316,7 +316,7 @@ def _by_split(keyed_items, fractions) -> list[list]:
 def _synset_splits(synsets, fractions) -> list[list[Synset]]:
   """Synsets per split, by the hash of their definition as `supersense_task` splits them, so a
   definition sits in the same split in every WordNet task."""
-  return _by_split(((_unit_hash(s.definition), synset_id(s), s) for s in synsets), fractions)
+  return _by_split(((unit_hash(s.definition), synset_id(s), s) for s in synsets), fractions)
 
 
 def _raw_task(builder, wordnet_dir, fractions, max_examples, **kwargs) -> RawTask:
@@ -347,7 +347,7 @@ def _definition_qa(wordnet_dir: str, fractions, num_distractors: int):
   splits = []
   for synsets in _synset_splits([s for s in load_synsets(wordnet_dir) if s.examples], fractions):
     pool = [(e, split_words(e))
-            for _, e in sorted({(_unit_hash(e), e) for s in synsets for e in s.examples})]
+            for _, e in sorted({(unit_hash(e), e) for s in synsets for e in s.examples})]
     splits.append([_qa_example(s, pool, num_distractors) for s in synsets])
   return ((), *splits)
 
@@ -355,7 +355,7 @@ def _definition_qa(wordnet_dir: str, fractions, num_distractors: int):
 def _qa_example(synset: Synset, pool: list[tuple[str, list]], num_distractors: int) -> dict:
   sid, find = synset_id(synset), lemma_finder(synset)
   distractors = []
-  start = int(_unit_hash(f"{sid}|distractors") * len(pool))
+  start = int(unit_hash(f"{sid}|distractors") * len(pool))
   for step in range(len(pool)):
     if len(distractors) == num_distractors:
       break
@@ -363,7 +363,7 @@ def _qa_example(synset: Synset, pool: list[tuple[str, list]], num_distractors: i
     if sentence not in synset.examples and sentence not in distractors and not find(words):
       distractors.append(sentence)
   sentences = sorted(set(synset.examples) | set(distractors),
-                     key=lambda e: (_unit_hash(f"{sid}|{e}"), e))
+                     key=lambda e: (unit_hash(f"{sid}|{e}"), e))
   answers, offset = [], 0
   for sentence in sentences:
     if sentence in synset.examples:
@@ -439,14 +439,14 @@ def _lemma_choice(wordnet_dir: str, fractions, num_choices: int):
   pools = collections.defaultdict(set)
   for synset in synsets:
     pools[_POS_OF_SS_TYPE[synset.ss_type]].add(synset.words[0].replace("_", " "))
-  pools = {pos: sorted(lemmas, key=lambda w: (_unit_hash(w), w)) for pos, lemmas in pools.items()}
+  pools = {pos: sorted(lemmas, key=lambda w: (unit_hash(w), w)) for pos, lemmas in pools.items()}
   splits = []
   for split_synsets in _synset_splits(synsets, fractions):
     examples = []
     for synset in split_synsets:
       sid, pool = synset_id(synset), pools[_POS_OF_SS_TYPE[synset.ss_type]]
       own = {w.replace("_", " ").lower() for w in synset.words}
-      start = int(_unit_hash(f"{sid}|choices") * len(pool))
+      start = int(unit_hash(f"{sid}|choices") * len(pool))
       distractors = []
       for step in range(len(pool)):
         if len(distractors) == num_choices - 1:
@@ -454,7 +454,7 @@ def _lemma_choice(wordnet_dir: str, fractions, num_choices: int):
         lemma = pool[(start + step) % len(pool)]
         if lemma.lower() not in own and lemma.lower() not in {d.lower() for d in distractors}:
           distractors.append(lemma)
-      label = int(_unit_hash(f"{sid}|label") * num_choices)
+      label = int(unit_hash(f"{sid}|label") * num_choices)
       choices = distractors[:label] + [synset.words[0].replace("_", " ")] + distractors[label:]
       examples.append(dict(question=synset.definition, choices=choices, label=label))
     splits.append(examples)
