@@ -7,8 +7,13 @@ import os
 import shutil
 import tempfile
 
+# XLA:CPU aborts the process when one of the 8 devices' threads reaches a collective more than 40 s
+# after the others ("Termination timeout ... exceeded"): on a 2-core machine under load (another
+# xdist worker compiling, a background job) a starved thread did, twice, killing the worker
+# mid-fixture with no message. 10 minutes is still a hang, not a slow step.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+                           " --xla_force_host_platform_device_count=8"
+                           " --xla_cpu_collective_call_terminate_timeout_seconds=600").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests run tiny shapes for a few steps: XLA:CPU's optimisation passes cost more than they save
 # (the suite took 7.5 instead of 10 minutes on the 2-core CI machine). Inherited by the CLI

@@ -33,6 +33,17 @@ def copy_until(src, dst, step: int) -> None:
       shutil.rmtree(os.path.join(dst, "checkpoints", name))
 
 
+def assert_resume_reproduces(config, uninterrupted, workdir, at: int = 15,
+                             steps=(20, 25, 30)) -> None:
+  """`uninterrupted` copied to `workdir` as of its checkpoint at step `at` and trained on with
+  `config`: its train losses at `steps` equal the uninterrupted run's bit for bit."""
+  from bertfam_jax.train import train  # pylint: disable=g-import-not-at-top
+  copy_until(uninterrupted, workdir, at)
+  train.run(config, workdir)
+  resumed, reference = train_records(workdir), train_records(uninterrupted)
+  assert [resumed[s]["loss"] for s in steps] == [reference[s]["loss"] for s in steps]
+
+
 def damage_array_files(checkpoint: str) -> int:
   """Overwrites every array data file of a checkpoint step directory (state/ocdbt.process_<i>/
   d/<hash>) with 64 bytes of 0xff; returns how many files it damaged."""

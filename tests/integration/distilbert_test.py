@@ -11,14 +11,12 @@ import pytest
 
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.data import pipeline as pipeline_lib
-from bertfam_jax.data import sources
 from bertfam_jax.models import pretraining
 from bertfam_jax.objectives import distillation
 from bertfam_jax.train import checkpoint, train
 from helpers import teachers
-from helpers.run_records import copy_until, metric_records, train_records
-from helpers.sharded import run_steps
+from helpers.run_records import assert_resume_reproduces, metric_records, train_records
+from helpers.sharded import assert_sharded_equals_single, host_batches, run_steps
 
 BATCH = 8
 _load = teachers.load_config
@@ -79,12 +77,7 @@ def test_distillation_trains_the_student_and_leaves_the_teacher(teacher, student
 
 
 def test_resume_reproduces_the_run(teacher, student, tmp_path):
-  workdir = str(tmp_path / "resumed")
-  copy_until(student, workdir, 15)
-  train.run(student_config(teacher), workdir)
-  resumed, reference = train_records(workdir), train_records(student)
-  assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
-                                                        for s in (20, 25, 30)]
+  assert_resume_reproduces(student_config(teacher), student, str(tmp_path / "resumed"))
 
 
 def test_the_student_loads_as_an_encoder(student):
@@ -96,19 +89,9 @@ def test_sharded_steps_equal_single_device(teacher):
   """Two distillation steps on a 2 x 2 x 2 mesh equal one device: losses and parameters, the
   teacher collection unchanged on both."""
   config = student_config(teacher)
-  docs = sources.get_documents(config.data, "train")
   tokenizer = workdir_lib.load_tokenizer(workdir_lib.read_config(teacher), teacher)
-  pipe = pipeline_lib.Pipeline(config, tokenizer, docs,
-                               distillation.make_features(config, tokenizer), 0, 1, BATCH)
-  batches = [next(pipe) for _ in range(2)]
-  pipe.close()
-  config.mesh.update(data=2, fsdp=2, tensor=2)
-  losses, state = run_steps(config, distillation, batches, jax.devices())
-  config.mesh.update(data=1, fsdp=1, tensor=1)
-  ref_losses, ref_state = run_steps(config, distillation, batches, jax.devices()[:1])
-  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
-               state.params, ref_state.params)
+  batches = host_batches(config, distillation, 2, BATCH, tokenizer)
+  state, _ = assert_sharded_equals_single(config, distillation, batches)
   config.mesh.update(data=2, fsdp=2, tensor=2)
   _, fresh = run_steps(config, distillation, [], jax.devices())
   jax.tree.map(np.testing.assert_array_equal, state.params[pretraining.TEACHER],

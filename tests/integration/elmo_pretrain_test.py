@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 
 from bertfam_jax import config_lib as cl
-from bertfam_jax.data import pipeline as pipeline_lib
-from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import elmo
 from bertfam_jax.train import train
-from helpers.sharded import run_steps
-from helpers.run_records import copy_until, metric_records, train_records
+from helpers.run_records import assert_resume_reproduces, metric_records, train_records
+from helpers.sharded import assert_sharded_equals_single, host_batches
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH, VOCAB = 8, 512
@@ -54,36 +52,17 @@ def test_both_directions_learn(uninterrupted):
 
 
 def test_resume_reproduces_the_run(uninterrupted, tmp_path):
-  workdir = str(tmp_path / "resumed")
-  copy_until(uninterrupted, workdir, 15)
-  train.run(tiny_config(), workdir)
-  resumed, reference = train_records(workdir), train_records(uninterrupted)
-  assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
-                                                        for s in (20, 25, 30)]
+  assert_resume_reproduces(tiny_config(), uninterrupted, str(tmp_path / "resumed"))
 
 
 @pytest.fixture(scope="module")
 def batches():
-  config = tiny_config()
-  docs = sources.get_documents(config.data, "train")
-  tokenizer = tokenizers.load_or_train(config, docs)
-  pipe = pipeline_lib.Pipeline(config, tokenizer, docs, elmo.make_features(config, tokenizer),
-                               0, 1, BATCH, **elmo.pipeline_options(config))
-  out = [next(pipe) for _ in range(2)]
-  pipe.close()
-  return out
+  return host_batches(tiny_config(), elmo, 2, BATCH)
 
 
 def test_sharded_steps_equal_single_device(batches):
   """Two steps on a 2 x 2 x 2 mesh equal one device: losses and parameters."""
-  config = tiny_config()
-  config.mesh.update(data=2, fsdp=2, tensor=2)
-  losses, state = run_steps(config, elmo, batches, jax.devices())
-  config.mesh.update(data=1, fsdp=1, tensor=1)
-  ref_losses, ref_state = run_steps(config, elmo, batches, jax.devices()[:1])
-  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
-               state.params, ref_state.params)
+  assert_sharded_equals_single(tiny_config(), elmo, batches)
 
 
 def test_the_sampled_softmax_trains(batches):

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from bertfam_jax import config_lib as cl
-from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import causal_lm
 from bertfam_jax.train import train
-from helpers.sharded import run_steps
-from helpers.run_records import copy_until, metric_records, train_records
+from helpers.run_records import assert_resume_reproduces, metric_records, train_records
+from helpers.sharded import assert_sharded_equals_single, host_batches
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH, VOCAB = 8, 512
@@ -49,24 +48,14 @@ def test_loss_falls_and_the_run_writes_its_outputs(uninterrupted):
 
 
 def test_resume_reproduces_the_run(uninterrupted, tmp_path):
-  workdir = str(tmp_path / "resumed")
-  copy_until(uninterrupted, workdir, 15)
-  train.run(tiny_config(), workdir)
-  resumed, reference = train_records(workdir), train_records(uninterrupted)
-  assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
-                                                        for s in (20, 25, 30)]
+  assert_resume_reproduces(tiny_config(), uninterrupted, str(tmp_path / "resumed"))
 
 
 @pytest.fixture(scope="module")
 def batches():
   config = tiny_config()
-  docs = sources.get_documents(config.data, "train")
-  tokenizer = tokenizers.load_or_train(config, docs)
-  pipe = pipeline_lib.Pipeline(config, tokenizer, docs, causal_lm.make_features(config, tokenizer),
-                               0, 1, BATCH)
-  out = [next(pipe) for _ in range(2)]
-  pipe.close()
-  return out, tokenizer
+  tokenizer = tokenizers.load_or_train(config, sources.get_documents(config.data, "train"))
+  return host_batches(config, causal_lm, 2, BATCH, tokenizer), tokenizer
 
 
 def test_rows_are_next_token_pairs(batches):
@@ -81,16 +70,8 @@ def test_rows_are_next_token_pairs(batches):
 @pytest.mark.parametrize("version", [1, 2])
 def test_sharded_steps_equal_single_device(batches, version):
   """Two steps on a 2 x 2 x 2 mesh equal one device: losses and parameters."""
-  config = tiny_config(version)
-  config.mesh.update(data=2, fsdp=2, tensor=2)
-  losses, state = run_steps(config, causal_lm, batches[0], jax.devices())
-  config.mesh.update(data=1, fsdp=1, tensor=1)
-  ref_losses, ref_state = run_steps(config, causal_lm, batches[0], jax.devices()[:1])
-  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-  params, ref_params = state.params, ref_state.params
-  assert ("final_ln" in params["params"]["encoder"]) == (version == 2)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
-               params, ref_params)
+  state, _ = assert_sharded_equals_single(tiny_config(version), causal_lm, batches[0])
+  assert ("final_ln" in state.params["params"]["encoder"]) == (version == 2)
 
 
 @pytest.mark.parametrize("task", ["wordnet_supersense", "wordnet_choice"])

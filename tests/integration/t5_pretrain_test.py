@@ -8,11 +8,11 @@ import pytest
 from bertfam_jax import config_lib as cl
 from bertfam_jax import objectives
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.data import pipeline as pipeline_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import train
-from helpers.run_records import copy_until, metric_records, train_records
+from helpers.run_records import assert_resume_reproduces, metric_records, train_records
+from helpers.sharded import host_batches
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -66,23 +66,12 @@ def test_a_short_targets_length_logs_the_share_it_cuts(tmp_path):
 def test_resume_reproduces_the_run(uninterrupted, tmp_path):
   """Steps 16..30 after restoring step 15 equal the uninterrupted run's, bit for bit: the data
   position (T5 rows are regrouped by packing) and the noise are resumed exactly."""
-  workdir = str(tmp_path / "resumed")
-  copy_until(uninterrupted, workdir, 15)
-  train.run(tiny_config(), workdir)
-  resumed, reference = train_records(workdir), train_records(uninterrupted)
-  assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
-                                                        for s in (20, 25, 30)]
+  assert_resume_reproduces(tiny_config(), uninterrupted, str(tmp_path / "resumed"))
 
 
 def _first_batch(config):
-  docs = sources.get_documents(config.data, "train")
-  tokenizer = tokenizers.load_or_train(config, docs)
-  pipe = pipeline_lib.Pipeline(config, tokenizer, docs,
-                               t5_objective.make_features(config, tokenizer), 0, 1, 8,
-                               **t5_objective.pipeline_options(config))
-  batch = next(pipe)
-  pipe.close()
-  return batch, tokenizer
+  tokenizer = tokenizers.load_or_train(config, sources.get_documents(config.data, "train"))
+  return host_batches(config, t5_objective, 1, 8, tokenizer)[0], tokenizer
 
 
 @pytest.mark.parametrize("objective", [

@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 
 from bertfam_jax import config_lib as cl
-from bertfam_jax.data import pipeline as pipeline_lib
-from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import unilm
 from bertfam_jax.train import train
-from helpers.sharded import run_steps
+from helpers.sharded import assert_sharded_equals_single, host_batches
 from helpers.run_records import metric_records, train_records
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,14 +47,7 @@ def test_loss_falls_with_every_lm_type_logged(uninterrupted):
 
 @pytest.fixture(scope="module")
 def batches():
-  config = tiny_config()
-  docs = sources.get_documents(config.data, "train")
-  tokenizer = tokenizers.load_or_train(config, docs)
-  pipe = pipeline_lib.Pipeline(config, tokenizer, docs, unilm.make_features(config, tokenizer),
-                               0, 1, BATCH)
-  out = [next(pipe) for _ in range(2)]
-  pipe.close()
-  return out
+  return host_batches(tiny_config(), unilm, 2, BATCH)
 
 
 def test_rows_hold_their_types_and_b_follows_a(batches):
@@ -69,15 +60,7 @@ def test_rows_hold_their_types_and_b_follows_a(batches):
 
 
 def test_sharded_steps_equal_single_device(batches):
-  config = tiny_config()
-  config.mesh.update(data=2, fsdp=2, tensor=2)
-  losses, state = run_steps(config, unilm, batches, jax.devices())
-  config.mesh.update(data=1, fsdp=1, tensor=1)
-  ref_losses, ref_state = run_steps(config, unilm, batches, jax.devices()[:1])
-  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-  params, ref_params = state.params, ref_state.params
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
-               params, ref_params)
+  assert_sharded_equals_single(tiny_config(), unilm, batches)
 
 
 def test_seq2seq_fine_tuning_on_a_text_task(uninterrupted, tmp_path):

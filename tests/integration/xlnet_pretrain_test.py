@@ -5,17 +5,14 @@ and row r of every batch continues row r of the one before."""
 
 import os
 
-import jax
 import numpy as np
 import pytest
 
 from bertfam_jax import config_lib as cl
-from bertfam_jax.data import pipeline as pipeline_lib
-from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.objectives import xlnet
 from bertfam_jax.train import train
-from helpers.sharded import run_steps
-from helpers.run_records import copy_until, metric_records, train_records
+from helpers.run_records import assert_resume_reproduces, metric_records, train_records
+from helpers.sharded import assert_sharded_equals_single, host_batches
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH, REUSE = 8, 16
@@ -57,24 +54,12 @@ def test_loss_falls_and_the_run_writes_its_outputs(uninterrupted):
 def test_resume_reproduces_the_run(uninterrupted, tmp_path):
   """Steps 16..30 after restoring step 15 equal the uninterrupted run's bit for bit: parameters,
   the memory (the carry, in the checkpoint) and the data position all come back."""
-  workdir = str(tmp_path / "resumed")
-  copy_until(uninterrupted, workdir, 15)
-  train.run(tiny_config(), workdir)
-  resumed, reference = train_records(workdir), train_records(uninterrupted)
-  assert [resumed[s]["loss"] for s in (20, 25, 30)] == [reference[s]["loss"]
-                                                        for s in (20, 25, 30)]
+  assert_resume_reproduces(tiny_config(), uninterrupted, str(tmp_path / "resumed"))
 
 
 @pytest.fixture(scope="module")
 def batches():
-  config = tiny_config()
-  docs = sources.get_documents(config.data, "train")
-  tokenizer = tokenizers.load_or_train(config, docs)
-  pipe = pipeline_lib.Pipeline(config, tokenizer, docs, xlnet.make_features(config, tokenizer),
-                               0, 1, BATCH, **xlnet.pipeline_options(config))
-  out = [next(pipe) for _ in range(3)]
-  pipe.close()
-  return out
+  return host_batches(tiny_config(), xlnet, 3, BATCH)
 
 
 def test_each_row_continues_the_same_stream(batches):
@@ -92,16 +77,10 @@ def test_each_row_continues_the_same_stream(batches):
 def test_sharded_steps_equal_single_device(batches):
   """Three steps (the memory flowing from each to the next) on a 2 x 2 x 2 mesh equal one device:
   losses, parameters and the carried memory."""
-  config = tiny_config()
-  config.mesh.update(data=2, fsdp=2, tensor=2)
-  losses, state = run_steps(config, xlnet, batches, jax.devices())
-  config.mesh.update(data=1, fsdp=1, tensor=1)
-  ref_losses, ref_state = run_steps(config, xlnet, batches, jax.devices()[:1])
-  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-  (params, carry), (ref_params, ref_carry) = ((s.params, s.carry) for s in (state, ref_state))
+  state, _ = assert_sharded_equals_single(tiny_config(), xlnet, batches,
+                                          compared=lambda s: (s.params, s.carry))
+  carry = state.carry
   assert len(carry) == 2 and carry[0].shape == (BATCH, 24, 32) and np.abs(carry[0]).sum() > 0
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
-               (params, carry), (ref_params, ref_carry))
 
 
 def test_fine_tuning_reads_the_content_stream(uninterrupted, tmp_path):
