@@ -38,7 +38,7 @@ def test_wic_pairs_are_balanced_and_no_lemma_is_in_both_splits():
 
 def test_the_probe_reads_what_the_features_hold():
   """Features that are the label's one-hot score (nearly) 100%; constant features score the
-  majority; the wic design is [u; v; u·v; |u − v|]."""
+  majority; the wic design is the pair's cosine similarity (1 for a zero vector)."""
   rng = np.random.default_rng(0)
   items = {split: [dict(text=f"{split}{k} word", word=0, label=int(rng.integers(0, 5)))
                    for k in range(200)] for split in ("train", "test")}
@@ -50,8 +50,11 @@ def test_the_probe_reads_what_the_features_hold():
   metrics, _ = rp.probe_task(items, constant, rp.SUPERSENSE, 1, 0.8, 5)
   assert metrics["supersense/distinct"] == 1
   pair = [dict(texts=("a", "b"), words=(0, 0), label=1)]
-  x = rp.design(pair, {("a", 0): np.array([1.0, 2.0]), ("b", 0): np.array([3.0, -1.0])}, rp.WIC)
-  np.testing.assert_array_equal(x, [[1, 2, 3, -1, 3, -2, 2, 3]])
+  x = rp.design(pair * 2, {("a", 0): np.array([1.0, 2.0]), ("b", 0): np.array([3.0, -1.0])},
+                rp.WIC)
+  np.testing.assert_allclose(x, [[0.1 / np.sqrt(0.5)]] * 2, rtol=1e-6)   # 1 / (√5 √10)
+  x = rp.design(pair, {("a", 0): np.zeros(2), ("b", 0): np.array([3.0, -1.0])}, rp.WIC)
+  np.testing.assert_array_equal(x, [[1.0]])
 
 
 def test_static_features_ignore_the_sentence():
