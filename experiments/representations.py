@@ -204,11 +204,12 @@ def representer(spec: dict, seed: int, workdirs: str) -> represent.Representer:
 def contextual_features(r: represent.Representer, sentences: list[tuple[str, int]],
                         max_tokens: int) -> dict[tuple[str, int], np.ndarray]:
   """{(text, word): [layers, hidden]} of each target word: every hidden state the network
-  gives."""
+  gives (one for XLNet's content stream and T5's encoder, whose [words, hidden] output gains
+  the layer axis here)."""
   texts = sorted({text for text, _ in sentences})
   vectors = represent.represent(r, texts, unit="word", pooling="mean", layers="all",
                                 mix="none", max_tokens=max_tokens)
-  by_text = dict(zip(texts, vectors))
+  by_text = {text: v if r.num_states > 1 else v[:, None] for text, v in zip(texts, vectors)}
   return {(text, word): np.nan_to_num(by_text[text][word]) for text, word in sentences}
 
 
