@@ -385,8 +385,8 @@ def write(results: Sequence[dict], comparison: Comparison, out: str, *, setup: s
           constants: Mapping[str, float], scale: Mapping, **meta) -> str:
   """OUT/table.md (`markdown`, with each row's degenerate flags gathered from its records),
   OUT/meta.json (the primary metric, the evaluation examples per column's task, the constant
-  outputs, seeds, commits, `scale` and any further `meta`), OUT/plot.png and OUT/curves.png;
-  returns the markdown."""
+  outputs, seeds, commits, `scale` and any further `meta`), OUT/plot.png and, where the records
+  carry pre-training curves, OUT/curves.png; returns the markdown."""
   degenerate = {}
   for r in results:
     degenerate.setdefault(r["row"], set()).update(r.get("degenerate", ()))
@@ -405,7 +405,8 @@ def write(results: Sequence[dict], comparison: Comparison, out: str, *, setup: s
   with open(os.path.join(out, "meta.json"), "w") as fh:
     json.dump(record, fh, indent=1, ensure_ascii=False)
   plot(results, comparison, constants, os.path.join(out, "plot.png"))
-  curves(results, comparison, os.path.join(out, "curves.png"))
+  if any((r.get("pretrain") or {}).get("curve") for r in results):
+    curves(results, comparison, os.path.join(out, "curves.png"))
   return markdown_text
 
 
@@ -417,17 +418,22 @@ def plot(results: Sequence[dict], comparison: Comparison, constants: Mapping[str
   """plot.png: per column, our mean and 95% interval per row on an axis that reaches the
   column's zero (0 for scores, the perfect 0 nats for log-likelihoods), with the floor's mean
   and the constant output as vertical lines; below, the paper's columns that ours stand in
-  for, each on its own axis from 0. No twin or truncated axes."""
+  for, each on its own axis from 0 (no second row when there are none). No twin or truncated
+  axes."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   table = summarise(results, comparison)
   names = list(table)
   columns = list(comparison.columns)
-  fig, axes = plt.subplots(2, len(columns), figsize=(4.2 * len(columns), 2 + 0.8 * len(names)),
+  with_paper = bool(comparison.paper) and any(c.paper is not None and not c.loglik
+                                              for c in columns)
+  fig, axes = plt.subplots(1 + with_paper, len(columns),
+                           figsize=(4.2 * len(columns), (2 + 0.8 * len(names)) / (2 - with_paper)),
                            squeeze=False)
   y = np.arange(len(names))
-  for ax, paper_ax, c in zip(axes[0], axes[1], columns):
+  for ax, paper_ax, c in zip(axes[0], axes[-1] if with_paper else [None] * len(columns),
+                             columns):
     means = np.array([table[n][c.key][0] for n in names])
     halves = np.array([np.nan_to_num(table[n][c.key][1]) for n in names])
     ax.errorbar(means, y, xerr=halves, fmt="o", capsize=3, color="tab:blue")
@@ -446,6 +452,8 @@ def plot(results: Sequence[dict], comparison: Comparison, constants: Mapping[str
     ax.invert_yaxis()
     if ax.get_legend_handles_labels()[0]:
       ax.legend(loc="best", fontsize=7)
+    if paper_ax is None:
+      continue
     if c.paper is None or c.loglik:
       paper_ax.set_axis_off()
       continue
@@ -455,7 +463,8 @@ def plot(results: Sequence[dict], comparison: Comparison, constants: Mapping[str
     paper_ax.set_xlabel(f"paper: {c.paper}")
     paper_ax.set_yticks(y, names if c is columns[0] else [""] * len(names))
     paper_ax.invert_yaxis()
-  fig.suptitle(f"{comparison.title}: ours (mean ± 95% interval over seeds) and the paper's")
+  fig.suptitle(f"{comparison.title}: ours (mean ± 95% interval over seeds)"
+               + (" and the paper's" if with_paper else ""))
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)

@@ -32,8 +32,8 @@ The probe: softmax regression on standardised features (`finetune.probe.softmax_
 `train_fraction` of them, with all their examples; its L2 weight is chosen on the others',
 L2_GRID) and the floor's initialisation. Scores on the same test examples for
 every row: accuracy and the gold label's log-likelihood, per example, for the paired bootstrap
-(`experiments/report.py`). Per-layer curves (seed 0): the supersense probe on each layer of the
-rows that have several (which layer holds what).
+(`experiments/report.py`). Per-layer curves (seed 0, table.md and layers.png): the supersense
+probe on each layer of the rows that have several (which layer holds what).
 
   python -m experiments.representations --scale=cpu --workdirs=/tmp/representations
 """
@@ -354,14 +354,38 @@ def curves_table(results: list[dict]) -> list[str]:
   return lines
 
 
+def layers_plot(results: list[dict], constant: float, path: str) -> None:
+  """layers.png: the supersense probe's accuracy on each layer alone (seed 0), one line per row
+  that has several layers, with the constant output."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.ticker  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for r in results:
+    if r.get("layer_curve"):
+      ax.plot(range(len(r["layer_curve"])), 100 * np.array(r["layer_curve"]), marker="o",
+              label=r["row"])
+  ax.axhline(100 * constant, color="black", ls="--", lw=1, label="constant output")
+  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  ax.set(xlabel="layer (0: embeddings / ELMo's token layer)", ylabel="supersense accuracy (×100)",
+         ylim=(0, None), title="Which layer holds supersenses (seed 0)")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
 def write_summary(results: list[dict], out: str, scale_name: str, items: dict) -> str:
   setup = (f"Scale `{scale_name}`: {SCALES[scale_name]}; probes trained on "
            f"{len(items[SUPERSENSE]['train'])} supersense and {len(items[WIC]['train'])} wic "
            f"training examples (a seed's {SCALES[scale_name]['train_fraction']:.0%} of them), "
            f"scored on {len(items[SUPERSENSE]['test'])} and {len(items[WIC]['test'])} test "
            "examples.")
-  text = report.write(results, COMPARISON, out, setup=setup, constants=constant_scores(items),
+  constants = constant_scores(items)
+  text = report.write(results, COMPARISON, out, setup=setup, constants=constants,
                       scale=SCALES[scale_name])
+  layers_plot(results, constants[SUPERSENSE], os.path.join(out, "layers.png"))
   text += "\n## Which layer holds supersenses (seed 0)\n\n" + "\n".join(curves_table(results))
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(text + "\n")

@@ -102,4 +102,4 @@ def test_the_report_has_the_floor_check_and_the_layer_curves(tmp_path):
   text = rp.write_summary(results, str(tmp_path), "cpu", items)
   assert "Which layer holds supersenses" in text and "| BERT | 30.0 → 40.0 → 35.0 |" in text
   assert "floor" in text.lower()
-  assert sorted(os.listdir(tmp_path)) == ["curves.png", "meta.json", "plot.png", "table.md"]
+  assert sorted(os.listdir(tmp_path)) == ["layers.png", "meta.json", "plot.png", "table.md"]
