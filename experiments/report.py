@@ -12,7 +12,7 @@ timings. A `Comparison` says which rows, columns and paper numbers the report la
   markdown(...)                      table.md: the floor check, the paper's layout with its
                                      numbers beside ours, differences against the baseline,
                                      ranks, Kendall τ / Spearman ρ per block, what each row saw
-  plot(...), curves(...)             plot.png and curves.png
+  plot(...), curves(...)             plot.png, and curves.png where pre-training curves exist
 """
 
 from __future__ import annotations
@@ -143,6 +143,20 @@ def constant_output(scores: Mapping[str, float], column: Column) -> float | None
   return None if value is None else column.shown(value)
 
 
+def not_separated(table: Mapping[str, dict], comparison: Comparison, column: Column,
+                  names: Sequence[str]) -> list[str]:
+  """Those of `names` whose mean on `column` is not above the floor's by more than both
+  intervals' half-widths (a missing interval counts as infinite)."""
+  floor_mean, floor_half = table[comparison.floor][column.key]
+  out = []
+  for name in names:
+    mean, half = table[name][column.key]
+    if not mean - floor_mean > (np.nan_to_num(half, nan=np.inf)
+                                + np.nan_to_num(floor_half, nan=np.inf)):
+      out.append(name)
+  return out
+
+
 def floor_check(table: Mapping[str, dict], comparison: Comparison,
                 constants: Mapping[str, float] | None = None) -> tuple[bool, list[str]]:
   """(every pre-trained row's primary interval entirely above the floor's, one line per
@@ -156,12 +170,7 @@ def floor_check(table: Mapping[str, dict], comparison: Comparison,
   lines, valid = [], bool(checked)
   for column in comparison.columns:
     floor_mean, floor_half = table[comparison.floor][column.key]
-    overlapping = []
-    for name in pretrained:
-      mean, half = table[name][column.key]
-      if not mean - floor_mean > (np.nan_to_num(half, nan=np.inf)
-                                  + np.nan_to_num(floor_half, nan=np.inf)):
-        overlapping.append(name)
+    overlapping = not_separated(table, comparison, column, pretrained)
     if column.key == comparison.primary_key:
       valid = valid and not set(overlapping) & set(checked)
     verdict = ("every pre-trained row better, intervals apart" if not overlapping else
@@ -214,9 +223,13 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
   if comparison.floor_rows is None:
     subject = ("every pre-trained row is", "some pre-trained row is")
   else:
-    checked = (f"{' and '.join(comparison.floor_rows)} (the rows the scale must separate from "
-               "the floor; the others may fall to it) is")
-    subject = (checked, checked)
+    checked = [r for r in comparison.floor_rows if r in table]
+    failing = (not_separated(table, comparison, comparison.primary, checked)
+               if comparison.floor in table else checked)
+    must = "the rows the scale must separate from the floor; the others may fall to it"
+    subject = (f"{', '.join(checked)} ({must}) {'is' if len(checked) == 1 else 'are'}",
+               f"{', '.join(failing) or 'none ran'} (of {', '.join(comparison.floor_rows)}: "
+               f"{must}) {'is' if len(failing) == 1 else 'are'}")
   lines = [f"# {comparison.title}", "", setup, "",
            f"Rows × seeds: {len(results)} runs, seeds {seeds}. Cells: mean ± 95% t-interval "
            "over seeds, conditional on the evaluation examples (scores ×100; log-lik: the gold "
@@ -405,7 +418,7 @@ def write(results: Sequence[dict], comparison: Comparison, out: str, *, setup: s
   with open(os.path.join(out, "meta.json"), "w") as fh:
     json.dump(record, fh, indent=1, ensure_ascii=False)
   plot(results, comparison, constants, os.path.join(out, "plot.png"))
-  if any((r.get("pretrain") or {}).get("curve") for r in results):
+  if any(pretraining_curve(r) for r in results):
     curves(results, comparison, os.path.join(out, "curves.png"))
   return markdown_text
 
@@ -470,6 +483,13 @@ def plot(results: Sequence[dict], comparison: Comparison, constants: Mapping[str
   plt.close(fig)
 
 
+def pretraining_curve(record: dict) -> dict | None:
+  """The record's pre-training curve {steps, loss, eval_steps, eval_accuracy}, or None (none
+  recorded, or no step in it)."""
+  curve = (record.get("pretrain") or {}).get("curve")
+  return curve if curve and curve["steps"] else None
+
+
 def curves(results: Sequence[dict], comparison: Comparison, path: str) -> None:
   """curves.png: pre-training loss and held-out accuracy (on the row's own targets) against
   input tokens seen, one colour per row, one line per seed."""
@@ -480,8 +500,8 @@ def curves(results: Sequence[dict], comparison: Comparison, path: str) -> None:
   colours = plt.get_cmap("tab20")
   for i, name in enumerate(rows_run(results, comparison)):
     for j, record in enumerate(runs(results, name)):
-      curve = (record.get("pretrain") or {}).get("curve")
-      if not curve or not curve["steps"]:
+      curve = pretraining_curve(record)
+      if curve is None:
         continue
       per_step = record["input_tokens"] / max(curve["steps"][-1], 1)
       label = name if j == 0 else None

@@ -209,7 +209,7 @@ def contextual_features(r: represent.Representer, sentences: list[tuple[str, int
   texts = sorted({text for text, _ in sentences})
   vectors = represent.represent(r, texts, unit="word", pooling="mean", layers="all",
                                 mix="none", max_tokens=max_tokens)
-  by_text = {text: v if r.num_states > 1 else v[:, None] for text, v in zip(texts, vectors)}
+  by_text = {text: v[:, None] if v.ndim == 2 else v for text, v in zip(texts, vectors)}
   return {(text, word): np.nan_to_num(by_text[text][word]) for text, word in sentences}
 
 
@@ -226,22 +226,24 @@ def static_features(vectors, sentences: list[tuple[str, int]]) -> dict[tuple[str
 
 def design(items: list[dict], features: dict, task: str) -> np.ndarray:
   """The probe's input per example, [examples, features]: the word's vector (supersense), or the
-  cosine similarity of the pair's two vectors (wic; 1 where either is zero, a static row's word
-  outside its vocabulary: the same word, the same vector)."""
+  cosine similarity of the pair's two vectors (wic). A zero vector is word2vec's word outside
+  its vocabulary (or a word past max_tokens): both zero, the same form twice, 1; one zero, two
+  forms of which one is known, 0."""
   if task == SUPERSENSE:
     return np.stack([features[(i["text"], i["word"])] for i in items])
   u = np.stack([features[(i["texts"][0], i["words"][0])] for i in items])
   v = np.stack([features[(i["texts"][1], i["words"][1])] for i in items])
   norms = np.linalg.norm(u, axis=1) * np.linalg.norm(v, axis=1)
-  cosine = np.where(norms > 0, (u * v).sum(1) / np.where(norms > 0, norms, 1.0), 1.0)
+  both_zero = ~u.any(axis=1) & ~v.any(axis=1)
+  cosine = np.where(norms > 0, (u * v).sum(1) / np.where(norms > 0, norms, 1.0),
+                    both_zero.astype(np.float64))
   return cosine[:, None].astype(np.float32)
 
 
 # The probe's L2 weights, one chosen per (row, task, seed) by the gold label's log-likelihood on
-# the training examples the seed left out: a fixed weight let wide inputs overfit below the
-# constant output's log-likelihood while the 100-wide static ones did not. The seed
-# leaves out whole words (every training example of a word it draws), as the test split holds
-# words the probe never saw: held-out examples of seen words chose too weak a weight for wic.
+# the training examples the seed left out (a fixed weight let the first design's wide wic inputs
+# overfit below the constant output's log-likelihood). The seed leaves out whole words (every
+# training example of a word it draws), as wic's test split holds words the probe never saw.
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 

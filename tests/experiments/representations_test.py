@@ -4,7 +4,6 @@ features the same in every sentence, and the report from records."""
 
 import os
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -39,7 +38,7 @@ def test_wic_pairs_are_balanced_and_no_lemma_is_in_both_splits():
 
 def test_the_probe_reads_what_the_features_hold():
   """Features that are the label's one-hot score (nearly) 100%; constant features score the
-  majority; the wic design is the pair's cosine similarity (1 for a zero vector)."""
+  majority; the wic design is the pair's cosine similarity (zero vectors: 1 both, 0 one)."""
   rng = np.random.default_rng(0)
   items = {split: [dict(text=f"{split}{k} word", word=0, label=int(rng.integers(0, 5)))
                    for k in range(200)] for split in ("train", "test")}
@@ -55,7 +54,9 @@ def test_the_probe_reads_what_the_features_hold():
                 rp.WIC)
   np.testing.assert_allclose(x, [[0.1 / np.sqrt(0.5)]] * 2, rtol=1e-6)   # 1 / (√5 √10)
   x = rp.design(pair, {("a", 0): np.zeros(2), ("b", 0): np.array([3.0, -1.0])}, rp.WIC)
-  np.testing.assert_array_equal(x, [[1.0]])
+  np.testing.assert_array_equal(x, [[0.0]])   # one form known, the other not
+  x = rp.design(pair, {("a", 0): np.zeros(2), ("b", 0): np.zeros(2)}, rp.WIC)
+  np.testing.assert_array_equal(x, [[1.0]])   # the same unknown form twice
 
 
 @pytest.mark.parametrize("num_states", [1, 3])
@@ -63,13 +64,12 @@ def test_contextual_features_keep_a_layer_axis(monkeypatch, num_states):
   """[layers, hidden] per target word whatever the network gives: represent's [words, hidden]
   for a one-state model (XLNet, T5's encoder) gains the axis, several states keep theirs. The
   first full run took a one-state model's hidden axis for its layers."""
-  words_hidden = (3, num_states, 4) if num_states > 1 else (3, 4)
+  words_hidden = (5, num_states, 4) if num_states > 1 else (5, 4)
   monkeypatch.setattr(rp.represent, "represent", lambda r, texts, **_: [
       np.arange(np.prod(words_hidden), dtype=np.float32).reshape(words_hidden) for _ in texts])
-  r = types.SimpleNamespace(num_states=num_states)
-  features = rp.contextual_features(r, [("a b c", 2), ("d e f", 0)], 16)
-  assert features[("a b c", 2)].shape == (num_states, 4)
-  np.testing.assert_array_equal(features[("d e f", 0)][-1], [0, 1, 2, 3] if num_states == 1
+  features = rp.contextual_features(object(), [("a b c d e", 2), ("f g h i j", 0)], 16)
+  assert features[("a b c d e", 2)].shape == (num_states, 4)
+  np.testing.assert_array_equal(features[("f g h i j", 0)][-1], [0, 1, 2, 3] if num_states == 1
                                 else [8, 9, 10, 11])
 
 

@@ -1,9 +1,12 @@
-"""What a run wrote to its workdir, read back for tests: metrics.jsonl's records, and a copy of
-the workdir as an interrupted run would have left it."""
+"""What a run wrote to its workdir, read back for tests: metrics.jsonl's records, a copy of the
+workdir as an interrupted run would have left it, and the resume check that trains on from such
+a copy."""
 
 import json
 import os
 import shutil
+
+from bertfam_jax.train import train
 
 
 def metric_records(workdir, complete_only: bool = False) -> list[dict]:
@@ -37,7 +40,6 @@ def assert_resume_reproduces(config, uninterrupted, workdir, at: int = 15,
                              steps=(20, 25, 30)) -> None:
   """`uninterrupted` copied to `workdir` as of its checkpoint at step `at` and trained on with
   `config`: its train losses at `steps` equal the uninterrupted run's bit for bit."""
-  from bertfam_jax.train import train  # pylint: disable=g-import-not-at-top
   copy_until(uninterrupted, workdir, at)
   train.run(config, workdir)
   resumed, reference = train_records(workdir), train_records(uninterrupted)

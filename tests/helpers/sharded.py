@@ -14,7 +14,8 @@ def host_batches(config, objective, count: int, batch_size: int, tokenizer=None)
   """The first `count` host batches of `objective`'s pipeline over `config.data`'s training
   documents (`tokenizer` trained or loaded from the config when not given)."""
   docs = sources.get_documents(config.data, "train")
-  tokenizer = tokenizer or tokenizers.load_or_train(config, docs)
+  if tokenizer is None:
+    tokenizer = tokenizers.load_or_train(config, docs)
   pipe = pipeline_lib.Pipeline(config, tokenizer, docs, objective.make_features(config, tokenizer),
                                0, 1, batch_size, **objectives.pipeline_options(objective, config))
   try:
@@ -39,7 +40,7 @@ def run_steps(config, objective, batches, devices):
 def assert_sharded_equals_single(config, objective, batches, compared=lambda state: state.params):
   """`batches`' steps on a 2 x 2 x 2 mesh over the 8 host devices equal those on one device:
   the losses (rtol 2e-5) and `compared(state)` (the parameters unless told; rtol 1e-4, atol
-  2e-5, the reduction order's difference). Returns (the sharded state, the single one) for the
+  2e-5, the reduction order's difference). Returns the sharded run's final state for the
   caller's own checks; `config.mesh` is left at one device."""
   config.mesh.update(data=2, fsdp=2, tensor=2)
   losses, state = run_steps(config, objective, batches, jax.devices())
@@ -48,4 +49,4 @@ def assert_sharded_equals_single(config, objective, batches, compared=lambda sta
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
                compared(state), compared(ref_state))
-  return state, ref_state
+  return state

@@ -91,7 +91,7 @@ def test_sharded_steps_equal_single_device(teacher):
   config = student_config(teacher)
   tokenizer = workdir_lib.load_tokenizer(workdir_lib.read_config(teacher), teacher)
   batches = host_batches(config, distillation, 2, BATCH, tokenizer)
-  state, _ = assert_sharded_equals_single(config, distillation, batches)
+  state = assert_sharded_equals_single(config, distillation, batches)
   config.mesh.update(data=2, fsdp=2, tensor=2)
   _, fresh = run_steps(config, distillation, [], jax.devices())
   jax.tree.map(np.testing.assert_array_equal, state.params[pretraining.TEACHER],

@@ -70,7 +70,7 @@ def test_rows_are_next_token_pairs(batches):
 @pytest.mark.parametrize("version", [1, 2])
 def test_sharded_steps_equal_single_device(batches, version):
   """Two steps on a 2 x 2 x 2 mesh equal one device: losses and parameters."""
-  state, _ = assert_sharded_equals_single(tiny_config(version), causal_lm, batches[0])
+  state = assert_sharded_equals_single(tiny_config(version), causal_lm, batches[0])
   assert ("final_ln" in state.params["params"]["encoder"]) == (version == 2)
 
 
