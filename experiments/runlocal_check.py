@@ -2,7 +2,7 @@ r"""Does each paper's quick-start recipe learn? `configs/<family>.py:runlocal` t
 then its last held-out evaluation against the trivial baseline on the same held-out batches:
 
   MLM families (bert, roberta, albert, spanbert, structbert, unilm), ELECTRA's generator, T5 (span
-    corruption's decoder targets), XLNet (its permutation LM's targets), GPT (every next token)
+    corruption's decoder targets), MASS (its fragment, the decoder's targets), XLNet (its permutation LM's targets), GPT (every next token)
     and ELMo (each direction's next word): eval accuracy and cross-entropy against the unigram
     predictor (`unigram_baseline`:
     the most frequent target, and the unigram distribution of the training batches' targets);
@@ -31,10 +31,10 @@ from experiments import common
 from experiments.unigram_baseline import unigram_baseline
 
 FAMILIES = ("bert", "roberta", "albert", "spanbert", "structbert", "electra", "t5", "xlnet",
-            "gpt", "unilm", "elmo")
+            "gpt", "unilm", "elmo", "mass")
 # The held-out metrics' prefixes per family: {prefix}_accuracy and {prefix}_loss.
-METRIC_PREFIXES = {"electra": ("generator_mlm",), "t5": ("t5",), "xlnet": ("plm",),
-                   "gpt": ("lm",), "elmo": ("forward", "backward")}
+METRIC_PREFIXES = {"electra": ("generator_mlm",), "t5": ("t5",), "mass": ("t5",),
+                   "xlnet": ("plm",), "gpt": ("lm",), "elmo": ("forward", "backward")}
 _FAMILIES = flags.DEFINE_list("families", list(FAMILIES), f"Of {FAMILIES}.")
 _WORKDIRS = flags.DEFINE_string("workdirs", "/tmp/runlocal_check", "Where the runs train.")
 _OUT = flags.DEFINE_string("out", "experiments/results/runlocal_check", "Results folder.")

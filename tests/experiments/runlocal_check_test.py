@@ -36,8 +36,8 @@ def test_an_electra_discriminator_must_beat_its_base_rate():
   assert learned[-1][3]
 
 
-@pytest.mark.parametrize("family, prefix", [("t5", "t5"), ("xlnet", "plm")])
-def test_t5_and_xlnet_are_checked_on_their_own_targets(family, prefix):
+@pytest.mark.parametrize("family, prefix", [("t5", "t5"), ("mass", "t5"), ("xlnet", "plm")])
+def test_t5_mass_and_xlnet_are_checked_on_their_own_targets(family, prefix):
   rows = runlocal_check.comparisons(family, {f"{prefix}_accuracy": 0.3, f"{prefix}_loss": 4.0},
                                     UNIGRAM)
   assert [(name, beats) for name, _, _, beats in rows] == [(f"{prefix}_accuracy", True),
@@ -50,9 +50,10 @@ def test_every_family_has_a_runlocal_config(family):
   assert config.data.source == "embedded_wiki" and config.train.total_steps > 0
 
 
-@pytest.mark.parametrize("family", ["t5", "xlnet"])
+@pytest.mark.parametrize("family", ["t5", "mass", "xlnet"])
 def test_the_unigram_baseline_reads_each_objectives_targets(family):
-  """The baseline counts T5's decoder targets and XLNet's permutation targets: a most-frequent
+  """The baseline counts T5's and MASS's decoder targets and XLNet's permutation targets: a
+  most-frequent
   token that is right on some of them, and a cross-entropy between 0 and log(vocabulary)."""
   import math  # pylint: disable=import-outside-toplevel
   from experiments.unigram_baseline import unigram_baseline  # pylint: disable=import-outside-toplevel
