@@ -187,9 +187,11 @@ def base_config() -> ml_collections.ConfigDict:
       # Independent data streams (data/pipeline.py); 0 = one per process. Fixed, the batches do
       # not depend on the process count: a run resumes on any number of processes dividing it.
       num_shards=0,
+      # Batches a thread of the training process computes ahead when workers=0.
       prefetch=2,
-      # Worker processes that pack and noise the next chunks (data/pipeline.py); 0 = in the
-      # training process. The batches are the same for any number.
+      # Worker processes that pack and noise the next chunks (data/pipeline.py), 2 x workers
+      # chunks ahead, instead of that thread; 0 = in the training process. The batches are the
+      # same for any number.
       workers=0,
       cache_dir="",           # '' = $BERTFAM_CACHE or ~/.cache/bertfam_jax
       # Resume a workdir although its documents or tokenizer changed (logged); refused otherwise.

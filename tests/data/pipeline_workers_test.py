@@ -2,12 +2,13 @@
 resumes of the in-process pipeline, whatever the number of workers."""
 
 import itertools
+import os
 
 import numpy as np
 import pytest
 
 from bertfam_jax import config_lib, objectives
-from bertfam_jax.data import pipeline, sources, tokenizers
+from bertfam_jax.data import pipeline, shared_arrays, sources, tokenizers
 
 BATCH = 8
 
@@ -72,6 +73,25 @@ def test_any_number_of_workers_gives_the_same_batches_and_resume(setup):
                                 reference[2][0]["input_ids"])
   resumed.close()
   assert resumed._pool is None   # pylint: disable=protected-access
+
+
+@pytest.mark.skipif(not os.path.isdir(shared_arrays.SHM_DIR), reason="no /dev/shm")
+def test_chunks_come_through_shared_memory_and_none_is_left_behind(setup, monkeypatch):
+  """The workers' chunks arrive as shared-memory files; stopped with chunks computed ahead and
+  never read, the pipeline leaves none of its workers' files."""
+  payloads = []
+  load = shared_arrays.load
+  monkeypatch.setattr(shared_arrays, "load", lambda payload: payloads.append(payload) or
+                      load(payload))
+  p = build(setup, 2)
+  batches = [next(p) for _ in range(3)]
+  worker_pids = list(p._pool._processes)   # pylint: disable=protected-access
+  assert payloads and all(isinstance(x, shared_arrays.Shared) for x in payloads)
+  p.close()                                # 4 chunks were pending: computed, running or queued
+  left = [f for f in os.listdir(shared_arrays.SHM_DIR)
+          if any(f.startswith(f"{shared_arrays._PREFIX}{pid}_") for pid in worker_pids)]  # pylint: disable=protected-access
+  assert not left
+  assert batches[2]["input_ids"].shape == (BATCH, 64)   # still readable after the unlink
 
 
 def test_a_workers_error_reaches_the_consumer(setup):
