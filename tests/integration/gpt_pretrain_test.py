@@ -1,8 +1,10 @@
 """GPT pre-training through the one train loop: configs/gpt.py shrunk (GPT-1's post-LN and
 GPT-2's pre-LN), on the embedded corpus: the loss falls, a resumed run equals the uninterrupted
-one, and sharded steps equal one device."""
+one, sharded steps equal one device, and the generate CLI continues prompts from the run."""
 
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -97,6 +99,40 @@ def test_fine_tuning_with_gpts_input_transformations(uninterrupted, task, tmp_pa
   head = "classification_head" if task == "wordnet_supersense" else "choice_head"
   assert set(tuned[head]) == {"classifier"}
   assert all("lm_loss" in r for r in train_records(workdir).values())
+
+
+def _files(root):
+  return {os.path.join(d, n): os.path.getsize(os.path.join(d, n))
+          for d, _, names in os.walk(root) for n in names}
+
+
+def _generate_cli(*args):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_ROOT,
+                                                                  os.environ.get("PYTHONPATH")])))
+  return subprocess.run([sys.executable, "-m", "bertfam_jax.generate", *args], cwd=_ROOT, env=env,
+                        capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_generate_cli_continues_prompts_and_refuses_bad_flags(uninterrupted, tmp_path):
+  """`python -m bertfam_jax.generate` on the run: one line per prompt (--prompt and a --prompts
+  file), each the prompt and its greedy continuation, equal to generate_texts in this process;
+  a bad flag ends in one line naming it and exit 2; the workdir is left as it was."""
+  from bertfam_jax import generate  # pylint: disable=import-outside-toplevel
+  before = _files(uninterrupted)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("A history of\n\nthe\n", encoding="utf-8")
+  done = _generate_cli(f"--workdir={uninterrupted}", "--prompt=The word", f"--prompts={prompts}",
+                       "--greedy", "--max_new_tokens=6")
+  assert done.returncode == 0, done.stderr
+  expected = generate.generate_texts(uninterrupted, ["The word", "A history of", "the"],
+                                     max_new_tokens=6, temperature=0.0)
+  assert done.stdout.splitlines() == expected
+  assert [text[:len(p)] for text, p in zip(expected, ["The word", "A history of", "the"])] == [
+      "The word", "A history of", "the"]
+  refused = _generate_cli(f"--workdir={uninterrupted}", "--prompt=The", "--top_p=0")
+  assert refused.returncode == 2 and not refused.stdout
+  assert len(refused.stderr.strip().splitlines()) == 1 and "--top_p=0.0" in refused.stderr
+  assert _files(uninterrupted) == before
 
 
 def test_a_causal_lm_with_shared_layers_is_refused():

@@ -1,6 +1,7 @@
 """UniLM (objectives/unilm.py): each of the four attention masks against an explicit
 construction, the masks leaking nothing through a real model, the LM types drawn at their rates
-with their token types, and UniLM's n-gram draw at 80% one word."""
+with their token types, UniLM's n-gram draw at 80% one word, and the seq2seq and
+left-to-right masks equal to T5's prefix-LM and causal ones."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bertfam_jax.models import pretraining
+from bertfam_jax.models import pretraining, t5
 from bertfam_jax.objectives import noise, unilm
 
 from helpers import tiny
@@ -111,3 +112,27 @@ def test_unilm_ngrams_are_one_word_eight_times_in_ten():
   drawn = np.asarray(draws.drawn_words)
   share = np.bincount(drawn, minlength=4)[1:] / drawn.size
   np.testing.assert_allclose(share, [0.8, 0.1, 0.1], atol=0.02)
+
+
+def test_seq2seq_and_left_to_right_are_t5s_prefix_lm_and_causal_masks():
+  """UniLM's seq2seq mask is the prefix LM of T5's decoder-only seam (`models.t5.prefix_lm_mask`,
+  t5x's decoder_causal_attention = 1 over the inputs) and its left-to-right mask T5's causal
+  one, on every real query of rows with several source and target lengths; T5 masks pad queries
+  out entirely, UniLM leaves them unread (no loss there)."""
+  length = 16
+  for source, real in ((2, 16), (5, 9), (7, 12), (15, 16)):
+    positions = np.arange(length)
+    input_mask = (positions < real).astype(np.int32)[None]
+    in_source = positions < source
+    for lm_type, prefix in ((unilm.SEQ2SEQ, in_source), (unilm.LEFT_TO_RIGHT, None)):
+      ids = unilm.LM_TYPE_IDS[lm_type]
+      segment_ids = np.where(input_mask > 0, np.where(in_source, ids[0], ids[1]), 0)
+      ours = np.asarray(unilm.attention_masks(jnp.asarray([lm_type]), jnp.asarray(segment_ids),
+                                              jnp.asarray(input_mask)))[0, 0]
+      t5_mask = (t5.causal_mask(length) if prefix is None
+                 else t5.prefix_lm_mask(jnp.asarray(prefix[None].astype(np.int32))))
+      t5_mask = np.asarray(t5_mask & t5.segment_mask(jnp.asarray(input_mask),
+                                                     jnp.asarray(input_mask)))[0, 0]
+      np.testing.assert_array_equal(ours[:real], t5_mask[:real],
+                                    err_msg=f"{unilm.LM_TYPES[lm_type]}, source {source}")
+      assert not t5_mask[real:].any()
