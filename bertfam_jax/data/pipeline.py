@@ -41,9 +41,7 @@ their positions and every resume are the same for any N (tests/data/pipeline_wor
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import itertools
-import multiprocessing
 import pickle
 import queue
 import threading
@@ -60,6 +58,7 @@ from bertfam_jax.data import packing
 from bertfam_jax.data import shared_arrays
 from bertfam_jax.data import sources
 from bertfam_jax.data import tokenizers
+from bertfam_jax.data import workers
 
 Batch = dict[str, np.ndarray]
 FeaturesFn = Callable[[Batch, np.random.Generator], Batch]
@@ -159,10 +158,6 @@ def _worker_chunk(epoch: int, chunk: int, shard: int) -> shared_arrays.Shared | 
   return shared_arrays.export(_WORKER_PIPELINE.chunk_examples(epoch, chunk, shard))
 
 
-def _discard_result(future: concurrent.futures.Future) -> None:
-  if not future.cancelled() and future.exception() is None:
-    shared_arrays.discard(future.result())
-
 
 class Pipeline:
   """An endless, resumable iterator of local batches (dicts of [local_batch_size, ...] arrays):
@@ -241,7 +236,7 @@ class Pipeline:
     self._token_memo: dict[int, list[np.ndarray]] | None = {} if memoise else None
     self._doc_order_cache: dict[int, tuple[int, np.ndarray]] = {}   # shard: (layout_seed, order)
     self._workers = config.data.get("workers", 0)
-    self._pool: concurrent.futures.ProcessPoolExecutor | None = None   # started at first use
+    self._pool: workers.WorkerPool | None = None   # started at first use
     self._positions = (_Position(0, 0, 0),) * len(self.shards)
     self._stream = None   # a _Prefetcher or a generator, started lazily from self._positions
     self._peeked: tuple[Batch, tuple[_Position, ...]] | None = None   # (batch, positions after)
@@ -376,21 +371,19 @@ class Pipeline:
         raise config_lib.ConfigError(
             f"data.workers={self._workers} sends the objective's noising to worker processes, "
             f"and it cannot be pickled ({e}); use --config.data.workers=0.") from None
-      self._pool = concurrent.futures.ProcessPoolExecutor(
-          self._workers, mp_context=multiprocessing.get_context("spawn"),
-          initializer=_start_worker, initargs=(self,))
+      self._pool = workers.WorkerPool(self._workers, _start_worker, (self,),
+                                      discard=shared_arrays.discard)
     pending = collections.deque()
     try:
       while True:
         while len(pending) < 2 * self._workers:
           pending.append((epoch, chunk, self._pool.submit(_worker_chunk, epoch, chunk, shard)))
           epoch, chunk = self._next_chunk(shard, epoch, chunk)
-        done_epoch, done_chunk, future = pending.popleft()
-        yield done_epoch, done_chunk, shared_arrays.load(future.result())
+        done_epoch, done_chunk, request = pending.popleft()
+        yield done_epoch, done_chunk, shared_arrays.load(request.result())
     finally:
-      for *_, future in pending:
-        if not future.cancel():   # running or done: its shared memory is freed when it ends
-          future.add_done_callback(_discard_result)
+      for *_, request in pending:
+        request.abandon()   # its shared memory is freed when it arrives
 
   # -- the batch stream -----------------------------------------------------------------------
 
@@ -519,7 +512,7 @@ class Pipeline:
     """Stops the prefetch thread and the worker processes (restarted by the next `next()`)."""
     self._stop_stream()
     if self._pool is not None:
-      self._pool.shutdown(wait=True, cancel_futures=True)
+      self._pool.close()
       self._pool = None
 
   def eval_batches(self, num_batches: int) -> list[Batch]:

@@ -1,7 +1,7 @@
 """Dicts of numpy arrays handed from a worker process to its parent through shared memory.
 
 A worker of the host pipeline (`data.workers`) returns a chunk of examples, tens of KB to
-hundreds of MB of arrays. Sent through the process pool's pipe, every byte is pickled, written
+hundreds of MB of arrays. Sent through the worker's pipe, every byte is pickled, written
 in 64 KB pieces, read and unpickled again, and on a busy host the parent's share of that costs as
 much as the packing it was spared (docs/results.md, "Worker processes"). Here the worker writes
 the arrays once into a file of the POSIX shared-memory filesystem (/dev/shm) and sends only its
@@ -13,7 +13,7 @@ workers share with their parent, and unregistered by the parent once unlinked, s
 parent never read are removed when the tracker sees it exit.
 
 Where shared memory cannot take the arrays (no /dev/shm, not enough room in it, arrays of Python
-objects), `export` returns the arrays themselves, which the pool pickles as before: the arrays
+objects), `export` returns the arrays themselves, which the pipe carries pickled: the arrays
 are the same either way.
 """
 

@@ -85,7 +85,7 @@ def test_chunks_come_through_shared_memory_and_none_is_left_behind(setup, monkey
                       load(payload))
   p = build(setup, 2)
   batches = [next(p) for _ in range(3)]
-  worker_pids = list(p._pool._processes)   # pylint: disable=protected-access
+  worker_pids = p._pool.pids   # pylint: disable=protected-access
   assert payloads and all(isinstance(x, shared_arrays.Shared) for x in payloads)
   p.close()                                # 4 chunks were pending: computed, running or queued
   left = [f for f in os.listdir(shared_arrays.SHM_DIR)

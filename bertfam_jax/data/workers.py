@@ -1,0 +1,153 @@
+"""Worker processes for the host pipeline, each with its own pipe, and no thread in the parent.
+
+`concurrent.futures.ProcessPoolExecutor` hands every task and result through two more threads of
+the parent (the executor's manager and its queue's feeder), and on a host whose cores the workers
+keep busy, waking them cost the training process about a quarter of a core (docs/results.md,
+"Worker processes"). Here request r goes to worker r mod N over that worker's own duplex pipe,
+each worker answers its requests in order, and the parent reads an answer only when it asks for
+that result, in the thread that asks. Several streams may have requests out at once (training
+batches and evaluation batches): answers that arrive for another request wait in a dict, and the
+answers of abandoned requests are handed to `discard`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from typing import Any, Callable
+
+
+def _serve(connection, initializer: Callable, initargs: tuple) -> None:
+  """A worker's loop: (request id, function, args) in, (request id, ok, result or error) out,
+  until None or the parent's end of the pipe closes."""
+  initializer(*initargs)
+  while True:
+    try:
+      request = connection.recv()
+    except EOFError:
+      return
+    if request is None:
+      return
+    request_id, function, args = request
+    try:
+      answer = (request_id, True, function(*args))
+    except Exception as e:  # pylint: disable=broad-except  (raised again in the parent)
+      answer = (request_id, False, e)
+    try:
+      connection.send(answer)
+    except Exception as e:  # pylint: disable=broad-except  (an error that cannot be pickled)
+      connection.send((request_id, False, RuntimeError(f"{type(answer[2]).__name__}: "
+                                                       f"{answer[2]} ({e})")))
+
+
+class Request:
+  """One request's result, when the parent asks for it (`result`), or never (`abandon`)."""
+
+  def __init__(self, pool: "WorkerPool", request_id: int):
+    self._pool, self._id = pool, request_id
+
+  def result(self) -> Any:
+    """The function's return value; its exception is raised here."""
+    return self._pool._result(self._id)  # pylint: disable=protected-access
+
+  def abandon(self) -> None:
+    """The result will not be asked for: `discard` gets it when it arrives."""
+    self._pool._abandon(self._id)  # pylint: disable=protected-access
+
+
+class WorkerPool:
+  """`count` spawned processes, each started with `initializer(*initargs)`, computing
+  `function(*args)` for `submit`.
+
+  Example:
+    pool = WorkerPool(2, start, (pipeline,), discard=shared_arrays.discard)
+    requests = [pool.submit(make_chunk, epoch, chunk, shard) for chunk in range(4)]
+    examples = requests[0].result()
+    pool.close()
+  """
+
+  def __init__(self, count: int, initializer: Callable, initargs: tuple, *,
+               discard: Callable[[Any], None] = lambda result: None):
+    context = multiprocessing.get_context("spawn")
+    self._discard = discard
+    self._connections, self._processes = [], []
+    for _ in range(count):
+      ours, theirs = context.Pipe()
+      process = context.Process(target=_serve, args=(theirs, initializer, initargs), daemon=True)
+      process.start()
+      theirs.close()
+      self._connections.append(ours)
+      self._processes.append(process)
+    self._ids = itertools.count()
+    self._worker_of: dict[int, int] = {}        # requests sent and not yet answered
+    self._answered: dict[int, tuple[bool, Any]] = {}
+    self._abandoned: set[int] = set()
+
+  @property
+  def pids(self) -> list[int]:
+    return [process.pid for process in self._processes]
+
+  def submit(self, function: Callable, *args) -> Request:
+    """Sends `function(*args)` to the next worker in turn (`function` a module-level name)."""
+    request_id = next(self._ids)
+    worker = request_id % len(self._connections)
+    self._connections[worker].send((request_id, function, args))
+    self._worker_of[request_id] = worker
+    return Request(self, request_id)
+
+  def _receive(self, worker: int) -> None:
+    try:
+      request_id, ok, value = self._connections[worker].recv()
+    except EOFError:
+      process = self._processes[worker]
+      process.join(timeout=1)
+      for request_id in [r for r, w in self._worker_of.items() if w == worker]:
+        del self._worker_of[request_id]   # never answered: close() waits for them no more
+        self._abandoned.discard(request_id)
+      raise RuntimeError(f"Data worker process {process.pid} ended (exit code "
+                         f"{process.exitcode}) with requests unanswered; see its output above, "
+                         f"or set --config.data.workers=0.") from None
+    del self._worker_of[request_id]
+    if request_id in self._abandoned:
+      self._abandoned.remove(request_id)
+      if ok:
+        self._discard(value)
+    else:
+      self._answered[request_id] = (ok, value)
+
+  def _result(self, request_id: int) -> Any:
+    while request_id not in self._answered:
+      self._receive(self._worker_of[request_id])
+    ok, value = self._answered.pop(request_id)
+    if not ok:
+      raise value
+    return value
+
+  def _abandon(self, request_id: int) -> None:
+    if request_id in self._answered:
+      ok, value = self._answered.pop(request_id)
+      if ok:
+        self._discard(value)
+    elif request_id in self._worker_of:
+      self._abandoned.add(request_id)
+
+  def close(self) -> None:
+    """Waits for the requests out (their results discarded) and ends the workers."""
+    for request_id in list(self._worker_of):
+      self._abandon(request_id)
+    for request_id in list(self._answered):
+      self._abandon(request_id)
+    try:
+      while self._worker_of:
+        self._receive(next(iter(self._worker_of.values())))
+    finally:
+      for connection, process in zip(self._connections, self._processes):
+        try:
+          connection.send(None)
+        except OSError:
+          pass
+        connection.close()
+        process.join(timeout=10)
+        if process.is_alive():
+          process.terminate()
+          process.join()

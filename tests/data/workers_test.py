@@ -1,0 +1,87 @@
+"""data.workers.WorkerPool: requests answered in any order of asking, errors raised where the
+result is asked for, abandoned results discarded, a dead worker named in one error."""
+
+import os
+import signal
+
+import pytest
+
+from bertfam_jax.data import workers
+
+_STATE = {}
+
+
+def remember(value):   # the initializer, in each worker
+  _STATE["start"] = value
+
+
+def add_start(x):
+  return _STATE["start"] + x
+
+
+def fail(message):
+  raise ValueError(message)
+
+
+class Unpicklable(Exception):
+  def __reduce__(self):
+    raise TypeError("not this one")
+
+
+def fail_unpicklably():
+  raise Unpicklable("deep inside")
+
+
+def die():
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.fixture
+def pool():
+  discarded = []
+  p = workers.WorkerPool(2, remember, (100,), discard=discarded.append)
+  yield p, discarded
+  p.close()
+
+
+def test_results_in_any_order_with_requests_of_two_streams_interleaved(pool):
+  p, discarded = pool
+  first = [p.submit(add_start, x) for x in range(6)]
+  second = [p.submit(add_start, 10 + x) for x in range(4)]
+  assert [r.result() for r in reversed(second)] == [113, 112, 111, 110]
+  assert [r.result() for r in first] == [100 + x for x in range(6)]
+  assert not discarded
+
+
+def test_an_error_is_raised_where_its_result_is_asked_for_and_the_pool_goes_on(pool):
+  p, _ = pool
+  failing, fine = p.submit(fail, "bad chunk"), p.submit(add_start, 1)
+  assert fine.result() == 101
+  with pytest.raises(ValueError, match="bad chunk"):
+    failing.result()
+  with pytest.raises(RuntimeError, match="Unpicklable: deep inside"):
+    p.submit(fail_unpicklably).result()
+  assert p.submit(add_start, 2).result() == 102
+
+
+def test_abandoned_results_are_discarded_whether_answered_yet_or_not(pool):
+  p, discarded = pool
+  requests = [p.submit(add_start, x) for x in range(4)]
+  assert requests[3].result() == 103          # worker 1's: request 1 is answered by now
+  for r in requests[:3]:
+    r.abandon()
+  assert discarded == [101]
+  requests[2].abandon()                        # twice is harmless
+  p.submit(add_start, 7).abandon()
+  assert p.submit(add_start, 8).result() == 108   # worker 1's again: 0, 2 and 4 still out
+  p.close()                                    # waits for the answers out, discarding them
+  assert sorted(discarded) == [100, 101, 102, 107]
+
+
+def test_a_dead_worker_is_one_error_naming_it():
+  p = workers.WorkerPool(1, remember, (0,))
+  pid = p.pids[0]
+  with pytest.raises(RuntimeError, match=f"Data worker process {pid} ended .*data.workers=0"):
+    p.submit(die).result()
+  p.close()
+  assert not any(process.is_alive() for process in p._processes)  # pylint: disable=protected-access
