@@ -145,18 +145,27 @@ class _Prefetcher:
     self._thread.join()
 
 
-# The pipeline a worker process computes chunks with (set by `_start_worker`).
+# In a worker process (set by `_start_worker`): the pipeline it computes chunks with, and the
+# shared-memory segments it returns them in.
 _WORKER_PIPELINE: "Pipeline | None" = None
+_WORKER_SEGMENTS: "shared_arrays.Segments | None" = None
 
 
 def _start_worker(pipeline: "Pipeline") -> None:
-  global _WORKER_PIPELINE
-  _WORKER_PIPELINE = pipeline
+  global _WORKER_PIPELINE, _WORKER_SEGMENTS
+  _WORKER_PIPELINE, _WORKER_SEGMENTS = pipeline, shared_arrays.Segments()
+
+
+def _end_worker() -> None:
+  _WORKER_SEGMENTS.close()
 
 
 def _worker_chunk(epoch: int, chunk: int, shard: int) -> shared_arrays.Shared | Batch:
-  return shared_arrays.export(_WORKER_PIPELINE.chunk_examples(epoch, chunk, shard))
+  return _WORKER_SEGMENTS.export(_WORKER_PIPELINE.chunk_examples(epoch, chunk, shard))
 
+
+def _release_segments(names: list[str]) -> None:
+  _WORKER_SEGMENTS.release(names)
 
 
 class Pipeline:
@@ -237,6 +246,7 @@ class Pipeline:
     self._doc_order_cache: dict[int, tuple[int, np.ndarray]] = {}   # shard: (layout_seed, order)
     self._workers = config.data.get("workers", 0)
     self._pool: workers.WorkerPool | None = None   # started at first use
+    self._reader: shared_arrays.Reader | None = None   # the pool's segments, mapped
     self._positions = (_Position(0, 0, 0),) * len(self.shards)
     self._stream = None   # a _Prefetcher or a generator, started lazily from self._positions
     self._peeked: tuple[Batch, tuple[_Position, ...]] | None = None   # (batch, positions after)
@@ -348,7 +358,7 @@ class Pipeline:
     """What a worker process needs: the pure parts (documents, tokenizer, noising, seeds), no
     stream, pool or memo."""
     state = dict(self.__dict__)
-    state.update(_pool=None, _stream=None, _peeked=None, _doc_order_cache={},
+    state.update(_pool=None, _reader=None, _stream=None, _peeked=None, _doc_order_cache={},
                  _token_memo=None if self._token_memo is None else {})
     return state
 
@@ -356,13 +366,16 @@ class Pipeline:
     """The (epoch, chunk) visited after (epoch, chunk) in `shard`."""
     return (epoch, chunk + 1) if chunk + 1 < self._num_chunks(shard) else (epoch + 1, 0)
 
-  def _chunks(self, shard: int, epoch: int, chunk: int) -> Iterator[tuple[int, int, Batch]]:
-    """(epoch, chunk, its examples) from (epoch, chunk) on, forever: computed here, or with
-    `data.workers` > 0 by the worker processes, up to twice as many chunks ahead as there are
-    workers, handed out in order."""
+  def _chunks(self, shard: int, epoch: int, chunk: int
+              ) -> Iterator[tuple[int, int, Batch, bool]]:
+    """(epoch, chunk, its examples, whether they are views to copy before the next chunk) from
+    (epoch, chunk) on, forever: computed here, or with `data.workers` > 0 by the worker
+    processes, up to twice as many chunks ahead as there are workers, handed out in order. A
+    worker's chunk is read in place from its shared-memory segment, which goes back to the
+    worker when the next chunk is asked for."""
     if not self._workers:
       while True:
-        yield epoch, chunk, self.chunk_examples(epoch, chunk, shard)
+        yield epoch, chunk, self.chunk_examples(epoch, chunk, shard), False
         epoch, chunk = self._next_chunk(shard, epoch, chunk)
     if self._pool is None:
       try:
@@ -372,18 +385,30 @@ class Pipeline:
             f"data.workers={self._workers} sends the objective's noising to worker processes, "
             f"and it cannot be pickled ({e}); use --config.data.workers=0.") from None
       self._pool = workers.WorkerPool(self._workers, _start_worker, (self,),
-                                      discard=shared_arrays.discard)
-    pending = collections.deque()
+                                      finalizer=_end_worker, discard=self._release)
+      self._reader = shared_arrays.Reader()
+    pending, reading = collections.deque(), None
     try:
       while True:
         while len(pending) < 2 * self._workers:
           pending.append((epoch, chunk, self._pool.submit(_worker_chunk, epoch, chunk, shard)))
           epoch, chunk = self._next_chunk(shard, epoch, chunk)
         done_epoch, done_chunk, request = pending.popleft()
-        yield done_epoch, done_chunk, shared_arrays.load(request.result())
+        reading = (request.worker, request.result())
+        examples, views = self._reader.load(reading[1])
+        yield done_epoch, done_chunk, examples, views
+        self._release(*reading)
+        reading = None
     finally:
       for *_, request in pending:
-        request.abandon()   # its shared memory is freed when it arrives
+        request.abandon()   # its segment goes back when it arrives
+      if reading is not None:
+        self._release(*reading)
+
+  def _release(self, worker: int, payload) -> None:
+    """Hands a chunk's segment back to the worker that wrote it."""
+    if isinstance(payload, shared_arrays.Shared) and self._pool is not None:
+      self._pool.notify(worker, _release_segments, [payload.name])
 
   # -- the batch stream -----------------------------------------------------------------------
 
@@ -401,13 +426,14 @@ class Pipeline:
     first_epoch, first_chunk, offset = position
     parts, num_pending = [], 0
     epoch_examples = 0 if (first_chunk, offset) == (0, 0) else None   # only for whole epochs
-    for epoch, chunk, examples in self._chunks(shard, first_epoch, first_chunk):
+    for epoch, chunk, examples, views in self._chunks(shard, first_epoch, first_chunk):
       num_examples = _num_rows(examples)
       if epoch_examples is not None:
         epoch_examples += num_examples - offset
       while offset < num_examples:
         take = min(self._batch_size - num_pending, num_examples - offset)
-        parts.append({k: v[offset:offset + take] for k, v in examples.items()})
+        parts.append({k: v[offset:offset + take].copy() if views else v[offset:offset + take]
+                      for k, v in examples.items()})
         num_pending += take
         offset += take
         if num_pending == self._batch_size:
@@ -513,7 +539,8 @@ class Pipeline:
     self._stop_stream()
     if self._pool is not None:
       self._pool.close()
-      self._pool = None
+      self._reader.close()
+      self._pool = self._reader = None
 
   def eval_batches(self, num_batches: int) -> list[Batch]:
     """The first `num_batches` batches of the stream from its start: the same on every call.

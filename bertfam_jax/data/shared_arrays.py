@@ -1,25 +1,27 @@
-"""Dicts of numpy arrays handed from a worker process to its parent through shared memory.
+"""Dicts of numpy arrays handed from worker processes to the training process through reused
+shared-memory segments.
 
 A worker of the host pipeline (`data.workers`) returns a chunk of examples, tens of KB to
-hundreds of MB of arrays. Sent through the worker's pipe, every byte is pickled, written
-in 64 KB pieces, read and unpickled again, and on a busy host the parent's share of that costs as
-much as the packing it was spared (docs/results.md, "Worker processes"). Here the worker writes
-the arrays once into a file of the POSIX shared-memory filesystem (/dev/shm) and sends only its
-name and layout; the parent maps the file (copy-on-write), unlinks it at once and reads the arrays
-in place (the mapping lives as long as an array uses it).
+hundreds of MB of arrays. Sent through a pipe, every byte is pickled, written in 64 KB pieces,
+read and unpickled again; written to a new shared-memory file per chunk, every page is allocated
+by the filesystem and freed again (0.25 ms of a RoBERTa chunk's 2 ms, docs/results.md, "Worker
+processes"). Here each worker keeps its own segments, files of the POSIX shared-memory
+filesystem (/dev/shm): a chunk is written into a free segment large enough (one `pwrite` per
+array: a copy into pages that already exist), the training process reads it through a mapping it
+keeps per segment (`Reader`, read-only: it copies the batches out) and hands the segment back
+(`Segments.release`, through the worker's pipe) once it has taken every batch of the chunk.
 
-Cleanup: each file is registered with multiprocessing's resource tracker, which the spawned
-workers share with their parent, and unregistered by the parent once unlinked, so files a dead
-parent never read are removed when the tracker sees it exit.
+Cleanup: a worker unlinks its segments when it ends (`Segments.close`); each is registered
+with multiprocessing's resource tracker, which the spawned workers share with their parent, so
+the segments of a worker that died are removed when the tracker sees the parent exit.
 
 Where shared memory cannot take the arrays (no /dev/shm, not enough room in it, arrays of Python
-objects), `export` returns the arrays themselves, which the pipe carries pickled: the arrays
-are the same either way.
+objects), `Segments.export` returns the arrays themselves, which the pipe carries pickled: the
+arrays are the same either way.
 """
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import os
 from multiprocessing import resource_tracker
@@ -30,17 +32,16 @@ import numpy as np
 
 # The POSIX shared-memory filesystem (Linux). Where it is missing, arrays go through the pipe.
 SHM_DIR = "/dev/shm"
-_PREFIX = "bertfam_"
-_ALIGN = 64   # bytes: each array starts at a cache-line boundary
-_counter = itertools.count()
+PREFIX = "bertfam_"
+_ALIGN = 64                 # bytes: each array starts at a cache-line boundary
+_GRANULE = 1 << 20          # segments are whole MiBs, 25% larger than the chunk that made them
 
 
 class Shared(NamedTuple):
-  """Where a dict of arrays lies in a shared-memory file: its name and each array's
-  (key, dtype string, shape, byte offset)."""
+  """A dict of arrays in a segment: its name and each array's (key, dtype string, shape, byte
+  offset)."""
   name: str
   layout: tuple[tuple[str, str, tuple[int, ...], int], ...]
-  size: int
 
 
 def _layout(arrays: Mapping[str, np.ndarray]) -> tuple[tuple, int]:
@@ -48,65 +49,100 @@ def _layout(arrays: Mapping[str, np.ndarray]) -> tuple[tuple, int]:
   for key, value in arrays.items():
     layout.append((key, value.dtype.str, value.shape, offset))
     offset += -(-value.nbytes // _ALIGN) * _ALIGN
-  return tuple(layout), max(offset, 1)
+  return tuple(layout), offset
 
 
 def _write_all(fd: int, data: np.ndarray, offset: int) -> None:
-  view = memoryview(data)
+  view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
   while len(view):
     written = os.pwrite(fd, view, offset)
     view, offset = view[written:], offset + written
 
 
-def export(arrays: Mapping[str, np.ndarray]) -> Shared | dict[str, np.ndarray]:
-  """Writes `arrays` to a new shared-memory file (in a worker process) and returns its `Shared`
-  description, or returns `arrays` as a plain dict where shared memory cannot hold them."""
-  arrays = dict(arrays)
-  if not os.path.isdir(SHM_DIR) or any(v.dtype.hasobject for v in arrays.values()):
-    return arrays
-  layout, size = _layout(arrays)
-  name = f"{_PREFIX}{os.getpid()}_{next(_counter)}_{uuid.uuid4().hex[:8]}"
-  path = os.path.join(SHM_DIR, name)
-  fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-  try:
-    # One copy into the filesystem's pages, no page faults; a full tmpfs fails with ENOSPC.
-    for key, _, _, offset in layout:
-      _write_all(fd, np.ascontiguousarray(arrays[key]).reshape(-1).view(np.uint8), offset)
-    os.ftruncate(fd, size)   # the last alignment padding
-  except OSError:
-    os.close(fd)
-    os.unlink(path)
-    return arrays
-  os.close(fd)
-  resource_tracker.register("/" + name, "shared_memory")
-  return Shared(name, layout, size)
+class Segments:
+  """A worker's segments: `export` writes into a free one (or a new one), `release` frees the
+  ones the training process has read, `close` unlinks them all."""
 
+  def __init__(self):
+    self._files: dict[str, tuple[int, int]] = {}   # name: (open descriptor, capacity in bytes)
+    self._free: set[str] = set()
 
-def load(payload: Shared | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """The arrays `export` returned (in the parent process): read in place from the shared-memory
-  file, which is unlinked here; its memory is freed when the last array using it is."""
-  if not isinstance(payload, Shared):
-    return payload
-  path = os.path.join(SHM_DIR, payload.name)
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    # Copy-on-write: the arrays are writable, as the ones computed in this process are.
-    mapped = mmap.mmap(fd, payload.size, flags=mmap.MAP_PRIVATE,
-                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
-  finally:
-    os.close(fd)
-    os.unlink(path)
-    resource_tracker.unregister("/" + payload.name, "shared_memory")
-  return {key: np.ndarray(shape, dtype, buffer=mapped, offset=offset)
-          for key, dtype, shape, offset in payload.layout}
-
-
-def discard(payload: Shared | dict[str, np.ndarray]) -> None:
-  """Removes the file of a payload that will never be loaded (a chunk computed ahead of a
-  pipeline that stops)."""
-  if isinstance(payload, Shared):
+  def _new(self, size: int) -> str | None:
+    capacity = -(-(size + size // 4 + 1) // _GRANULE) * _GRANULE
+    name = f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}"
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-      os.unlink(os.path.join(SHM_DIR, payload.name))
-    except FileNotFoundError:
-      return
-    resource_tracker.unregister("/" + payload.name, "shared_memory")
+      os.posix_fallocate(fd, 0, capacity)   # a full /dev/shm fails here, not later
+    except OSError:
+      os.close(fd)
+      os.unlink(path)
+      return None
+    resource_tracker.register("/" + name, "shared_memory")
+    self._files[name] = (fd, capacity)
+    return name
+
+  def export(self, arrays: Mapping[str, np.ndarray]) -> Shared | dict[str, np.ndarray]:
+    """Writes `arrays` into a free segment and returns where (`Shared`), or returns `arrays` as
+    a plain dict where shared memory cannot hold them. The segment stays taken until released."""
+    arrays = dict(arrays)
+    if not os.path.isdir(SHM_DIR) or any(v.dtype.hasobject for v in arrays.values()):
+      return arrays
+    layout, size = _layout(arrays)
+    fits = [name for name in self._free if self._files[name][1] >= size]
+    name = min(fits, key=lambda n: self._files[n][1]) if fits else self._new(size)
+    if name is None:
+      return arrays
+    self._free.discard(name)
+    fd = self._files[name][0]
+    try:
+      for key, _, _, offset in layout:
+        _write_all(fd, arrays[key], offset)
+    except OSError:
+      self._free.add(name)
+      return arrays
+    return Shared(name, layout)
+
+  def release(self, names) -> None:
+    """The training process has read these segments: they may be written again."""
+    self._free.update(name for name in names if name in self._files)
+
+  def close(self) -> None:
+    """Unlinks every segment (the training process keeps what it still maps)."""
+    for name, (fd, _) in self._files.items():
+      os.close(fd)
+      try:
+        os.unlink(os.path.join(SHM_DIR, name))
+      except FileNotFoundError:
+        continue
+      resource_tracker.unregister("/" + name, "shared_memory")
+    self._files.clear()
+    self._free.clear()
+
+
+class Reader:
+  """The training process's read-only mappings of the workers' segments, one per segment, kept
+  (a segment is written again and again)."""
+
+  def __init__(self):
+    self._mappings: dict[str, mmap.mmap] = {}
+
+  def load(self, payload: Shared | dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], bool]:
+    """(the arrays `export` returned, whether they are read-only views of a segment, to copy
+    before the segment is released)."""
+    if not isinstance(payload, Shared):
+      return payload, False
+    mapping = self._mappings.get(payload.name)
+    if mapping is None:
+      fd = os.open(os.path.join(SHM_DIR, payload.name), os.O_RDONLY)
+      try:
+        mapping = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+      finally:
+        os.close(fd)
+      self._mappings[payload.name] = mapping
+    return {key: np.ndarray(shape, dtype, buffer=mapping, offset=offset)
+            for key, dtype, shape, offset in payload.layout}, True
+
+  def close(self) -> None:
+    """Drops the mappings (each is unmapped when no array uses it)."""
+    self._mappings.clear()

@@ -76,22 +76,29 @@ def test_any_number_of_workers_gives_the_same_batches_and_resume(setup):
 
 
 @pytest.mark.skipif(not os.path.isdir(shared_arrays.SHM_DIR), reason="no /dev/shm")
-def test_chunks_come_through_shared_memory_and_none_is_left_behind(setup, monkeypatch):
-  """The workers' chunks arrive as shared-memory files; stopped with chunks computed ahead and
-  never read, the pipeline leaves none of its workers' files."""
+def test_chunks_come_through_reused_segments_and_none_is_left_behind(setup, monkeypatch):
+  """The workers' chunks arrive in shared-memory segments, which go back to their workers and
+  are written again (a few per worker for a stream of many chunks); stopped with chunks computed
+  ahead and never read, the pipeline leaves none of its workers' segments behind, and the
+  batches handed out stay as they were (copies, not views of a segment written again)."""
   payloads = []
-  load = shared_arrays.load
-  monkeypatch.setattr(shared_arrays, "load", lambda payload: payloads.append(payload) or
-                      load(payload))
+  load = shared_arrays.Reader.load
+  monkeypatch.setattr(shared_arrays.Reader, "load",
+                      lambda self, payload: payloads.append(payload) or load(self, payload))
   p = build(setup, 2)
-  batches = [next(p) for _ in range(3)]
+  reference = build(setup, 0)
+  batches = [next(p) for _ in range(30)]
   worker_pids = p._pool.pids   # pylint: disable=protected-access
-  assert payloads and all(isinstance(x, shared_arrays.Shared) for x in payloads)
-  p.close()                                # 4 chunks were pending: computed, running or queued
+  assert len(payloads) > 12 and all(isinstance(x, shared_arrays.Shared) for x in payloads)
+  assert len({x.name for x in payloads}) <= 8      # 2 workers x (2 ahead + 1 read + 1 spare)
+  p.close()                                        # 4 chunks were out: computed or not
   left = [f for f in os.listdir(shared_arrays.SHM_DIR)
-          if any(f.startswith(f"{shared_arrays._PREFIX}{pid}_") for pid in worker_pids)]  # pylint: disable=protected-access
+          if any(f.startswith(f"{shared_arrays.PREFIX}{pid}_") for pid in worker_pids)]
   assert not left
-  assert batches[2]["input_ids"].shape == (BATCH, 64)   # still readable after the unlink
+  for batch in batches:
+    assert batch["input_ids"].flags.writeable
+  assert_same([(b, {}) for b in batches], [(next(reference), {}) for _ in range(30)])
+  reference.close()
 
 
 def test_a_workers_error_reaches_the_consumer(setup):

@@ -1,9 +1,9 @@
-"""data.shared_arrays: a worker's arrays reach the parent through a shared-memory file, equal,
-writable and with the file gone; where shared memory cannot hold them, the arrays themselves."""
+"""data.shared_arrays: a chunk's arrays written into a worker's shared-memory segment read back
+equal through the training process's mapping; a released segment is written again, a taken one
+never; closing unlinks every segment; where shared memory cannot hold the arrays, the arrays
+themselves."""
 
-import concurrent.futures
 import errno
-import multiprocessing
 import os
 
 import numpy as np
@@ -12,20 +12,20 @@ import pytest
 from bertfam_jax.data import shared_arrays
 
 
-def chunk_like():
-  rng = np.random.default_rng(0)
+def chunk_like(seed=0, rows=37):
+  rng = np.random.default_rng(seed)
   return {
-      "input_ids": rng.integers(0, 30000, (37, 64), dtype=np.int32),
-      "mlm_weights": rng.random((37, 9), dtype=np.float32),
-      "sentence_label": rng.integers(0, 2, (37,)).astype(np.int64),
-      "strided": np.arange(200, dtype=np.int16).reshape(20, 10)[:, ::3],   # not contiguous
+      "input_ids": rng.integers(0, 30000, (rows, 64), dtype=np.int32),
+      "mlm_weights": rng.random((rows, 9), dtype=np.float32),
+      "sentence_label": rng.integers(0, 2, (rows,)).astype(np.int64),
+      "strided": np.arange(20 * rows, dtype=np.int16).reshape(rows, 20)[:, ::3],   # a view
       "empty": np.zeros((0, 5), np.int32),
-      "bools": rng.random((37, 3)) > 0.5,
+      "bools": rng.random((rows, 3)) > 0.5,
   }
 
 
 def our_files():
-  return {f for f in os.listdir(shared_arrays.SHM_DIR) if f.startswith(shared_arrays._PREFIX)}  # pylint: disable=protected-access
+  return {f for f in os.listdir(shared_arrays.SHM_DIR) if f.startswith(shared_arrays.PREFIX)}
 
 
 def assert_same_arrays(got, want):
@@ -39,55 +39,56 @@ needs_shm = pytest.mark.skipif(not os.path.isdir(shared_arrays.SHM_DIR),
                                reason="no POSIX shared-memory filesystem (Linux's /dev/shm)")
 
 
-def export_chunk():   # in a spawned process, as the pipeline's workers
-  return shared_arrays.export(chunk_like())
-
-
 @needs_shm
-def test_arrays_from_a_spawned_process_arrive_equal_and_the_file_is_gone():
+def test_segments_are_read_equal_reused_once_released_and_unlinked_at_close():
   before = our_files()
-  with concurrent.futures.ProcessPoolExecutor(
-      1, mp_context=multiprocessing.get_context("spawn")) as pool:
-    payload = pool.submit(export_chunk).result()
-  assert isinstance(payload, shared_arrays.Shared)
-  assert payload.name in our_files() - before
-  arrays = shared_arrays.load(payload)
-  assert our_files() == before                      # unlinked on load, read in place
-  assert_same_arrays(arrays, chunk_like())
-  arrays["input_ids"][0, 0] = -1                    # writable, as arrays made here are
-  for _, _, _, offset in payload.layout:
-    assert offset % 64 == 0
-
-
-@needs_shm
-def test_discard_removes_an_unread_payload():
-  before = our_files()
-  payload = shared_arrays.export(chunk_like())
-  assert our_files() - before == {payload.name}
-  shared_arrays.discard(payload)
-  shared_arrays.discard(payload)                    # twice is harmless
+  segments, reader = shared_arrays.Segments(), shared_arrays.Reader()
+  first = segments.export(chunk_like(0))
+  assert isinstance(first, shared_arrays.Shared) and our_files() - before == {first.name}
+  arrays, views = reader.load(first)
+  assert views and all(offset % 64 == 0 for *_, offset in first.layout)
+  assert_same_arrays(arrays, chunk_like(0))
+  with pytest.raises(ValueError, match="read-only"):
+    arrays["input_ids"][0, 0] = 1                 # the training process copies its batches
+  taken = segments.export(chunk_like(1))          # the first is not released: another segment
+  assert taken.name != first.name
+  segments.release([first.name])
+  again = segments.export(chunk_like(2, rows=20))   # fits the released one: written again
+  assert again.name == first.name
+  assert_same_arrays(reader.load(again)[0], chunk_like(2, rows=20))
+  assert_same_arrays(reader.load(taken)[0], chunk_like(1))
+  segments.release([taken.name])
+  larger = segments.export(chunk_like(3, rows=20000))   # larger than both free ones
+  assert larger.name not in (first.name, taken.name)
+  assert_same_arrays(reader.load(larger)[0], chunk_like(3, rows=20000))
+  kept = reader.load(taken)[0]
+  segments.close()
+  reader.close()
   assert our_files() == before
+  assert_same_arrays(kept, chunk_like(1))          # still mapped after the unlink
 
 
 def test_without_shared_memory_the_arrays_travel_themselves(monkeypatch, tmp_path):
   monkeypatch.setattr(shared_arrays, "SHM_DIR", str(tmp_path / "missing"))
-  payload = shared_arrays.export(chunk_like())
+  payload = shared_arrays.Segments().export(chunk_like())
   assert isinstance(payload, dict)
-  assert_same_arrays(shared_arrays.load(payload), chunk_like())
+  arrays, views = shared_arrays.Reader().load(payload)
+  assert not views
+  assert_same_arrays(arrays, chunk_like())
 
 
 @needs_shm
 def test_a_full_shared_memory_filesystem_falls_back_and_leaves_no_file(monkeypatch):
-  def full(fd, data, offset):
+  def full(fd, offset, length):
     raise OSError(errno.ENOSPC, "No space left on device")
-  monkeypatch.setattr(os, "pwrite", full)
+  monkeypatch.setattr(os, "posix_fallocate", full)
   before = our_files()
-  payload = shared_arrays.export(chunk_like())
+  payload = shared_arrays.Segments().export(chunk_like())
   assert isinstance(payload, dict) and our_files() == before
-  assert_same_arrays(shared_arrays.load(payload), chunk_like())
+  assert_same_arrays(payload, chunk_like())
 
 
 def test_arrays_of_python_objects_travel_themselves():
   arrays = {"texts": np.array(["a", None], dtype=object), "ids": np.arange(3)}
-  payload = shared_arrays.export(arrays)
+  payload = shared_arrays.Segments().export(arrays)
   assert isinstance(payload, dict) and payload["texts"][0] == "a"

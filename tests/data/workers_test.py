@@ -39,7 +39,8 @@ def die():
 @pytest.fixture
 def pool():
   discarded = []
-  p = workers.WorkerPool(2, remember, (100,), discard=discarded.append)
+  p = workers.WorkerPool(2, remember, (100,),
+                         discard=lambda worker, result: discarded.append(result))
   yield p, discarded
   p.close()
 
@@ -85,3 +86,27 @@ def test_a_dead_worker_is_one_error_naming_it():
     p.submit(die).result()
   p.close()
   assert not any(process.is_alive() for process in p._processes)  # pylint: disable=protected-access
+
+
+def note(value):
+  _STATE.setdefault("notes", []).append(value)
+
+
+def notes():
+  return _STATE.get("notes", [])
+
+
+def say_goodbye():
+  with open(_STATE["start"], "w", encoding="utf-8") as f:
+    f.write("done")
+
+
+def test_notify_runs_before_later_requests_and_the_finalizer_at_the_end(tmp_path):
+  goodbye = str(tmp_path / "goodbye")
+  p = workers.WorkerPool(1, remember, (goodbye,), finalizer=say_goodbye)
+  p.notify(0, note, "first")
+  p.notify(0, note, "second")
+  assert p.submit(notes).result() == ["first", "second"]
+  p.close()
+  with open(goodbye, encoding="utf-8") as f:
+    assert f.read() == "done"
