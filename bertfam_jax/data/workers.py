@@ -3,13 +3,14 @@
 `concurrent.futures.ProcessPoolExecutor` hands every task and result through two more threads of
 the parent (the executor's manager and its queue's feeder), and on a host whose cores the workers
 keep busy, waking them cost the training process about a quarter of a core (docs/results.md,
-"Worker processes"). Here a request goes to the worker with the fewest requests out (the
-first of them on a tie) over that worker's own duplex pipe, each worker answers its requests in
-order, and the parent reads an answer only when it asks for that result, in the thread that
-asks. (Which worker computes a request changes only when it is ready, never what it is.) Several streams may have requests out at once (training
-batches and evaluation batches): answers that arrive for another request wait in a dict, and the
-answers of abandoned requests are handed to `discard`. `notify` runs a function in one worker
-without an answer (the pipeline hands segments back with it).
+"Worker processes"). Here a request goes to the worker with the fewest requests unanswered
+(answers already sent are read first; the first such worker on a tie) over that worker's own
+duplex pipe, each worker answers its requests in order, and the parent reads an answer only when
+it asks for that result or picks a worker, in the thread that asks. Which worker computes a
+request depends on timing; what it computes does not. Several streams may have requests out at
+once (training batches and evaluation batches): answers that arrive for another request wait in
+a dict, and the answers of abandoned requests are handed to `discard`. `notify` runs a function
+in one worker without an answer (the pipeline hands segments back with it).
 """
 
 from __future__ import annotations
@@ -103,8 +104,12 @@ class WorkerPool:
     return [process.pid for process in self._processes]
 
   def submit(self, function: Callable, *args) -> Request:
-    """Sends `function(*args)` to the least busy worker (`function` a module-level name)."""
+    """Sends `function(*args)` to the least busy worker (`function` a module-level name): the
+    one with the fewest requests still unanswered, once every answer already sent is read."""
     request_id = next(self._ids)
+    for worker, connection in enumerate(self._connections):
+      while worker in self._worker_of.values() and connection.poll():
+        self._receive(worker)
     busy = [0] * len(self._connections)
     for w in self._worker_of.values():
       busy[w] += 1

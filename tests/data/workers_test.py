@@ -3,6 +3,7 @@ result is asked for, abandoned results discarded, a dead worker named in one err
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -17,6 +18,11 @@ def remember(value):   # the initializer, in each worker
 
 def add_start(x):
   return _STATE["start"] + x
+
+
+def sleep_then(seconds, value):
+  time.sleep(seconds)
+  return value
 
 
 def fail(message):
@@ -54,6 +60,18 @@ def test_results_in_any_order_with_requests_of_two_streams_interleaved(pool):
   assert not discarded
 
 
+def test_requests_go_to_the_worker_with_the_fewest_unanswered(pool):
+  p, _ = pool
+  slow = p.submit(sleep_then, 2.0, "slow")
+  first = p.submit(add_start, 1)
+  assert (slow.worker, first.worker) == (0, 1)
+  assert first.result() == 101
+  start = time.perf_counter()
+  later = p.submit(add_start, 5)                 # worker 0 still has its request: to 1
+  assert later.worker == 1 and later.result() == 105
+  assert time.perf_counter() - start < 1.5 and slow.result() == "slow"
+
+
 def test_an_error_is_raised_where_its_result_is_asked_for_and_the_pool_goes_on(pool):
   p, _ = pool
   failing, fine = p.submit(fail, "bad chunk"), p.submit(add_start, 1)
@@ -68,13 +86,13 @@ def test_an_error_is_raised_where_its_result_is_asked_for_and_the_pool_goes_on(p
 def test_abandoned_results_are_discarded_whether_answered_yet_or_not(pool):
   p, discarded = pool
   requests = [p.submit(add_start, x) for x in range(4)]
-  assert requests[3].result() == 103          # worker 1's: request 1 is answered by now
+  assert requests[3].result() == 103          # some of 0, 1 and 2 are answered by now
   for r in requests[:3]:
     r.abandon()
-  assert discarded == [101]
+  assert set(discarded) <= {100, 101, 102}
   requests[2].abandon()                        # twice is harmless
   p.submit(add_start, 7).abandon()
-  assert p.submit(add_start, 8).result() == 108   # worker 1's again: 0, 2 and 4 still out
+  assert p.submit(add_start, 8).result() == 108
   p.close()                                    # waits for the answers out, discarding them
   assert sorted(discarded) == [100, 101, 102, 107]
 
