@@ -24,7 +24,6 @@ import concurrent.futures
 import itertools
 import multiprocessing
 import pathlib
-import pickle
 import time
 
 from bertfam_jax import config_lib, objectives
@@ -103,9 +102,9 @@ def independent_processes(family: str, processes: int, *, docs_per_chunk: int,
 def consumer_ceiling(family: str, *, batch_size: int, docs_per_chunk: int,
                      chunks: int = 40) -> float:
   """Tokens/s the training process itself can take from workers at best: for `chunks` chunks
-  made beforehand, what it does per chunk (slice it into batches and copy each out:
-  `Pipeline._concat`), timed alone. Workers cannot deliver faster than this on any number of
-  cores."""
+  made beforehand, what it does per chunk (slice it into batches and copy each out of the
+  segment, as `Pipeline._batches` does with a worker's chunk), timed alone. Workers cannot
+  deliver faster than this on any number of cores."""
   pipe, seq_len = runlocal_pipeline(family, workers=0, prefetch=0, batch_size=batch_size,
                                     docs_per_chunk=docs_per_chunk)
   made = [pipe.chunk_examples(0, c % pipe._num_chunks(0), 0)  # pylint: disable=protected-access
@@ -116,7 +115,7 @@ def consumer_ceiling(family: str, *, batch_size: int, docs_per_chunk: int,
   for examples in made:
     n = len(next(iter(examples.values())))
     for offset in range(0, n, batch_size):
-      pipeline.Pipeline._concat([{k: v[offset:offset + batch_size]  # pylint: disable=protected-access
+      pipeline.Pipeline._concat([{k: v[offset:offset + batch_size].copy()  # pylint: disable=protected-access
                                   for k, v in examples.items()}])
     rows += n
   return rows * seq_len / (time.perf_counter() - start)

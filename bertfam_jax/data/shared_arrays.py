@@ -11,9 +11,10 @@ array: a copy into pages that already exist), the training process reads it thro
 keeps per segment (`Reader`, read-only: it copies the batches out) and hands the segment back
 (`Segments.release`, through the worker's pipe) once it has taken every batch of the chunk.
 
-Cleanup: a worker unlinks its segments when it ends (`Segments.close`); each is registered
-with multiprocessing's resource tracker, which the spawned workers share with their parent, so
-the segments of a worker that died are removed when the tracker sees the parent exit.
+Cleanup: a worker unlinks its segments when it ends (`Segments.close`), and keeps at most
+`KEEP_FREE` free ones; the parent removes what a dead worker left (`remove_segments_of`); each
+segment is registered with multiprocessing's resource tracker, which the spawned workers share
+with their parent, so none outlives the parent either.
 
 Where shared memory cannot take the arrays (no /dev/shm, not enough room in it, arrays of Python
 objects), `Segments.export` returns the arrays themselves, which the pipe carries pickled: the
@@ -22,6 +23,7 @@ arrays are the same either way.
 
 from __future__ import annotations
 
+import glob
 import mmap
 import os
 from multiprocessing import resource_tracker
@@ -35,19 +37,20 @@ SHM_DIR = "/dev/shm"
 PREFIX = "bertfam_"
 _ALIGN = 64                 # bytes: each array starts at a cache-line boundary
 _GRANULE = 1 << 20          # segments are whole MiBs, 25% larger than the chunk that made them
+KEEP_FREE = 2               # free segments a worker keeps; more are unlinked
 
 
 class Shared(NamedTuple):
   """A dict of arrays in a segment: its name and each array's (key, dtype string, shape, byte
   offset)."""
   name: str
-  layout: tuple[tuple[str, str, tuple[int, ...], int], ...]
+  layout: tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]
 
 
 def _layout(arrays: Mapping[str, np.ndarray]) -> tuple[tuple, int]:
   layout, offset = [], 0
   for key, value in arrays.items():
-    layout.append((key, value.dtype.str, value.shape, offset))
+    layout.append((key, value.dtype, value.shape, offset))
     offset += -(-value.nbytes // _ALIGN) * _ALIGN
   return tuple(layout), offset
 
@@ -66,21 +69,37 @@ class Segments:
   def __init__(self):
     self._files: dict[str, tuple[int, int]] = {}   # name: (open descriptor, capacity in bytes)
     self._free: set[str] = set()
+    self._refused = None   # the smallest capacity /dev/shm could not hold: not tried again
 
   def _new(self, size: int) -> str | None:
     capacity = -(-(size + size // 4 + 1) // _GRANULE) * _GRANULE
+    if self._refused is not None and capacity >= self._refused:
+      return None
     name = f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}"
     path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except OSError:   # read-only, no permission, no descriptors left: the pipe instead
+      self._refused = 0
+      return None
+    resource_tracker.register("/" + name, "shared_memory")
     try:
       os.posix_fallocate(fd, 0, capacity)   # a full /dev/shm fails here, not later
     except OSError:
       os.close(fd)
-      os.unlink(path)
+      self._unlink(name)
+      self._refused = capacity
       return None
-    resource_tracker.register("/" + name, "shared_memory")
     self._files[name] = (fd, capacity)
     return name
+
+  @staticmethod
+  def _unlink(name: str) -> None:
+    try:
+      os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+      pass
+    resource_tracker.unregister("/" + name, "shared_memory")
 
   def export(self, arrays: Mapping[str, np.ndarray]) -> Shared | dict[str, np.ndarray]:
     """Writes `arrays` into a free segment and returns where (`Shared`), or returns `arrays` as
@@ -104,20 +123,27 @@ class Segments:
     return Shared(name, layout)
 
   def release(self, names) -> None:
-    """The training process has read these segments: they may be written again."""
+    """The training process has read these segments: they may be written again (the smallest
+    free ones beyond `KEEP_FREE` are unlinked)."""
     self._free.update(name for name in names if name in self._files)
+    for name in sorted(self._free, key=lambda n: self._files[n][1])[:-KEEP_FREE]:
+      self._free.remove(name)
+      os.close(self._files.pop(name)[0])
+      self._unlink(name)
 
   def close(self) -> None:
     """Unlinks every segment (the training process keeps what it still maps)."""
     for name, (fd, _) in self._files.items():
       os.close(fd)
-      try:
-        os.unlink(os.path.join(SHM_DIR, name))
-      except FileNotFoundError:
-        continue
-      resource_tracker.unregister("/" + name, "shared_memory")
+      self._unlink(name)
     self._files.clear()
     self._free.clear()
+
+
+def remove_segments_of(pid: int) -> None:
+  """Unlinks the segments a worker process left (it died, or was killed before its cleanup)."""
+  for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}{pid}_*")):
+    Segments._unlink(os.path.basename(path))  # pylint: disable=protected-access
 
 
 class Reader:

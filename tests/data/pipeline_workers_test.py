@@ -90,7 +90,8 @@ def test_chunks_come_through_reused_segments_and_none_is_left_behind(setup, monk
   batches = [next(p) for _ in range(30)]
   worker_pids = p._pool.pids   # pylint: disable=protected-access
   assert len(payloads) > 12 and all(isinstance(x, shared_arrays.Shared) for x in payloads)
-  assert len({x.name for x in payloads}) <= 8      # 2 workers x (2 ahead + 1 read + 1 spare)
+  names = [x.name for x in payloads]
+  assert max(names.count(name) for name in names) >= 3   # segments are written again
   p.close()                                        # 4 chunks were out: computed or not
   left = [f for f in os.listdir(shared_arrays.SHM_DIR)
           if any(f.startswith(f"{shared_arrays.PREFIX}{pid}_") for pid in worker_pids)]

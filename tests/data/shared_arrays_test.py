@@ -25,7 +25,9 @@ def chunk_like(seed=0, rows=37):
 
 
 def our_files():
-  return {f for f in os.listdir(shared_arrays.SHM_DIR) if f.startswith(shared_arrays.PREFIX)}
+  """This process's segments (another test worker may have its own meanwhile)."""
+  mine = f"{shared_arrays.PREFIX}{os.getpid()}_"
+  return {f for f in os.listdir(shared_arrays.SHM_DIR) if f.startswith(mine)}
 
 
 def assert_same_arrays(got, want):
@@ -86,6 +88,28 @@ def test_a_full_shared_memory_filesystem_falls_back_and_leaves_no_file(monkeypat
   payload = shared_arrays.Segments().export(chunk_like())
   assert isinstance(payload, dict) and our_files() == before
   assert_same_arrays(payload, chunk_like())
+
+
+@needs_shm
+def test_a_worker_keeps_few_free_segments_and_a_dead_ones_are_removed():
+  segments = shared_arrays.Segments()
+  payloads = [segments.export(chunk_like(seed)) for seed in range(5)]   # 5 segments taken
+  segments.release([p.name for p in payloads])
+  assert len(our_files()) == shared_arrays.KEEP_FREE
+  shared_arrays.remove_segments_of(os.getpid())        # as the parent does for a dead worker
+  assert not our_files()
+
+
+@needs_shm
+def test_an_unwritable_shared_memory_directory_falls_back(monkeypatch):
+  def refuse(*args, **kwargs):
+    raise PermissionError(errno.EACCES, "Permission denied")
+  segments = shared_arrays.Segments()
+  monkeypatch.setattr(os, "open", refuse)
+  assert isinstance(segments.export(chunk_like()), dict)
+  monkeypatch.undo()
+  assert isinstance(segments.export(chunk_like()), dict)   # not tried again
+  assert not our_files()
 
 
 def test_arrays_of_python_objects_travel_themselves():

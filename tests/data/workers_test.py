@@ -29,13 +29,15 @@ def fail(message):
   raise ValueError(message)
 
 
-class Unpicklable(Exception):
-  def __reduce__(self):
-    raise TypeError("not this one")
+class NotRebuilt(Exception):
+  """Pickles, but cannot be rebuilt from its pickle (two arguments, one given back)."""
+
+  def __init__(self, what, where):
+    super().__init__(f"{what} at {where}")
 
 
-def fail_unpicklably():
-  raise Unpicklable("deep inside")
+def fail_unrebuildably():
+  raise NotRebuilt("deep inside", "chunk 3")
 
 
 def die():
@@ -61,15 +63,17 @@ def test_results_in_any_order_with_requests_of_two_streams_interleaved(pool):
 
 
 def test_requests_go_to_the_worker_with_the_fewest_unanswered(pool):
+  """Worker 1's answer arrived unread while worker 0 still computes: the next request goes to
+  worker 1 (counting the unread answer as work, or taking turns, would give it to worker 0)."""
   p, _ = pool
   slow = p.submit(sleep_then, 2.0, "slow")
   first = p.submit(add_start, 1)
   assert (slow.worker, first.worker) == (0, 1)
-  assert first.result() == 101
+  time.sleep(0.5)                                 # first's answer waits in the pipe, unread
   start = time.perf_counter()
-  later = p.submit(add_start, 5)                 # worker 0 still has its request: to 1
-  assert later.worker == 1 and later.result() == 105
-  assert time.perf_counter() - start < 1.5 and slow.result() == "slow"
+  later = p.submit(add_start, 5)
+  assert later.worker == 1 and later.result() == 105 and first.result() == 101
+  assert time.perf_counter() - start < 1.0 and slow.result() == "slow"
 
 
 def test_an_error_is_raised_where_its_result_is_asked_for_and_the_pool_goes_on(pool):
@@ -78,8 +82,8 @@ def test_an_error_is_raised_where_its_result_is_asked_for_and_the_pool_goes_on(p
   assert fine.result() == 101
   with pytest.raises(ValueError, match="bad chunk"):
     failing.result()
-  with pytest.raises(RuntimeError, match="Unpicklable: deep inside"):
-    p.submit(fail_unpicklably).result()
+  with pytest.raises(RuntimeError, match="NotRebuilt: deep inside at chunk 3"):
+    p.submit(fail_unrebuildably).result()
   assert p.submit(add_start, 2).result() == 102
 
 
@@ -97,13 +101,40 @@ def test_abandoned_results_are_discarded_whether_answered_yet_or_not(pool):
   assert sorted(discarded) == [100, 101, 102, 107]
 
 
-def test_a_dead_worker_is_one_error_naming_it():
-  p = workers.WorkerPool(1, remember, (0,))
+def test_a_dead_worker_is_one_error_naming_it_and_the_pool_still_closes():
+  """A worker killed with requests queued: each of its requests raises one RuntimeError naming
+  it, the other worker goes on, close() ends both without raising, and reap runs once each."""
+  reaped = []
+  p = workers.WorkerPool(2, remember, (0,), reap=reaped.append)
   pid = p.pids[0]
-  with pytest.raises(RuntimeError, match=f"Data worker process {pid} ended .*data.workers=0"):
-    p.submit(die).result()
+  doomed = [p.submit(sleep_then, 1.0, "never")] + [p.submit(add_start, x) for x in range(3)]
+  assert [r.worker for r in doomed[::2]] == [0, 0]
+  os.kill(pid, signal.SIGKILL)
+  for request in doomed[::2]:
+    with pytest.raises(RuntimeError, match=f"Data worker process {pid} ended .*data.workers=0"):
+      request.result()
+  assert doomed[1].result() == 0 and p.submit(add_start, 4).result() == 4   # worker 1 goes on
+  with pytest.raises(RuntimeError, match="read already"):
+    doomed[1].result()
+  with pytest.raises(RuntimeError, match="read already"):
+    doomed[0].result()
   p.close()
   assert not any(process.is_alive() for process in p._processes)  # pylint: disable=protected-access
+  assert sorted(reaped) == sorted(p.pids)
+
+
+def test_workers_ignore_ctrl_c_and_clean_up_when_terminated(tmp_path):
+  goodbye = str(tmp_path / "goodbye")
+  p = workers.WorkerPool(1, remember, (goodbye,), finalizer=say_goodbye)
+  os.kill(p.pids[0], signal.SIGINT)               # Ctrl-C reaches the whole process group
+  time.sleep(0.2)
+  os.kill(p.pids[0], signal.SIGINT)               # and once it runs its loop
+  assert p.submit(sleep_then, 0.2, "still here").result() == "still here"
+  p._processes[0].terminate()                    # pylint: disable=protected-access
+  p._processes[0].join()                         # pylint: disable=protected-access
+  with open(goodbye, encoding="utf-8") as f:    # the finalizer ran on SIGTERM
+    assert f.read() == "done"
+  p.close()
 
 
 def note(value):
