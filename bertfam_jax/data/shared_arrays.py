@@ -41,10 +41,11 @@ KEEP_FREE = 2               # free segments a worker keeps; more are unlinked
 
 
 class Shared(NamedTuple):
-  """A dict of arrays in a segment: its name and each array's (key, dtype string, shape, byte
-  offset)."""
+  """A dict of arrays in a segment: its name, each array's (key, dtype, shape, byte offset), and
+  the worker's segments unlinked since its last export (the reader drops their mappings)."""
   name: str
   layout: tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]
+  retired: tuple[str, ...] = ()
 
 
 def _layout(arrays: Mapping[str, np.ndarray]) -> tuple[tuple, int]:
@@ -70,6 +71,7 @@ class Segments:
     self._files: dict[str, tuple[int, int]] = {}   # name: (open descriptor, capacity in bytes)
     self._free: set[str] = set()
     self._refused = None   # the smallest capacity /dev/shm could not hold: not tried again
+    self._retired: list[str] = []   # unlinked since the last export
 
   def _new(self, size: int) -> str | None:
     capacity = -(-(size + size // 4 + 1) // _GRANULE) * _GRANULE
@@ -120,7 +122,8 @@ class Segments:
     except OSError:
       self._free.add(name)
       return arrays
-    return Shared(name, layout)
+    retired, self._retired = tuple(self._retired), []
+    return Shared(name, layout, retired)
 
   def release(self, names) -> None:
     """The training process has read these segments: they may be written again (the smallest
@@ -130,6 +133,7 @@ class Segments:
       self._free.remove(name)
       os.close(self._files.pop(name)[0])
       self._unlink(name)
+      self._retired.append(name)
 
   def close(self) -> None:
     """Unlinks every segment (the training process keeps what it still maps)."""
@@ -158,6 +162,8 @@ class Reader:
     before the segment is released)."""
     if not isinstance(payload, Shared):
       return payload, False
+    for name in payload.retired:
+      self._mappings.pop(name, None)
     mapping = self._mappings.get(payload.name)
     if mapping is None:
       fd = os.open(os.path.join(SHM_DIR, payload.name), os.O_RDONLY)

@@ -92,10 +92,18 @@ def test_a_full_shared_memory_filesystem_falls_back_and_leaves_no_file(monkeypat
 
 @needs_shm
 def test_a_worker_keeps_few_free_segments_and_a_dead_ones_are_removed():
-  segments = shared_arrays.Segments()
+  """Beyond KEEP_FREE free segments a worker unlinks them, and the reader drops its mappings of
+  those at the next chunk; the parent removes a dead worker's segments."""
+  segments, reader = shared_arrays.Segments(), shared_arrays.Reader()
   payloads = [segments.export(chunk_like(seed)) for seed in range(5)]   # 5 segments taken
+  for payload in payloads:
+    reader.load(payload)
   segments.release([p.name for p in payloads])
   assert len(our_files()) == shared_arrays.KEEP_FREE
+  after = segments.export(chunk_like(9))
+  assert len(after.retired) == 5 - shared_arrays.KEEP_FREE
+  reader.load(after)
+  assert set(reader._mappings) == {p.name for p in payloads} - set(after.retired)  # pylint: disable=protected-access
   shared_arrays.remove_segments_of(os.getpid())        # as the parent does for a dead worker
   assert not our_files()
 
