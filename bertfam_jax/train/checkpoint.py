@@ -90,13 +90,14 @@ def _without_abandoned_reads(unraisablehook):
 
 
 class _AbandonedTaskFilter(std_logging.Filter):
-  """Drops asyncio's "Task exception was never retrieved" for orbax's own tasks: the other face
-  of `_without_abandoned_reads`, when an abandoned read is a Task that the event loop's exception
-  handler logs (with a traceback) as it is collected, instead of a bare coroutine."""
+  """Drops asyncio's "<Task | Future | _GatheringFuture> exception was never retrieved" for
+  orbax's own reads: the other face of `_without_abandoned_reads`, when an abandoned read is a
+  Task or a gathering future that the event loop's exception handler logs (with a traceback) as
+  it is collected, instead of a bare coroutine."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
     message = record.getMessage()
-    return not (message.startswith("Task exception was never retrieved")
+    return not (message.split("\n", 1)[0].endswith("exception was never retrieved")
                 and f"{os.sep}orbax{os.sep}" in message)
 
 
