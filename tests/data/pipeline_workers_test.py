@@ -87,18 +87,18 @@ def test_chunks_come_through_reused_segments_and_none_is_left_behind(setup, monk
                       lambda self, payload: payloads.append(payload) or load(self, payload))
   p = build(setup, 2)
   reference = build(setup, 0)
-  batches = [next(p) for _ in range(30)]
+  batches = [next(p) for _ in range(60)]
   worker_pids = p._pool.pids   # pylint: disable=protected-access
   assert len(payloads) > 12 and all(isinstance(x, shared_arrays.Shared) for x in payloads)
   names = [x.name for x in payloads]
-  assert max(names.count(name) for name in names) >= 3   # segments are written again
+  assert len(set(names)) < len(names) // 2          # segments are written again and again
   p.close()                                        # 4 chunks were out: computed or not
   left = [f for f in os.listdir(shared_arrays.SHM_DIR)
           if any(f.startswith(f"{shared_arrays.PREFIX}{pid}_") for pid in worker_pids)]
   assert not left
   for batch in batches:
     assert batch["input_ids"].flags.writeable
-  assert_same([(b, {}) for b in batches], [(next(reference), {}) for _ in range(30)])
+  assert_same([(b, {}) for b in batches], [(next(reference), {}) for _ in range(60)])
   reference.close()
 
 
