@@ -63,6 +63,15 @@ def _write_all(fd: int, data: np.ndarray, offset: int) -> None:
     view, offset = view[written:], offset + written
 
 
+def _unlink(name: str) -> None:
+  """Removes a segment's file (if still there) and its resource-tracker entry."""
+  try:
+    os.unlink(os.path.join(SHM_DIR, name))
+  except FileNotFoundError:
+    pass
+  resource_tracker.unregister("/" + name, "shared_memory")
+
+
 class Segments:
   """A worker's segments: `export` writes into a free one (or a new one), `release` frees the
   ones the training process has read, `close` unlinks them all."""
@@ -70,7 +79,8 @@ class Segments:
   def __init__(self):
     self._files: dict[str, tuple[int, int]] = {}   # name: (open descriptor, capacity in bytes)
     self._free: set[str] = set()
-    self._refused = None   # the smallest capacity /dev/shm could not hold: not tried again
+    # The smallest capacity /dev/shm could not hold, not tried again (0: no /dev/shm at all).
+    self._refused = None if os.path.isdir(SHM_DIR) else 0
     self._retired: list[str] = []   # unlinked since the last export
 
   def _new(self, size: int) -> str | None:
@@ -89,25 +99,17 @@ class Segments:
       os.posix_fallocate(fd, 0, capacity)   # a full /dev/shm fails here, not later
     except OSError:
       os.close(fd)
-      self._unlink(name)
+      _unlink(name)
       self._refused = capacity
       return None
     self._files[name] = (fd, capacity)
     return name
 
-  @staticmethod
-  def _unlink(name: str) -> None:
-    try:
-      os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
-      pass
-    resource_tracker.unregister("/" + name, "shared_memory")
-
   def export(self, arrays: Mapping[str, np.ndarray]) -> Shared | dict[str, np.ndarray]:
     """Writes `arrays` into a free segment and returns where (`Shared`), or returns `arrays` as
     a plain dict where shared memory cannot hold them. The segment stays taken until released."""
     arrays = dict(arrays)
-    if not os.path.isdir(SHM_DIR) or any(v.dtype.hasobject for v in arrays.values()):
+    if any(v.dtype.hasobject for v in arrays.values()):
       return arrays
     layout, size = _layout(arrays)
     fits = [name for name in self._free if self._files[name][1] >= size]
@@ -132,14 +134,14 @@ class Segments:
     for name in sorted(self._free, key=lambda n: self._files[n][1])[:-KEEP_FREE]:
       self._free.remove(name)
       os.close(self._files.pop(name)[0])
-      self._unlink(name)
+      _unlink(name)
       self._retired.append(name)
 
   def close(self) -> None:
     """Unlinks every segment (the training process keeps what it still maps)."""
     for name, (fd, _) in self._files.items():
       os.close(fd)
-      self._unlink(name)
+      _unlink(name)
     self._files.clear()
     self._free.clear()
 
@@ -147,7 +149,7 @@ class Segments:
 def remove_segments_of(pid: int) -> None:
   """Unlinks the segments a worker process left (it died, or was killed before its cleanup)."""
   for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}{pid}_*")):
-    Segments._unlink(os.path.basename(path))  # pylint: disable=protected-access
+    _unlink(os.path.basename(path))
 
 
 class Reader:
