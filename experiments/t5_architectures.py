@@ -15,8 +15,8 @@ the `cpu` scale L = 2 (t5_objectives' mini T5), so "6 layers" (the paper's half 
 layer per stack.
 
   # The denoising half and the floor × 3 seeds on a 2-core CPU (2 h 50 min in all on a CPU
-  # shared with other jobs, 1-24 min per run, the prefix LM the longest: its decoding
-  # recomputes the row; experiments/results/t5_architectures/cpu):
+  # shared with other jobs, 1-24 min per run, the prefix LM the longest: its decoding then
+  # recomputed the row at every step, since cached; experiments/results/t5_architectures/cpu):
   python -m experiments.t5_architectures --scale=cpu
   # Every row, one seed, on its own machine:
   python -m experiments.t5_architectures --scale=gpu --rows="Prefix LM · LM" --seeds=0

@@ -1,9 +1,19 @@
-"""Greedy and beam search for the T5 encoder–decoder (bertfam_jax.models.t5), jit-able.
+"""Greedy and beam search for T5 (bertfam_jax.models.t5) in each architecture, jit-able.
 
-`T5.encode` runs once; the decoder then produces one token per step, either from its KV cache
-(`use_cache=True`: one-token `decode=True` calls, see models/t5.py) or by recomputing the whole
-decoder over the tokens so far (`use_cache=False`, the reference the cache is tested against).
-The first decoder input is BOS = 0 (T5's pad id, seqio `make_autoregressive_inputs`).
+Encoder–decoder: `T5.encode` runs once; the decoder then produces one token per step, either
+from its KV cache (`use_cache=True`: one-token `decode=True` calls, see models/t5.py) or by
+recomputing the whole decoder over the tokens so far (`use_cache=False`, the reference the cache
+is tested against). The first decoder input is BOS = 0 (T5's pad id, seqio
+`make_autoregressive_inputs`).
+
+Decoder-only LM and prefix LM (`prefix_tokens` given): each row holds the inputs with their EOS
+(its first prefix_tokens tokens), laid out as in training (`seq2seq.featurize_decoder_only`,
+seqio's PrefixLMFeatureConverter: BOS, the inputs, then the targets; the prefix LM's inputs and
+one position more attending both ways). The reference recomputes that row at every step. The
+cache is prefilled by one call over the rows left-padded so that every row's prefix ends at the
+same position, then one-token steps follow (models/t5.py: the relative position bias sees only
+distances, and the padding is never attended to), so a step costs one position instead of the
+whole row.
 
 Outputs are [batch, max_length] int32: the generated tokens, EOS included when one was produced,
 0 after it. Wrap a call in `jax.jit(functools.partial(greedy_decode, model, max_length=...,
@@ -17,6 +27,7 @@ log p / brevity_penalty; it stops when no alive beam can still beat the worst fi
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -46,6 +57,20 @@ def _decoder_inputs_at(sequences, step):
   return jnp.where(step == 0, 0, previous)
 
 
+def _reorder_rows(model, state, parents):
+  """`state` (a decoding cache, and arrays [N, ...]) with its rows taken from `parents` [N]."""
+  batch_axis = 1 if model.config.scan_layers else 0  # scanned caches lead with [layers]
+
+  def gather(path, leaf):
+    name = getattr(path[-1], "key", None)
+    if name in ("cached_key", "cached_value"):
+      return jnp.take(leaf, parents, axis=batch_axis)
+    if name in ("cache_index", "key_positions"):
+      return leaf
+    return jnp.take(leaf, parents, axis=0)   # first_key [N], first logits [N, vocab]
+  return jax.tree_util.tree_map_with_path(gather, state)
+
+
 def _model_step_fn(model, params, input_ids, *, repeat: int, max_length: int, use_cache: bool):
   """(step_fn, initial state, reorder(state, flat parent indices [N])) for the model, with the
   encoder run once on input_ids [batch, Li] and its outputs repeated `repeat` times per row."""
@@ -64,7 +89,7 @@ def _model_step_fn(model, params, input_ids, *, repeat: int, max_length: int, us
       return jax.lax.dynamic_index_in_dim(logits, step, axis=1, keepdims=False), state
     return recompute_step, (), lambda state, parents: state
 
-  # The first decode=True call at full length creates the cache (zero keys/values, index 0).
+  # The first decode=True call at full length creates the cache (index 0: nothing cached).
   _, variables = decode({"params": params},
                         jnp.zeros((encoded.shape[0], max_length), jnp.int32),
                         decode=True, mutable=["cache"])
@@ -75,15 +100,83 @@ def _model_step_fn(model, params, input_ids, *, repeat: int, max_length: int, us
                                mutable=["cache"])
     return logits[:, 0], variables["cache"]
 
-  batch_axis = 1 if model.config.scan_layers else 0  # scanned caches lead with [layers]
+  return cached_step, variables["cache"], functools.partial(_reorder_rows, model)
 
-  def reorder(cache, parents):
-    def gather(path, leaf):
-      is_kv = path[-1].key in ("cached_key", "cached_value")
-      return jnp.take(leaf, parents, axis=batch_axis) if is_kv else leaf
-    return jax.tree_util.tree_map_with_path(gather, cache)
 
-  return cached_step, variables["cache"], reorder
+def _prefix_lm_keyword(model, prefix_columns_NL) -> dict:
+  """{'decoder_causal_attention': [N, L] int32} for a prefix LM (bool [N, L]: the columns
+  attending both ways), {} for a decoder-only LM."""
+  if model.config.architecture != "prefix_lm":
+    return {}
+  return {"decoder_causal_attention": prefix_columns_NL.astype(jnp.int32)}
+
+
+def _decoder_only_step_fn(model, params, rows, prefix_tokens, *, repeat: int, max_length: int,
+                          use_cache: bool):
+  """(step_fn, initial state, reorder) for a decoder-only / prefix-LM T5 whose rows [batch, W]
+  begin with their inputs and EOS (prefix_tokens [batch] of them; the rest is ignored), each
+  repeated `repeat` times. Generated token t sits at position prefix + t of the row."""
+  rows = jnp.repeat(rows, repeat, axis=0)
+  prefix_N = jnp.repeat(prefix_tokens, repeat, axis=0).astype(jnp.int32)
+  n, width = rows.shape
+  total = width + max_length
+  columns_L = jnp.arange(total)
+  inputs_NL = jnp.where(columns_L[None] < prefix_N[:, None],
+                        jnp.pad(rows, ((0, 0), (0, max_length))), 0)
+  apply = lambda variables, ids, segments, **kw: model.apply(  # noqa: E731
+      variables, None, None, ids, segments, deterministic=True, method=t5.T5.decode, **kw)
+
+  if not use_cache:   # the row as in training: prefix, then the tokens so far; BOS shifted in
+    prefix_kw = _prefix_lm_keyword(model, columns_L[None] <= prefix_N[:, None])
+    ones_NL = jnp.ones((n, total), jnp.int32)
+    rows_N = jnp.arange(n)
+
+    def recompute_step(sequences, step, state):
+      generated_at = columns_L[None] - prefix_N[:, None]
+      generated_NL = jnp.take_along_axis(sequences, jnp.clip(generated_at, 0, max_length - 1), 1)
+      targets_NL = jnp.where(generated_at >= 0, generated_NL, inputs_NL)
+      logits = apply({"params": params}, jnp.pad(targets_NL[:, :-1], ((0, 0), (1, 0))), ones_NL,
+                     **prefix_kw)
+      return logits[rows_N, prefix_N + step], state
+    return recompute_step, (), lambda state, parents: state
+
+  # Prefill: the shifted prefix (BOS, inputs, EOS) right-aligned to end at column `width`, where
+  # the first target is predicted; the steps then fill columns width + 1, width + 2, ...
+  first_N = width - prefix_N                       # the BOS column
+  source_NL = columns_L[None] - first_N[:, None] - 1
+  prompt_NL = (columns_L[None] >= first_N[:, None]) & (columns_L[None] <= width)
+  ids_NL = jnp.where(prompt_NL & (source_NL >= 0),
+                     jnp.take_along_axis(rows, jnp.clip(source_NL, 0, width - 1), 1), 0)
+  logits, variables = apply({"params": params}, ids_NL, prompt_NL.astype(jnp.int32),
+                            decode=True, cache_start=width + 1, mutable=["cache"],
+                            **_prefix_lm_keyword(model, columns_L[None] <= width))
+  ones_N1 = jnp.ones((n, 1), jnp.int32)
+
+  def cached_step(sequences, step, state):
+    first_logits, cache = state
+
+    def one_token():
+      logits, variables = apply({"params": params, "cache": cache},
+                                _decoder_inputs_at(sequences, step), ones_N1, decode=True,
+                                mutable=["cache"])
+      return logits[:, 0], variables["cache"]
+    logits, cache = jax.lax.cond(step == 0, lambda: (first_logits, cache), one_token)
+    return logits, (first_logits, cache)
+
+  return (cached_step, (logits[:, width], variables["cache"]),
+          functools.partial(_reorder_rows, model))
+
+
+def _step_fn(model, params, input_ids, prefix_tokens, **kw):
+  if model.config.architecture == "encoder_decoder":
+    if prefix_tokens is not None:
+      raise ValueError("prefix_tokens are for a decoder-only / prefix-LM T5; an encoder-decoder "
+                       "takes the inputs alone.")
+    return _model_step_fn(model, params, input_ids, **kw)
+  if prefix_tokens is None:
+    raise ValueError(f"A {model.config.architecture!r} T5 decodes rows that begin with their "
+                     f"inputs: pass prefix_tokens.")
+  return _decoder_only_step_fn(model, params, input_ids, prefix_tokens, **kw)
 
 
 # --------------------------------------------------------------------------------- the searches
@@ -169,19 +262,22 @@ def search_beams(step_fn: StepFn, state, reorder, *, batch_size: int, beam_size:
 
 
 def greedy_decode(model, params, input_ids, *, max_length: int, eos_id: int,
-                  use_cache: bool = True) -> jax.Array:
-  """input_ids [batch, Li] (0 = pad) → greedy output ids [batch, max_length] (0 after EOS)."""
-  step_fn, state, _ = _model_step_fn(model, params, input_ids, repeat=1, max_length=max_length,
-                                     use_cache=use_cache)
+                  use_cache: bool = True, prefix_tokens=None) -> jax.Array:
+  """input_ids [batch, Li] (0 = pad) → greedy output ids [batch, max_length] (0 after EOS).
+  A decoder-only / prefix-LM T5: input_ids are rows that begin with the inputs and their EOS,
+  prefix_tokens [batch] of them (the module docstring)."""
+  step_fn, state, _ = _step_fn(model, params, input_ids, prefix_tokens, repeat=1,
+                               max_length=max_length, use_cache=use_cache)
   return greedy_search(step_fn, state, batch_size=input_ids.shape[0], max_length=max_length,
                        eos_id=eos_id)
 
 
 def beam_search(model, params, input_ids, *, max_length: int, eos_id: int, beam_size: int,
-                alpha: float, use_cache: bool = True) -> jax.Array:
+                alpha: float, use_cache: bool = True, prefix_tokens=None) -> jax.Array:
   """input_ids [batch, Li] → the best beam [batch, max_length] (0 after EOS); `alpha` is the
-  brevity penalty exponent (t5x `alpha`, T5's decoding used 0.6)."""
-  step_fn, state, reorder = _model_step_fn(model, params, input_ids, repeat=beam_size,
-                                           max_length=max_length, use_cache=use_cache)
+  brevity penalty exponent (t5x `alpha`, T5's decoding used 0.6); prefix_tokens as in
+  `greedy_decode`."""
+  step_fn, state, reorder = _step_fn(model, params, input_ids, prefix_tokens, repeat=beam_size,
+                                     max_length=max_length, use_cache=use_cache)
   return search_beams(step_fn, state, reorder, batch_size=input_ids.shape[0],
                       beam_size=beam_size, max_length=max_length, eos_id=eos_id, alpha=alpha)

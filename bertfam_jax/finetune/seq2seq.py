@@ -21,9 +21,9 @@ Recipe (what T5 / t5x do when fine-tuning, scaled to a step budget):
 A decoder-only or prefix-LM T5 (`model.architecture`, Raffel et al. §3.2) fine-tunes on the same
 tasks with each example's inputs + EOS and targets + EOS as one sequence
 (`featurize_decoder_only`: seqio's PrefixLMFeatureConverter, one example a row), the loss on the
-targets, the prefix LM's inputs attending both ways; it decodes greedily by recomputing the
-sequence at every step (the cache's one-token steps cannot run the prefix both ways), and its
-gold targets are scored the same way.
+targets, the prefix LM's inputs attending both ways; it decodes (greedy or beam search) with a KV
+cache prefilled by one call over the inputs (`finetune.decoding`), and its gold targets are
+scored the same way.
 
 `make_recipe` is what `finetune.run` trains for a T5 `init` (`python -m bertfam_jax.main
 --config=configs/finetune.py:task=NAME,init=<T5 workdir>`, or `run.fine_tune` in memory): the
@@ -137,35 +137,6 @@ def _prefix(model_config, batch) -> dict:
   return {"decoder_causal_attention": batch["decoder_causal_attention"]}
 
 
-def decoder_only_greedy(model, params, batch, *, max_length: int, eos_id: int):
-  """[B, max_length] greedy targets of rows whose inputs (with EOS) are the first prefix_tokens
-  of decoder_target_ids: at step t the whole sequence so far is run (the prefix LM's inputs and
-  one position more attending both ways, as in training) and position prefix + t takes the
-  argmax; 0 after EOS."""
-  prefix_B = batch["prefix_tokens"]
-  width = batch["decoder_target_ids"].shape[1]
-  positions_L = jnp.arange(width)
-  sequence = jnp.where(positions_L[None] < prefix_B[:, None], batch["decoder_target_ids"], 0)
-  state = dict(decoder_causal_attention=(positions_L[None] <= prefix_B[:, None]).astype(
-      jnp.int32))
-  segments = jnp.ones_like(sequence)
-  rows = jnp.arange(sequence.shape[0])
-
-  def step(t, carry):
-    sequence, done, out = carry
-    shifted = jnp.pad(sequence[:, :-1], ((0, 0), (1, 0)))
-    logits = model.apply({"params": params}, None, shifted, None, segments, deterministic=True,
-                         **_prefix(model.config, state))
-    at_B = prefix_B + t
-    token_B = jnp.where(done, 0, jnp.argmax(logits[rows, at_B], -1).astype(sequence.dtype))
-    sequence = sequence.at[rows, at_B].set(token_B)
-    return sequence, done | (token_B == eos_id), out.at[:, t].set(token_B)
-
-  init = (sequence, jnp.zeros(sequence.shape[:1], jnp.bool_),
-          jnp.zeros((sequence.shape[0], max_length), sequence.dtype))
-  return jax.lax.fori_loop(0, max_length, step, init)[2]
-
-
 def decode_texts(tokenizer, ids: np.ndarray) -> list[str]:
   """[n, L] generated ids -> n texts: everything from the first EOS on is dropped, and so are
   pads and ids that are no SentencePiece piece (sentinels, padded vocabulary rows)."""
@@ -246,9 +217,6 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   if two_stacks:
     example = dict(input_ids=ids, decoder_input_ids=ids)
   else:
-    if ft.beam_size != 1:
-      raise ConfigError(f"finetune.beam_size={ft.beam_size}: a decoder-only T5 decodes greedily "
-                        "here; set --config.finetune.beam_size=1.")
     example = dict(input_ids=None, decoder_input_ids=ids, **_prefix(config.model, dict(
         decoder_causal_attention=ids)))
   tx, schedule = step_lib.make_optimizer(optim.base_optimizer(config.optimizer, total_steps),
@@ -280,21 +248,21 @@ def make_search(model, param_shardings, mesh, *, max_length: int, eos_id: int,
   """Jitted `search(variables, {'input_ids': [batch, Li]}) -> [batch, max_length]` generated ids
   on `mesh` (`recipe.sharded_predict`: parameters as `param_shardings`, the batch split over the
   batch axes, outputs replicated): greedy when beam_size is 1, else beam search with length
-  penalty alpha (`finetune.decoding`); a decoder-only T5's greedy recomputing search over
-  {'decoder_target_ids', 'prefix_tokens'} (`decoder_only_greedy`)."""
-  if not encoder_decoder(model.config):
-    return recipe_lib.sharded_predict(
-        lambda variables, batch: decoder_only_greedy(model, variables["params"], batch,
-                                                     max_length=max_length, eos_id=eos_id),
-        param_shardings, mesh)
+  penalty alpha (`finetune.decoding`); a decoder-only T5's over {'decoder_target_ids',
+  'prefix_tokens'} (`featurize_decoder_only`)."""
   if beam_size == 1:
     search = functools.partial(decoding.greedy_decode, max_length=max_length, eos_id=eos_id)
   else:
     search = functools.partial(decoding.beam_search, max_length=max_length, eos_id=eos_id,
                                beam_size=beam_size, alpha=alpha)
-  return recipe_lib.sharded_predict(
-      lambda variables, batch: search(model, variables["params"], batch["input_ids"]),
-      param_shardings, mesh)
+  if encoder_decoder(model.config):
+    predict = lambda variables, batch: search(  # noqa: E731
+        model, variables["params"], batch["input_ids"])
+  else:
+    predict = lambda variables, batch: search(  # noqa: E731
+        model, variables["params"], batch["decoder_target_ids"],
+        prefix_tokens=batch["prefix_tokens"])
+  return recipe_lib.sharded_predict(predict, param_shardings, mesh)
 
 
 GOLD_KEYS = ("input_ids", "input_segment_ids", "decoder_input_ids", "decoder_target_ids",

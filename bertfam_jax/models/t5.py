@@ -56,10 +56,17 @@ Parameter tree (t5x names; `layer_{i}` unrolled, one `layers` with a leading [la
   decoder/logits_dense/kernel                   [embed, vocab]     only when not tie_embeddings
 
 KV cache (`decode=True`, flax "cache" collection): a first call with the full-length decoder input
-[batch, max_length] creates zero caches (`decoder/cache_position/{cache_index, key_positions}`, per
-layer `self_attention/cached_key`, `cached_value` [batch, max_length, heads, kv], stacked on a
-leading [layers] axis when scanned); each later call feeds one token [batch, 1] at position
-`cache_index`. Cross-attention keys/values are recomputed from `encoded` each step (as t5x).
+[batch, max_length] creates the caches (`decoder/cache_position/{cache_index, key_positions,
+first_key}`, per layer `self_attention/cached_key`, `cached_value` [batch, max_length, heads, kv],
+stacked on a leading [layers] axis when scanned), holding that call's keys and values; each later
+call feeds one token [batch, 1] at position `cache_index`, which starts at the first call's
+`cache_start` (0: nothing cached yet), and attends to the cached keys from the row's `first_key`
+(its first position of a nonzero segment id in the first call) to `cache_index`. A prompt is
+prefilled that way (`finetune.decoding`: a decoder-only T5's inputs, left-padded so that every
+row's prompt ends at one position: the relative position bias sees distances only, and the
+padding is outside [first_key, cache_index]); the first call's positions from `cache_start` on are
+overwritten by the steps before anything attends to them. Cross-attention keys/values are
+recomputed from `encoded` each step (as t5x).
 """
 
 from __future__ import annotations
@@ -289,10 +296,11 @@ class Attention(nn.Module):
     return jnp.einsum("bqnh,nhd->bqd", out_BQNH, out_kernel.astype(dtype))
 
   def _update_cache(self, k_BKNH, v_BKNH, cache_index):
-    """Creates the cache at the first (full-length) call; with `cache_index` writes the one new
-    key/value there and returns the whole cache [batch, max_length, heads, kv]."""
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, k_BKNH.shape, k_BKNH.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, v_BKNH.shape, v_BKNH.dtype)
+    """Creates the cache at the first (full-length) call, holding its keys/values; with
+    `cache_index` writes the one new key/value there and returns the whole cache
+    [batch, max_length, heads, kv]."""
+    cached_key = self.variable("cache", "cached_key", lambda: k_BKNH)
+    cached_value = self.variable("cache", "cached_value", lambda: v_BKNH)
     if cache_index is None:
       return k_BKNH, v_BKNH
     start = (0, cache_index, 0, 0)
@@ -453,16 +461,17 @@ class Decoder(nn.Module):
           kernel_init=normal_init(c.hidden ** -0.5, ("embed", "vocab")))
 
   def __call__(self, decoder_input_ids, decoder_segment_ids, encoded_BSD, input_segment_ids,
-               decoder_causal_attention=None, *, deterministic: bool, decode: bool = False):
+               decoder_causal_attention=None, *, deterministic: bool, decode: bool = False,
+               cache_start=0):
     """[batch, L] ids (+ encoder output [batch, S, hidden] and its segment ids, or None) →
-    logits [batch, L, vocab] in the compute dtype."""
+    logits [batch, L, vocab] in the compute dtype. `cache_start`: see the module docstring."""
     c = self.config
     length = decoder_input_ids.shape[1]
     x_BLD = self.dropout(self.embedder(decoder_input_ids).astype(jnp.dtype(c.dtype)),
                          deterministic=deterministic)
     x_BLD = nn.with_logical_constraint(x_BLD, ACTIVATION_AXES)
     cache_index, bias_1NLK, masking = self._self_attention_bias_and_masking(
-        length, decoder_segment_ids, decoder_causal_attention, decode)
+        length, decoder_segment_ids, decoder_causal_attention, decode, cache_start)
     cross_masking = None
     if self.cross_attention:   # a decoding run's steps take XLA's attention: no lengths
       cross_mask = segment_mask(decoder_segment_ids, input_segment_ids)
@@ -477,13 +486,18 @@ class Decoder(nn.Module):
     return self.logits_dense(x_BLD)
 
   def _self_attention_bias_and_masking(self, length, decoder_segment_ids,
-                                       decoder_causal_attention, decode):
+                                       decoder_causal_attention, decode, cache_start):
     """(cache_index or None, bias [1, heads, L, K], Masking with mask [batch or 1, 1, L, K]);
     K = L, or max_length in a cached step (whose one query sits at position cache_index)."""
-    cache_index, key_positions = self.cache_position(length) if decode else (None, None)
+    cache_index = None
+    if decode:
+      cache_index, key_positions, first_key_B = self.cache_position(length, decoder_segment_ids,
+                                                                    cache_start)
     if cache_index is not None:
       bias = self.relpos_bias(cache_index[None], key_positions)
-      return cache_index, bias, Masking((key_positions <= cache_index)[None, None, None, :])
+      visible_BK = ((key_positions[None, :] <= cache_index)
+                    & (key_positions[None, :] >= first_key_B[:, None]))
+      return cache_index, bias, Masking(visible_BK[:, None, None, :])
     positions = jnp.arange(length)
     if decoder_causal_attention is None:
       mask = causal_mask(length)
@@ -497,20 +511,25 @@ class Decoder(nn.Module):
 
 class CachePosition(nn.Module):
   """The decoder's place in its KV cache: `cache_index` (the position the next one-token call
-  fills) and `key_positions` [max_length] (0..max_length-1, the positions of the cached keys)."""
+  fills), `key_positions` [max_length] (0..max_length-1, the positions of the cached keys) and
+  `first_key` [batch] (each row's first position to attend to)."""
 
   @nn.compact
-  def __call__(self, length: int):
-    """→ (cache_index before this call, key_positions) in a cached step; (None, key_positions)
-    at the first, cache-creating call of `length` = max_length."""
+  def __call__(self, length: int, segment_ids, cache_start):
+    """→ (cache_index before this call, key_positions, first_key) in a cached step; (None,
+    key_positions, first_key) at the first, cache-creating call of `length` = max_length, whose
+    segment_ids [batch, max_length] set first_key (the first nonzero one; 0 in a row of none) and
+    which sets cache_index to `cache_start`."""
     step = self.has_variable("cache", "cache_index")
-    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    index = self.variable("cache", "cache_index", lambda: jnp.asarray(cache_start, jnp.int32))
     key_positions = self.variable("cache", "key_positions", jnp.arange, length, dtype=jnp.int32)
+    first_key = self.variable("cache", "first_key",
+                              lambda: jnp.argmax(segment_ids != 0, axis=1).astype(jnp.int32))
     if not step:
-      return None, key_positions.value
+      return None, key_positions.value, first_key.value
     cache_index = index.value
     index.value = cache_index + 1
-    return cache_index, key_positions.value
+    return cache_index, key_positions.value, first_key.value
 
 
 class T5(nn.Module):
@@ -565,15 +584,22 @@ class T5(nn.Module):
     return self.encoder(input_ids, input_segment_ids, deterministic=deterministic)
 
   def decode(self, encoded, input_segment_ids, decoder_input_ids, decoder_segment_ids=None, *,
-             deterministic: bool, decode: bool = False):
+             deterministic: bool, decode: bool = False, decoder_causal_attention=None,
+             cache_start=0):
     """encoded [batch, Li, hidden] with its segment ids [batch, Li] (None: every position is a
-    real token of segment 1), decoder_input_ids [batch, Lt] → logits [batch, Lt, vocab].
-    `decode=True`: the KV-cache path (see the module docstring)."""
-    if input_segment_ids is None:
+    real token of segment 1), decoder_input_ids [batch, Lt] → logits [batch, Lt, vocab]. A
+    decoder-only / prefix-LM T5 takes encoded None (and the prefix LM its
+    decoder_causal_attention [batch, Lt] in a call that is not a one-token step).
+    `decode=True`: the KV-cache path, `cache_start` (see the module docstring)."""
+    if (encoded is None) != (self.config.architecture != "encoder_decoder"):
+      raise ConfigError(f"T5.decode takes an encoder output exactly when model.architecture is "
+                        f"'encoder_decoder' (it is {self.config.architecture!r}).")
+    if encoded is not None and input_segment_ids is None:
       input_segment_ids = jnp.ones(encoded.shape[:2], jnp.int32)
     return self.decoder(decoder_input_ids,
                         self._decoder_segments(decoder_input_ids, decoder_segment_ids),
-                        encoded, input_segment_ids, deterministic=deterministic, decode=decode)
+                        encoded, input_segment_ids, decoder_causal_attention,
+                        deterministic=deterministic, decode=decode, cache_start=cache_start)
 
   @staticmethod
   def _decoder_segments(decoder_input_ids, decoder_segment_ids):

@@ -1,6 +1,7 @@
 """bertfam_jax.finetune.decoding: greedy output is the argmax of the teacher-forced logits fed its
 own output; the KV cache gives exactly the uncached (full recompute) greedy and beam outputs, also
-with scanned layers; beam_size 1 = greedy; on a hand-made chain of probabilities beam search finds
+with scanned layers, and for a decoder-only LM and a prefix LM (their cache prefilled over
+left-padded inputs); beam_size 1 = greedy; on a hand-made chain of probabilities beam search finds
 the better sequence greedy misses, and the brevity penalty changes the choice as t5x's does."""
 
 import functools
@@ -87,6 +88,60 @@ def test_scanned_decoder_cache_matches_unrolled(setup):
   np.testing.assert_array_equal(
       decode_fn("beam_search", "scanned", beam_size=3, alpha=0.6)(scanned_params, input_ids),
       decode_fn("beam_search", beam_size=3, alpha=0.6)(params, input_ids))
+
+
+DECODER_ONLY = {architecture: t5.T5(tiny_config(architecture=architecture))
+                for architecture in ("decoder_only", "prefix_lm")}
+ROW_WIDTH = 9
+
+
+@pytest.fixture(scope="module")
+def decoder_only_setup():
+  """(params, rows [BATCH, ROW_WIDTH], prefix_tokens [BATCH]): rows begin with inputs of 3, 8
+  and 5 tokens ending in EOS, then random tokens decoding must ignore; the pad logit negated as
+  in `setup` (the two architectures have the same parameters)."""
+  rng = np.random.default_rng(2)
+  rows = rng.integers(4, VOCAB, (BATCH, ROW_WIDTH)).astype(np.int32)
+  prefix_tokens = np.array([3, 8, 5], np.int32)
+  rows[np.arange(BATCH), prefix_tokens - 1] = EOS
+  params = nn.unbox(jax.jit(lambda: DECODER_ONLY["decoder_only"].init(
+      jax.random.key(4), None, rows, deterministic=True))())["params"]
+  kernel = params["decoder"]["logits_dense"]["kernel"]
+  params["decoder"]["logits_dense"]["kernel"] = kernel.at[:, 0].multiply(-1.0)
+  return params, rows, prefix_tokens
+
+
+@functools.lru_cache(maxsize=None)
+def decoder_only_fn(search: str, architecture: str, **kwargs):
+  return jax.jit(functools.partial(getattr(decoding, search), DECODER_ONLY[architecture],
+                                   max_length=MAX_LENGTH, eos_id=EOS, **kwargs))
+
+
+@pytest.mark.parametrize("architecture", ["decoder_only", "prefix_lm"])
+def test_decoder_only_prefilled_cache_matches_recompute(decoder_only_setup, architecture):
+  """The cached search (inputs left-padded to end together, prefilled in one call, one-token
+  steps) gives exactly the outputs of recomputing the training-layout row at every step
+  (tests/finetune/seq2seq_test.py checks that against a hand-built loop), greedy and beam."""
+  params, rows, prefix_tokens = decoder_only_setup
+  run = lambda search, **kw: np.asarray(decoder_only_fn(search, architecture, **kw)(  # noqa: E731
+      params, rows, prefix_tokens=prefix_tokens))
+  greedy = run("greedy_decode")
+  assert len({tuple(row) for row in greedy}) == BATCH   # each row decodes from its own inputs
+  np.testing.assert_array_equal(run("greedy_decode", use_cache=False), greedy)
+  beams = run("beam_search", beam_size=3, alpha=0.6)
+  np.testing.assert_array_equal(run("beam_search", beam_size=3, alpha=0.6, use_cache=False),
+                                beams)
+  np.testing.assert_array_equal(run("beam_search", beam_size=1, alpha=0.0), greedy)
+
+
+def test_prefix_tokens_are_for_decoder_only_models(setup, decoder_only_setup):
+  params, input_ids = setup
+  with pytest.raises(ValueError, match="prefix_tokens are for a decoder-only"):
+    decoding.greedy_decode(MODELS["unrolled"], params, input_ids, max_length=2, eos_id=EOS,
+                           prefix_tokens=np.ones(BATCH, np.int32))
+  params, rows, _ = decoder_only_setup
+  with pytest.raises(ValueError, match="pass prefix_tokens"):
+    decoding.greedy_decode(DECODER_ONLY["prefix_lm"], params, rows, max_length=2, eos_id=EOS)
 
 
 def chain_step_fn(next_token_probs):

@@ -11,6 +11,7 @@ import pytest
 
 from bertfam_jax import config_lib
 from bertfam_jax.data import tokenizers
+from bertfam_jax.finetune import decoding
 from bertfam_jax.finetune import recipe
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.finetune import seq2seq
@@ -129,9 +130,11 @@ def test_decoder_only_rows_are_inputs_then_targets(tokenizer):
                                   [0, *rows["decoder_target_ids"][r, :real - 1]])
 
 
+@pytest.mark.parametrize("use_cache", [False, True])
 @pytest.mark.parametrize("architecture", ["decoder_only", "prefix_lm"])
-def test_decoder_only_greedy_equals_a_loop(tokenizer, architecture):
-  """The jitted search equals re-running the model on the hand-built sequence at every step."""
+def test_decoder_only_greedy_equals_a_loop(tokenizer, architecture, use_cache):
+  """The jitted search, recomputing or with its prefilled cache, equals re-running the model on
+  the hand-built sequence at every step."""
   model = seq2seq.build_model(_with(_model_config(tokenizer), architecture=architecture))
   rows = seq2seq.featurize_decoder_only(tokenizer, COPY_SPLITS["validation"][:3],
                                         inputs_length=10, targets_length=5)
@@ -139,8 +142,9 @@ def test_decoder_only_greedy_equals_a_loop(tokenizer, architecture):
   prefix = dict(decoder_causal_attention=ids) if architecture == "prefix_lm" else {}
   params = nn.meta.unbox(model.init(jax.random.key(3), None, ids, deterministic=True,
                                     **prefix)["params"])
-  out = np.asarray(seq2seq.decoder_only_greedy(model, params, rows, max_length=5,
-                                               eos_id=tokenizer.eos_id))
+  out = np.asarray(decoding.greedy_decode(model, params, rows["decoder_target_ids"], max_length=5,
+                                          eos_id=tokenizer.eos_id, use_cache=use_cache,
+                                          prefix_tokens=rows["prefix_tokens"]))
   for r in range(3):
     n = int(rows["prefix_tokens"][r])
     sequence, done = list(rows["decoder_target_ids"][r, :n]), False
@@ -160,7 +164,7 @@ def test_decoder_only_greedy_equals_a_loop(tokenizer, architecture):
 
 def test_tiny_prefix_lm_learns_to_copy(tokenizer, copy_task, tmp_path):
   """A prefix-LM T5 (Raffel et al. §3.2) from scratch through the one loop: inputs + targets as
-  one sequence, the inputs both ways, greedy recomputing decoding."""
+  one sequence, the inputs both ways, greedy decoding from a prefilled cache."""
   config = copy_config(_with(_model_config(tokenizer), architecture="prefix_lm"))
   config.finetune.from_scratch = True
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
