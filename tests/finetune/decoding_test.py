@@ -134,6 +134,22 @@ def test_decoder_only_prefilled_cache_matches_recompute(decoder_only_setup, arch
   np.testing.assert_array_equal(run("beam_search", beam_size=1, alpha=0.0), greedy)
 
 
+def test_scanned_prefix_lm_cache_matches_unrolled(decoder_only_setup):
+  """A scanned decoder-only stack's cache (and first_key) through beam reordering."""
+  params, rows, prefix_tokens = decoder_only_setup
+  layers = [params["decoder"][f"layer_{i}"] for i in range(2)]
+  decoder = {k: v for k, v in params["decoder"].items() if not k.startswith("layer_")}
+  scanned_params = dict(params, decoder=dict(decoder, layers=jax.tree.map(
+      lambda *xs: jnp.stack(xs), *layers)))
+  scanned = t5.T5(tiny_config(architecture="prefix_lm", scan_layers=True))
+  search = functools.partial(decoding.beam_search, max_length=MAX_LENGTH, eos_id=EOS,
+                             beam_size=3, alpha=0.6, prefix_tokens=prefix_tokens)
+  np.testing.assert_array_equal(
+      jax.jit(functools.partial(search, scanned))(scanned_params, rows),
+      decoder_only_fn("beam_search", "prefix_lm", beam_size=3, alpha=0.6)(
+          params, rows, prefix_tokens=prefix_tokens))
+
+
 def test_prefix_tokens_are_for_decoder_only_models(setup, decoder_only_setup):
   params, input_ids = setup
   with pytest.raises(ValueError, match="prefix_tokens are for a decoder-only"):
