@@ -140,6 +140,45 @@ def test_packed_prefix_lm_row_equals_examples_alone():
   np.testing.assert_allclose(packed[0, 6:11], alone[1, :5], **TOL)
 
 
+@pytest.mark.parametrize("architecture", ["decoder_only", "prefix_lm"])
+def test_prefilled_cache_steps_equal_the_full_rows_logits(architecture):
+  """Rows with prompts of 5 and 3 tokens, left-padded to end at one column and prefilled in one
+  decode=True call (cache_start after the prompt), then 3 one-token steps: every logit equals
+  the full right-aligned row's at the same position (the relative bias sees distances only, and
+  first_key keeps the padding out)."""
+  model = t5.T5(tiny_config(architecture=architecture))
+  rng = np.random.default_rng(5)
+  prompts, steps, width = (5, 3), 3, 9
+  full = np.zeros((2, 8), np.int32)            # right-aligned rows: prompt, then the steps' inputs
+  for row, n in enumerate(prompts):
+    full[row, :n + steps] = rng.integers(2, 50, n + steps)
+  prefix_kw = lambda columns: (  # noqa: E731
+      {"decoder_causal_attention": columns.astype(np.int32)} if architecture == "prefix_lm"
+      else {})
+  params = init_params(model, None, full, **prefix_kw(np.ones_like(full)))
+  full_logits = model.apply(params, None, full, deterministic=True,
+                            **prefix_kw(np.arange(8)[None] < np.array(prompts)[:, None]))
+  end = 5                                      # every prompt's last column
+  padded = np.zeros((2, width), np.int32)
+  for row, n in enumerate(prompts):
+    padded[row, end - n + 1:end + 1] = full[row, :n]
+  segments = (padded != 0).astype(np.int32)
+  logits, variables = model.apply(
+      params, None, None, padded, segments, deterministic=True, decode=True, cache_start=end + 1,
+      mutable=["cache"], method=t5.T5.decode, **prefix_kw(np.arange(width)[None] <= end))
+  for row, n in enumerate(prompts):
+    np.testing.assert_allclose(logits[row, end - n + 1:end + 1], full_logits[row, :n], **TOL)
+  cache = variables["cache"]
+  for step in range(steps):
+    token = np.array([[full[row, n + step]] for row, n in enumerate(prompts)], np.int32)
+    logits, variables = model.apply({**params, "cache": cache}, None, None, token,
+                                    np.ones_like(token), deterministic=True, decode=True,
+                                    mutable=["cache"], method=t5.T5.decode)
+    cache = variables["cache"]
+    for row, n in enumerate(prompts):
+      np.testing.assert_allclose(logits[row, 0], full_logits[row, n + step], **TOL)
+
+
 @pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder_only", "prefix_lm"])
 def test_decoder_attention_is_causal_outside_the_prefix(architecture, tiny_params):
   """A decoder token changes the logits at its own and later positions only, except inside a
