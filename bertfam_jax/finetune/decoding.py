@@ -57,18 +57,24 @@ def _decoder_inputs_at(sequences, step):
   return jnp.where(step == 0, 0, previous)
 
 
-def _reorder_rows(model, state, parents):
-  """`state` (a decoding cache, and arrays [N, ...]) with its rows taken from `parents` [N]."""
+_KV = ("cached_key", "cached_value")
+
+
+def _name(path) -> str | None:
+  return getattr(path[-1], "key", None)
+
+
+def _reorder_rows(model, cache, parents):
+  """A decoding cache (models/t5.py) with its rows taken from `parents` [N]."""
   batch_axis = 1 if model.config.scan_layers else 0  # scanned caches lead with [layers]
 
   def gather(path, leaf):
-    name = getattr(path[-1], "key", None)
-    if name in ("cached_key", "cached_value"):
+    if _name(path) in _KV:
       return jnp.take(leaf, parents, axis=batch_axis)
-    if name in ("cache_index", "key_positions"):
-      return leaf
-    return jnp.take(leaf, parents, axis=0)   # first_key [N], first logits [N, vocab]
-  return jax.tree_util.tree_map_with_path(gather, state)
+    if _name(path) == "first_key":
+      return jnp.take(leaf, parents, axis=0)
+    return leaf   # cache_index, key_positions: the same for every row
+  return jax.tree_util.tree_map_with_path(gather, cache)
 
 
 def _model_step_fn(model, params, input_ids, *, repeat: int, max_length: int, use_cache: bool):
@@ -89,10 +95,15 @@ def _model_step_fn(model, params, input_ids, *, repeat: int, max_length: int, us
       return jax.lax.dynamic_index_in_dim(logits, step, axis=1, keepdims=False), state
     return recompute_step, (), lambda state, parents: state
 
-  # The first decode=True call at full length creates the cache (index 0: nothing cached).
+  # The first decode=True call at full length creates the cache (index 0: nothing cached). Its
+  # keys/values are replaced by zeros, which the steps overwrite anyway, so that the call's
+  # decoder pass is dead code under jit.
   _, variables = decode({"params": params},
                         jnp.zeros((encoded.shape[0], max_length), jnp.int32),
                         decode=True, mutable=["cache"])
+  cache = jax.tree_util.tree_map_with_path(
+      lambda path, leaf: jnp.zeros_like(leaf) if _name(path) in _KV else leaf,
+      variables["cache"])
 
   def cached_step(sequences, step, cache):
     logits, variables = decode({"params": params, "cache": cache},
@@ -100,34 +111,30 @@ def _model_step_fn(model, params, input_ids, *, repeat: int, max_length: int, us
                                mutable=["cache"])
     return logits[:, 0], variables["cache"]
 
-  return cached_step, variables["cache"], functools.partial(_reorder_rows, model)
-
-
-def _prefix_lm_keyword(model, prefix_columns_NL) -> dict:
-  """{'decoder_causal_attention': [N, L] int32} for a prefix LM (bool [N, L]: the columns
-  attending both ways), {} for a decoder-only LM."""
-  if model.config.architecture != "prefix_lm":
-    return {}
-  return {"decoder_causal_attention": prefix_columns_NL.astype(jnp.int32)}
+  return cached_step, cache, functools.partial(_reorder_rows, model)
 
 
 def _decoder_only_step_fn(model, params, rows, prefix_tokens, *, repeat: int, max_length: int,
                           use_cache: bool):
   """(step_fn, initial state, reorder) for a decoder-only / prefix-LM T5 whose rows [batch, W]
-  begin with their inputs and EOS (prefix_tokens [batch] of them; the rest is ignored), each
-  repeated `repeat` times. Generated token t sits at position prefix + t of the row."""
-  rows = jnp.repeat(rows, repeat, axis=0)
-  prefix_N = jnp.repeat(prefix_tokens, repeat, axis=0).astype(jnp.int32)
-  n, width = rows.shape
+  begin with their inputs and EOS (prefix_tokens [batch] of them, 1 ≤ prefix ≤ W; the rest is
+  ignored), each repeated `repeat` times. Generated token t sits at position prefix + t of the
+  row."""
+  batch, width = rows.shape
   total = width + max_length
   columns_L = jnp.arange(total)
-  inputs_NL = jnp.where(columns_L[None] < prefix_N[:, None],
-                        jnp.pad(rows, ((0, 0), (0, max_length))), 0)
-  apply = lambda variables, ids, segments, **kw: model.apply(  # noqa: E731
-      variables, None, None, ids, segments, deterministic=True, method=t5.T5.decode, **kw)
+  prefix_B = prefix_tokens.astype(jnp.int32)
+  apply = lambda variables, ids, segments, columns_both_ways=None, **kw: model.apply(  # noqa: E731
+      variables, None, None, ids, segments, deterministic=True, method=t5.T5.decode,
+      **t5.prefix_lm_keyword(model.config, columns_both_ways), **kw)
 
   if not use_cache:   # the row as in training: prefix, then the tokens so far; BOS shifted in
-    prefix_kw = _prefix_lm_keyword(model, columns_L[None] <= prefix_N[:, None])
+    rows = jnp.repeat(rows, repeat, axis=0)
+    prefix_N = jnp.repeat(prefix_B, repeat, axis=0)
+    n = batch * repeat
+    inputs_NL = jnp.where(columns_L[None] < prefix_N[:, None],
+                          jnp.pad(rows, ((0, 0), (0, max_length))), 0)
+    both_ways_NL = (columns_L[None] <= prefix_N[:, None]).astype(jnp.int32)
     ones_NL = jnp.ones((n, total), jnp.int32)
     rows_N = jnp.arange(n)
 
@@ -136,21 +143,25 @@ def _decoder_only_step_fn(model, params, rows, prefix_tokens, *, repeat: int, ma
       generated_NL = jnp.take_along_axis(sequences, jnp.clip(generated_at, 0, max_length - 1), 1)
       targets_NL = jnp.where(generated_at >= 0, generated_NL, inputs_NL)
       logits = apply({"params": params}, jnp.pad(targets_NL[:, :-1], ((0, 0), (1, 0))), ones_NL,
-                     **prefix_kw)
+                     both_ways_NL)
       return logits[rows_N, prefix_N + step], state
     return recompute_step, (), lambda state, parents: state
 
-  # Prefill: the shifted prefix (BOS, inputs, EOS) right-aligned to end at column `width`, where
-  # the first target is predicted; the steps then fill columns width + 1, width + 2, ...
-  first_N = width - prefix_N                       # the BOS column
-  source_NL = columns_L[None] - first_N[:, None] - 1
-  prompt_NL = (columns_L[None] >= first_N[:, None]) & (columns_L[None] <= width)
-  ids_NL = jnp.where(prompt_NL & (source_NL >= 0),
-                     jnp.take_along_axis(rows, jnp.clip(source_NL, 0, width - 1), 1), 0)
-  logits, variables = apply({"params": params}, ids_NL, prompt_NL.astype(jnp.int32),
-                            decode=True, cache_start=width + 1, mutable=["cache"],
-                            **_prefix_lm_keyword(model, columns_L[None] <= width))
-  ones_N1 = jnp.ones((n, 1), jnp.int32)
+  # Prefill, once per example: the shifted prefix (BOS, inputs, EOS) right-aligned to end at
+  # column `width`, where the first target is predicted; the steps then fill columns width + 1,
+  # width + 2, ... Then the first logits and the cache are repeated for the beams.
+  first_B = width - prefix_B                       # the BOS column
+  source_BL = columns_L[None] - first_B[:, None] - 1
+  prompt_BL = (columns_L[None] >= first_B[:, None]) & (columns_L[None] <= width)
+  ids_BL = jnp.where(prompt_BL & (source_BL >= 0),
+                     jnp.take_along_axis(rows, jnp.clip(source_BL, 0, width - 1), 1), 0)
+  logits, variables = apply({"params": params}, ids_BL, prompt_BL.astype(jnp.int32),
+                            jnp.broadcast_to(columns_L <= width, (batch, total)).astype(jnp.int32),
+                            decode=True, cache_start=width + 1, mutable=["cache"])
+  copies = jnp.repeat(jnp.arange(batch), repeat)
+  first_logits = logits[copies, width]
+  cache = _reorder_rows(model, variables["cache"], copies)
+  ones_N1 = jnp.ones((batch * repeat, 1), jnp.int32)
 
   def cached_step(sequences, step, state):
     first_logits, cache = state
@@ -163,8 +174,9 @@ def _decoder_only_step_fn(model, params, rows, prefix_tokens, *, repeat: int, ma
     logits, cache = jax.lax.cond(step == 0, lambda: (first_logits, cache), one_token)
     return logits, (first_logits, cache)
 
-  return (cached_step, (logits[:, width], variables["cache"]),
-          functools.partial(_reorder_rows, model))
+  # The first logits are read at step 0 only, and are the same for an example's beams.
+  return (cached_step, (first_logits, cache),
+          lambda state, parents: (state[0], _reorder_rows(model, state[1], parents)))
 
 
 def _step_fn(model, params, input_ids, prefix_tokens, **kw):

@@ -21,9 +21,9 @@ Recipe (what T5 / t5x do when fine-tuning, scaled to a step budget):
 A decoder-only or prefix-LM T5 (`model.architecture`, Raffel et al. §3.2) fine-tunes on the same
 tasks with each example's inputs + EOS and targets + EOS as one sequence
 (`featurize_decoder_only`: seqio's PrefixLMFeatureConverter, one example a row), the loss on the
-targets, the prefix LM's inputs attending both ways; it decodes (greedy or beam search) with a KV
-cache prefilled by one call over the inputs (`finetune.decoding`), and its gold targets are
-scored the same way.
+targets, the prefix LM's inputs attending both ways; its gold targets are scored the same way (one
+teacher-forced call), and it decodes (greedy or beam search) from a KV cache prefilled by one call
+over the inputs (`finetune.decoding`).
 
 `make_recipe` is what `finetune.run` trains for a T5 `init` (`python -m bertfam_jax.main
 --config=configs/finetune.py:task=NAME,init=<T5 workdir>`, or `run.fine_tune` in memory): the
@@ -132,9 +132,7 @@ def decoder_only_loss_fn(model, params, batch, rng, config, *, deterministic=Fal
 
 def _prefix(model_config, batch) -> dict:
   """The prefix LM's decoder_causal_attention keyword, {} for a decoder-only LM."""
-  if model_config.architecture != "prefix_lm":
-    return {}
-  return {"decoder_causal_attention": batch["decoder_causal_attention"]}
+  return t5_lib.prefix_lm_keyword(model_config, batch.get("decoder_causal_attention"))
 
 
 def decode_texts(tokenizer, ids: np.ndarray) -> list[str]:
@@ -249,7 +247,8 @@ def make_search(model, param_shardings, mesh, *, max_length: int, eos_id: int,
   on `mesh` (`recipe.sharded_predict`: parameters as `param_shardings`, the batch split over the
   batch axes, outputs replicated): greedy when beam_size is 1, else beam search with length
   penalty alpha (`finetune.decoding`); a decoder-only T5's over {'decoder_target_ids',
-  'prefix_tokens'} (`featurize_decoder_only`)."""
+  'prefix_tokens'} (`featurize_decoder_only`'s rows: the inputs in their first
+  width − max_length columns, which is all decoding reads)."""
   if beam_size == 1:
     search = functools.partial(decoding.greedy_decode, max_length=max_length, eos_id=eos_id)
   else:
@@ -260,7 +259,7 @@ def make_search(model, param_shardings, mesh, *, max_length: int, eos_id: int,
         model, variables["params"], batch["input_ids"])
   else:
     predict = lambda variables, batch: search(  # noqa: E731
-        model, variables["params"], batch["decoder_target_ids"],
+        model, variables["params"], batch["decoder_target_ids"][:, :-max_length],
         prefix_tokens=batch["prefix_tokens"])
   return recipe_lib.sharded_predict(predict, param_shardings, mesh)
 

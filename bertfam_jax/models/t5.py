@@ -130,6 +130,13 @@ def causal_mask(length: int):
   return (positions[:, None] >= positions[None, :])[None, None]
 
 
+def prefix_lm_keyword(model_config, decoder_causal_attention) -> dict:
+  """{'decoder_causal_attention': it} for a prefix LM, {} for the other architectures."""
+  if model_config.architecture != "prefix_lm":
+    return {}
+  return {"decoder_causal_attention": decoder_causal_attention}
+
+
 def prefix_lm_mask(decoder_causal_attention):
   """[batch, L] 0/1 → [batch, 1, L, L] bool: causal, or both query and key in the prefix (t5x)."""
   prefix = decoder_causal_attention.astype(jnp.bool_)
@@ -439,7 +446,7 @@ class Decoder(nn.Module):
   """Embedding + `decoder_layers` DecoderLayers + final norm + logits; causal relative buckets.
 
   Self-attention mask: same nonzero segment AND (causal, or for a prefix LM both in the prefix);
-  in a cached step: keys at positions ≤ cache_index.
+  in a cached step: keys at positions from the row's first_key to cache_index.
   """
   config: Any
   embedder: nn.Module
@@ -499,6 +506,9 @@ class Decoder(nn.Module):
                     & (key_positions[None, :] >= first_key_B[:, None]))
       return cache_index, bias, Masking(visible_BK[:, None, None, :])
     positions = jnp.arange(length)
+    if (decoder_causal_attention is None) != (self.config.architecture != "prefix_lm"):
+      raise ConfigError("decoder_causal_attention is required by model.architecture='prefix_lm' "
+                        "(outside a one-token cached step) and only accepted by it.")
     if decoder_causal_attention is None:
       mask = causal_mask(length)
     else:

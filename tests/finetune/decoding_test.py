@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from bertfam_jax.finetune import decoding
+from bertfam_jax.finetune import seq2seq
 from bertfam_jax.models import t5
+from bertfam_jax.train import sharding
 from helpers import tiny
 
 VOCAB, EOS, BATCH, INPUTS, MAX_LENGTH = 13, 3, 3, 7, 6
@@ -135,7 +137,8 @@ def test_decoder_only_prefilled_cache_matches_recompute(decoder_only_setup, arch
 
 
 def test_scanned_prefix_lm_cache_matches_unrolled(decoder_only_setup):
-  """A scanned decoder-only stack's cache (and first_key) through beam reordering."""
+  """A scanned decoder-only stack's cache, repeated for the beams and reordered by them along
+  the batch axis behind [layers]."""
   params, rows, prefix_tokens = decoder_only_setup
   layers = [params["decoder"][f"layer_{i}"] for i in range(2)]
   decoder = {k: v for k, v in params["decoder"].items() if not k.startswith("layer_")}
@@ -148,6 +151,27 @@ def test_scanned_prefix_lm_cache_matches_unrolled(decoder_only_setup):
       jax.jit(functools.partial(search, scanned))(scanned_params, rows),
       decoder_only_fn("beam_search", "prefix_lm", beam_size=3, alpha=0.6)(
           params, rows, prefix_tokens=prefix_tokens))
+
+
+def test_prefix_lm_search_on_a_2x2x2_mesh_equals_one_device(decoder_only_setup):
+  """seq2seq.make_search (what fine-tuning evaluates with): parameters sharded by their logical
+  axes, the batch over data × fsdp, the prefilled cache and its steps under one jit."""
+  params, rows, prefix_tokens = decoder_only_setup
+  model = DECODER_ONLY["prefix_lm"]
+  batch = dict(decoder_target_ids=np.pad(rows[[0, 1, 2, 0]], ((0, 0), (0, MAX_LENGTH))),
+               prefix_tokens=prefix_tokens[[0, 1, 2, 0]])
+  boxed = jax.eval_shape(lambda: model.init(jax.random.key(4), None, rows, deterministic=True,
+                                            decoder_causal_attention=np.ones_like(rows)))
+  outputs = []
+  for mesh in (sharding.make_mesh(dict(data=2, fsdp=2, tensor=2)),
+               sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])):
+    search = seq2seq.make_search(model, sharding.logical_to_shardings(boxed, mesh), mesh,
+                                 max_length=MAX_LENGTH, eos_id=EOS, beam_size=2, alpha=0.6)
+    outputs.append(np.asarray(search({"params": params}, batch)))
+  np.testing.assert_array_equal(outputs[0], outputs[1])
+  np.testing.assert_array_equal(outputs[0][:3], decoder_only_fn(
+      "beam_search", "prefix_lm", beam_size=2, alpha=0.6)(params, rows,
+                                                           prefix_tokens=prefix_tokens))
 
 
 def test_prefix_tokens_are_for_decoder_only_models(setup, decoder_only_setup):
