@@ -31,9 +31,7 @@ EOS = 3   # [SEP], the tokenizers' eos_id
 def model_of(architecture: str, overrides: str) -> t5.T5:
   config = config_lib.load_config(str(CONFIGS / "t5.py"), "runlocal")
   config.model.architecture = architecture
-  for item in filter(None, overrides.split(",")):
-    key, value = item.split("=")
-    config.model[key] = type(config.model[key])(value)
+  config_lib.apply_overrides(config, filter(None, overrides.split(",")))
   return t5.T5(ml_collections.FrozenConfigDict(config.model))
 
 
@@ -61,8 +59,8 @@ def main() -> None:
   parser.add_argument("--inputs", type=int, default=64)
   parser.add_argument("--max_length", type=int, default=32)
   parser.add_argument("--batches", type=int, default=5)
-  parser.add_argument("--overrides", default="vocab_size=4224,dropout=0.0",
-                      help="model fields, k=v,... (default: the t5_* experiments' cpu scale)")
+  parser.add_argument("--overrides", default="model.vocab_size=4224,model.dropout=0.0",
+                      help="section.key=value,... (default: the t5_* experiments' cpu scale)")
   args = parser.parse_args()
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; batch {args.batch} × "
         f"{args.inputs} inputs, {args.max_length} steps")

@@ -508,7 +508,8 @@ class Decoder(nn.Module):
     positions = jnp.arange(length)
     if (decoder_causal_attention is None) != (self.config.architecture != "prefix_lm"):
       raise ConfigError("decoder_causal_attention is required by model.architecture='prefix_lm' "
-                        "(outside a one-token cached step) and only accepted by it.")
+                        "(outside a one-token cached step) and only accepted by it; set "
+                        "model.architecture accordingly.")
     if decoder_causal_attention is None:
       mask = causal_mask(length)
     else:
@@ -580,9 +581,6 @@ class T5(nn.Module):
       raise ConfigError(f"model.architecture={c.architecture!r} has no encoder: pass the whole "
                         "sequence as decoder_input_ids, or set "
                         "model.architecture='encoder_decoder'.")
-    if (c.architecture == "prefix_lm") != (decoder_causal_attention is not None):
-      raise ConfigError("decoder_causal_attention is required by model.architecture='prefix_lm' "
-                        "and only accepted by it; set model.architecture accordingly.")
     return self.decoder(decoder_input_ids, self._decoder_segments(decoder_input_ids,
                                                                   decoder_segment_ids),
                         None, None, decoder_causal_attention, deterministic=deterministic)
