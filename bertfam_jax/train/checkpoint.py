@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import traceback
 import logging as std_logging
 
 import jax
@@ -97,8 +98,27 @@ class _AbandonedTaskFilter(std_logging.Filter):
 
   def filter(self, record: std_logging.LogRecord) -> bool:
     message = record.getMessage()
-    return not (message.split("\n", 1)[0].endswith("exception was never retrieved")
-                and f"{os.sep}orbax{os.sep}" in message)
+    if not message.split("\n", 1)[0].endswith("exception was never retrieved"):
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    return not (_in_orbax(message) or _raised_in_orbax(error))
+
+
+def _in_orbax(text: str) -> bool:
+  return f"{os.sep}orbax{os.sep}" in text
+
+
+def _raised_in_orbax(error: BaseException | None) -> bool:
+  """Whether `error`, or an exception it was raised from, passed through orbax's code: a
+  gathering future's log message names no file; its exception's traceback does."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if any(_in_orbax(frame.f_code.co_filename)
+           for frame, _ in traceback.walk_tb(error.__traceback__)):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
 
 
 _ABANDONED_TASKS = _AbandonedTaskFilter()
