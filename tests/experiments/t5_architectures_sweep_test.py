@@ -31,6 +31,16 @@ def test_rows_are_table_2s():
   assert arch.SCALES["cpu"]["rows"] == names[:5] + [common.NO_PRETRAINING]
 
 
+def test_paper_columns_are_table_2s():
+  """Every row has the paper's seven validation scores; spot checks against the print."""
+  assert set(arch.PAPER) == {name for name, _ in arch.ROWS}
+  assert all(len(v) == len(t5x.PAPER_COLUMNS) for v in arch.PAPER.values())
+  assert arch.PAPER[arch.BASELINE] == t5x.PAPER[t5x.BASELINE]   # the ★ row of every table
+  assert arch.PAPER["Language model · LM"][2] == 53.81      # SQuAD
+  assert arch.PAPER["Prefix LM · Denoising"][3] == 68.11    # SGLUE
+  assert arch.COMPARISON.paper["Enc-dec (6 layers) · LM"]["EnFr"] == 38.42
+
+
 def test_rows_differ_in_architecture_and_objective_only(configs):
   def rest(c):
     d = c.to_dict()
@@ -94,6 +104,7 @@ def test_report_from_fake_results():
                              constants=constants, degenerate={}, resamples=200)
   assert "Table 2: denoising objective" in markdown and "Table 2: LM objective" in markdown
   assert f"| {arch.BASELINE} |" in markdown and "Enc-dec (6 layers) P, M/2" in markdown
+  assert "83.28" in markdown and "Kendall" in markdown   # the paper's column and rank agreement
 
 
 def test_differences_with_two_seeds_are_the_rows_mean_differences():
