@@ -225,6 +225,10 @@ def base_config() -> ml_collections.ConfigDict:
       stop_step=0,            # stop here (0: total_steps); the schedule still spans total_steps
       rng_impl="threefry",    # the step's random bits (dropout, sampling): threefry | rbg |
                               # unsafe_rbg (RNG_IMPLS; train/step.py SeededStep)
+      # XLA:CPU only: the op kinds of the train and eval steps XLA hands to YNNPACK fusions,
+      # comma-separated from dot, eltwise, reduce, or none ("": XLA's default choice;
+      # train/step.py compiler_options). Measured per family: docs/results.md.
+      cpu_ynn_fusion="",
       **RUN_TRACKING,
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -780,6 +784,7 @@ POSITIVE = Range(0, low_open=True)
 PROBABILITY = Range(0, 1)
 # The train step's random-bit generators (train/step.py SeededStep).
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
+YNN_FUSION_TYPES = frozenset({"dot", "eltwise", "reduce", "none"})   # train.cpu_ynn_fusion: any subset
 RATE = Range(0, 1, high_open=True)      # a dropout rate, a held-out fraction, Adam's betas
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
@@ -868,6 +873,7 @@ FIELD_RULES = {
     "train.total_steps": AT_LEAST_1,
     "train.stop_step": AT_LEAST_0,
     "train.rng_impl": RNG_IMPLS,
+    "train.cpu_ynn_fusion": YNN_FUSION_TYPES,
     "train.wandb_mode": ("offline", "online"),
     "train.init_state": ("params", "all"),
     "train.grad_accum_steps": AT_LEAST_1,
@@ -883,8 +889,9 @@ FIELD_RULES = {
 
 
 def check_fields(c: ml_collections.ConfigDict, rules: dict) -> None:
-  """Raises ConfigError for the first field of `c` outside its rule: a `Range`, or a tuple of
-  choices. Fields `c` does not have are skipped (a section of another family)."""
+  """Raises ConfigError for the first field of `c` outside its rule: a `Range`, a tuple of
+  choices, or a frozenset whose subsets are written comma-separated. Fields `c` does not have
+  are skipped (a section of another family)."""
   for path, rule in rules.items():
     section, _, key = path.rpartition(".")
     holder = c[section] if section else c
@@ -896,6 +903,9 @@ def check_fields(c: ml_collections.ConfigDict, rules: dict) -> None:
                         f"value {rule.describe()}.")
     if isinstance(rule, tuple) and value not in rule:
       raise ConfigError(f"{path}={value!r}; choose one of {rule}.")
+    if isinstance(rule, frozenset) and not set(value.split(",") if value else ()) <= rule:
+      raise ConfigError(f"{path}={value!r}; give a comma-separated subset of {sorted(rule)} "
+                        f"(no spaces), or '' for the default.")
 
 
 def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:

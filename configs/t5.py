@@ -33,7 +33,10 @@ def get_config(arg=None):
                      eval_split="validation", seq_len=512, packing="t5_segments")
   config.tokenizer.update(vocab_size=32000, extra_ids=100)
   config.optimizer = cl.t5_adafactor()
-  config.train.update(batch_size=128, total_steps=2**19, eval_every=5000, checkpoint_every=5000)
+  config.train.update(batch_size=128, total_steps=2**19, eval_every=5000, checkpoint_every=5000,
+                      # On a CPU only: the step's matmuls, elementwise ops and reductions in
+                      # YNNPACK, faster than XLA's default for T5 (docs/results.md).
+                      cpu_ynn_fusion="dot,eltwise,reduce")
   if arg.runlocal:
     shrink_for_local(config, arg.version)
   return config

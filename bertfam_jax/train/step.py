@@ -298,7 +298,8 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
   replicated = NamedSharding(mesh, P())
   jitted = with_mesh_context(jax.jit(step, in_shardings=(state_shardings, batch_sh, replicated),
                                      out_shardings=(state_shardings, replicated),
-                                     donate_argnums=(0,)), mesh)
+                                     donate_argnums=(0,),
+                                     compiler_options=compiler_options(config, mesh)), mesh)
   return SeededStep(jitted, config.seed, config.train.get("rng_impl", "threefry"))
 
 
@@ -371,7 +372,20 @@ def make_eval_step(model, loss_fn: Callable, config, state_shardings, mesh):
 
   return with_mesh_context(jax.jit(eval_step, in_shardings=(state_shardings.params,
                                                             sharding_lib.batch_sharding(mesh)),
-                                   out_shardings=NamedSharding(mesh, P())), mesh)
+                                   out_shardings=NamedSharding(mesh, P()),
+                                   compiler_options=compiler_options(config, mesh)), mesh)
+
+
+def compiler_options(config, mesh) -> dict[str, str] | None:
+  """XLA options for compiling a step of `config` on `mesh`: on CPU devices, the op kinds
+  `train.cpu_ynn_fusion` hands to YNNPACK ("": XLA's default, which hands it some; T5's step
+  runs faster with every matmul, elementwise op and reduction there, BERT's slower:
+  docs/results.md); none elsewhere, where the option does not exist."""
+  fusion = config.train.get("cpu_ynn_fusion", "")
+  if not fusion or mesh.devices.flat[0].platform != "cpu":
+    return None
+  return {"xla_cpu_experimental_ynn_fusion_type": ",".join(
+      f"LIBRARY_FUSION_TYPE_{kind.upper()}" for kind in fusion.split(",") if kind != "none")}
 
 
 def with_mesh_context(fn, mesh):

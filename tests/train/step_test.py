@@ -268,3 +268,39 @@ def test_step_compiled_ahead_is_not_compiled_again():
   before = len(compiles)
   jax.block_until_ready(fresh_step.with_seed(1)(state, batch))
   assert compiles[before:]
+
+
+def test_cpu_ynn_fusion_reaches_the_compiled_steps_and_keeps_their_values():
+  """train.cpu_ynn_fusion sets which ops of the train and eval steps XLA:CPU hands to YNNPACK:
+  none at all, or more than XLA's default ("" leaves its choice), and the step's loss, gradient
+  norm and updated parameters equal XLA's default program's to float32 rounding; a kind outside
+  dot / eltwise / reduce / none is refused by name."""
+  runs, fusions = {}, {}
+  for fusion in ("", "none", "dot", "dot,eltwise,reduce"):
+    config = tiny_config(data=1)
+    config.train.cpu_ynn_fusion = fusion
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    state, train_step = step_lib.fresh_train_step(config, mesh, mlm)
+    model = mlm.build_model(config)
+    _, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
+        model, optimizer.make_optimizer(config)[0], mesh, mlm.init_inputs(config))
+    eval_step = step_lib.make_eval_step(model, mlm.loss_fn, config, shardings, mesh)
+    batch = put(random_batch(), mesh)
+    fusions[fusion] = [text.count("__ynn_fusion") for text in (
+        train_step.lower(state, batch).compile().as_text(),
+        eval_step.lower(state.params, batch).compile().as_text())]
+    state, metrics = train_step(state, batch)
+    scalars = step_lib.finalize_metrics(jax.device_get(metrics))
+    runs[fusion] = (scalars["loss"], scalars["grad_norm"], jax.device_get(state.params))
+  assert fusions["none"] == [0, 0]
+  assert all(0 < d < a for d, a in zip(fusions[""], fusions["dot,eltwise,reduce"])), fusions
+  assert fusions["dot"] != fusions[""], fusions
+  reference = runs.pop("")
+  for loss, grad_norm, params in runs.values():
+    np.testing.assert_allclose([loss, grad_norm], reference[:2], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 params, reference[2])
+  config = tiny_config()
+  config.train.cpu_ynn_fusion = "dot,gelu"
+  with pytest.raises(cl.ConfigError, match=r"train.cpu_ynn_fusion='dot,gelu'.*subset"):
+    cl.validate(config)
