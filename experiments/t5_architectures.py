@@ -18,6 +18,9 @@ layer per stack.
   # shared with other jobs, 1-24 min per run, the prefix LM the longest: its decoding then
   # recomputed the row at every step, since cached; experiments/results/t5_architectures/cpu):
   python -m experiments.t5_architectures --scale=cpu
+  # The LM-objective half × 3 seeds (about 1 h 30 min on the same CPU):
+  python -m experiments.t5_architectures --scale=cpu --seeds=0,1,2 --rows="Encoder-decoder · LM,\
+Enc-dec (shared) · LM,Enc-dec (6 layers) · LM,Language model · LM,Prefix LM · LM"
   # Every row, one seed, on its own machine:
   python -m experiments.t5_architectures --scale=gpu --rows="Prefix LM · LM" --seeds=0
 
