@@ -1090,6 +1090,7 @@ def finetune_config() -> ml_collections.ConfigDict:
       grad_accum_steps=1,
       log_every=50,
       keep_checkpoints=1,
+      cpu_ynn_fusion=_DEFAULT(str),  # as pre-training's train.cpu_ynn_fusion (T5: all three)
       **RUN_TRACKING,
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -1109,7 +1110,7 @@ _ENCODER = dict(optimizer=dict(name="adamw", peak_lr=5e-5),
                 finetune=dict(max_seq_len=128, epochs=3.0, doc_stride=128, max_query_len=64,
                               max_train_examples=0, max_eval_examples=0, layer_decay=1.0,
                               lm_coef=0.0),
-                train=dict(total_steps=0))
+                train=dict(total_steps=0, cpu_ynn_fusion=""))
 _ELECTRA = dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=1e-4),
                 finetune=dict(_ENCODER["finetune"], layer_decay=0.8))
 FINETUNE_DEFAULTS = {
@@ -1120,7 +1121,9 @@ FINETUNE_DEFAULTS = {
     "electra_qa": dict(_ELECTRA, finetune=dict(_ELECTRA["finetune"], max_seq_len=512,
                                                epochs=2.0)),
     "text_to_text": dict(_ENCODER, optimizer=dict(name="adafactor", peak_lr=1e-3),
-                         finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0)),
+                         finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0),
+                         # A T5's step on a CPU: as configs/t5.py's (docs/results.md).
+                         train=dict(total_steps=0, cpu_ynn_fusion="dot,eltwise,reduce")),
     "gpt": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=6.25e-5, warmup_fraction=0.002),
                 finetune=dict(_ENCODER["finetune"], lm_coef=0.5)),
     # UniLM on a text task (unilm-v1 run_seq2seq.py's AdamW at 3e-5 with 10% warmup): sources of
@@ -1214,7 +1217,7 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   `resolve_finetune`: no field is None)."""
   f, t, o = c.finetune, c.train, c.optimizer
   validate_tracking(t)
-  check_fields(c, {"train.wandb_mode": FIELD_RULES["train.wandb_mode"]})
+  check_fields(c, {key: FIELD_RULES[key] for key in ("train.wandb_mode", "train.cpu_ynn_fusion")})
   if f.method not in FINETUNE_METHODS:
     raise ConfigError(f"finetune.method={f.method!r}; choose one of {FINETUNE_METHODS}.")
   if f.features not in FINETUNE_FEATURES:

@@ -26,11 +26,13 @@ def test_building_reads_nothing_and_leaves_the_recipe_fields_unset():
 
 @pytest.mark.parametrize("recipe, expected", [
     ("encoder", dict(name="adamw", peak_lr=5e-5, warmup_fraction=0.1, weight_decay=0.01,
-                     clip_norm=1.0, max_seq_len=128, epochs=3.0, total_steps=0)),
+                     clip_norm=1.0, max_seq_len=128, epochs=3.0, total_steps=0,
+                     cpu_ynn_fusion="")),
     ("extractive_qa", dict(name="adamw", peak_lr=3e-5, max_seq_len=384, epochs=2.0,
                            doc_stride=128, max_query_len=64)),
     ("text_to_text", dict(name="adafactor", peak_lr=1e-3, warmup_fraction=0.0, weight_decay=0.0,
-                          clip_norm=0.0, max_seq_len=512, total_steps=0)),
+                          clip_norm=0.0, max_seq_len=512, total_steps=0,
+                          cpu_ynn_fusion="dot,eltwise,reduce")),   # configs/t5.py's
 ])
 def test_each_recipe_has_its_papers_defaults(recipe, expected):
   resolved = cl.resolve_finetune(load("task=glue/mrpc,init=x"), recipe)
@@ -100,6 +102,7 @@ def test_the_optimizers_defaults_follow_its_name():
     ("finetune.features", "mean", "features='mean'"),
     ("optimizer.peak_lr", -1.0, "peak_lr"),
     ("train.total_steps", -1, "total_steps must be >= 0"),
+    ("train.cpu_ynn_fusion", "matmul", "cpu_ynn_fusion='matmul'; give a comma-separated subset"),
 ])
 def test_bad_values_are_refused_naming_the_field(field, value, message):
   config = load("task=glue/mrpc,init=x")
