@@ -784,7 +784,8 @@ POSITIVE = Range(0, low_open=True)
 PROBABILITY = Range(0, 1)
 # The train step's random-bit generators (train/step.py SeededStep).
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
-YNN_FUSION_TYPES = frozenset({"dot", "eltwise", "reduce", "none"})   # train.cpu_ynn_fusion: any subset
+# train.cpu_ynn_fusion: a subset of the first three, or "none" alone.
+YNN_FUSION_TYPES = frozenset({"dot", "eltwise", "reduce", "none"})
 RATE = Range(0, 1, high_open=True)      # a dropout rate, a held-out fraction, Adam's betas
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
@@ -903,9 +904,11 @@ def check_fields(c: ml_collections.ConfigDict, rules: dict) -> None:
                         f"value {rule.describe()}.")
     if isinstance(rule, tuple) and value not in rule:
       raise ConfigError(f"{path}={value!r}; choose one of {rule}.")
-    if isinstance(rule, frozenset) and not set(value.split(",") if value else ()) <= rule:
-      raise ConfigError(f"{path}={value!r}; give a comma-separated subset of {sorted(rule)} "
-                        f"(no spaces), or '' for the default.")
+    kinds = set(value.split(",")) if isinstance(rule, frozenset) and value else set()
+    if isinstance(rule, frozenset) and (not kinds <= rule or ("none" in kinds and len(kinds) > 1)):
+      raise ConfigError(f"{path}={value!r}; give a comma-separated subset of "
+                        f"{sorted(rule - {'none'})} (no spaces), 'none' alone, or '' for the "
+                        f"default.")
 
 
 def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:
@@ -1123,7 +1126,7 @@ FINETUNE_DEFAULTS = {
     "text_to_text": dict(_ENCODER, optimizer=dict(name="adafactor", peak_lr=1e-3),
                          finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0),
                          # A T5's step on a CPU: as configs/t5.py's (docs/results.md).
-                         train=dict(total_steps=0, cpu_ynn_fusion="dot,eltwise,reduce")),
+                         train=dict(_ENCODER["train"], cpu_ynn_fusion="dot,eltwise,reduce")),
     "gpt": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=6.25e-5, warmup_fraction=0.002),
                 finetune=dict(_ENCODER["finetune"], lm_coef=0.5)),
     # UniLM on a text task (unilm-v1 run_seq2seq.py's AdamW at 3e-5 with 10% warmup): sources of

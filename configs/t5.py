@@ -35,7 +35,8 @@ def get_config(arg=None):
   config.optimizer = cl.t5_adafactor()
   config.train.update(batch_size=128, total_steps=2**19, eval_every=5000, checkpoint_every=5000,
                       # On a CPU only: the step's matmuls, elementwise ops and reductions in
-                      # YNNPACK, faster than XLA's default for T5 (docs/results.md).
+                      # YNNPACK, faster than XLA's default for T5 v1.0 :runlocal
+                      # (docs/results.md; v1.1 and configs/mass.py inherit it, unmeasured).
                       cpu_ynn_fusion="dot,eltwise,reduce")
   if arg.runlocal:
     shrink_for_local(config, arg.version)

@@ -20,7 +20,8 @@ Required:
       Model training FLOPs per token (`bertfam_jax.flops` conventions), for the logged MFU.
 
 Optional (the defaults are defined here):
-  FIELD_RULES: {"objective.<field>": config_lib.Range or a tuple of choices}
+  FIELD_RULES: {"objective.<field>": config_lib.Range, a tuple of choices or a frozenset of
+                kinds written as a comma-separated subset}
       What each of the objective's own numbers and choices may be, checked with the shared
       sections' `config_lib.FIELD_RULES` before anything runs (`field_rules`). Default: none.
   validate(config) -> None

@@ -109,15 +109,16 @@ def _in_orbax(text: str) -> bool:
 
 
 def _raised_in_orbax(error: BaseException | None) -> bool:
-  """Whether `error`, or an exception it was raised from, passed through orbax's code: a
-  gathering future's log message names no file; its exception's traceback does."""
+  """Whether `error`, or an exception it was raised from (`raise ... from`), passed through
+  orbax's code: a gathering future's log message names no file; its exception's traceback does.
+  An exception merely raised while handling one of orbax's (`__context__`) is not orbax's."""
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
     if any(_in_orbax(frame.f_code.co_filename)
            for frame, _ in traceback.walk_tb(error.__traceback__)):
       return True
-    error = error.__cause__ or error.__context__
+    error = error.__cause__
   return False
 
 

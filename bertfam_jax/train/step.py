@@ -384,8 +384,9 @@ def compiler_options(config, mesh) -> dict[str, str] | None:
   fusion = config.train.get("cpu_ynn_fusion", "")
   if not fusion or mesh.devices.flat[0].platform != "cpu":
     return None
+  kinds = [] if fusion == "none" else fusion.split(",")
   return {"xla_cpu_experimental_ynn_fusion_type": ",".join(
-      f"LIBRARY_FUSION_TYPE_{kind.upper()}" for kind in fusion.split(",") if kind != "none")}
+      f"LIBRARY_FUSION_TYPE_{kind.upper()}" for kind in kinds)}
 
 
 def with_mesh_context(fn, mesh):

@@ -293,6 +293,7 @@ def test_cpu_ynn_fusion_reaches_the_compiled_steps_and_keeps_their_values():
     scalars = step_lib.finalize_metrics(jax.device_get(metrics))
     runs[fusion] = (scalars["loss"], scalars["grad_norm"], jax.device_get(state.params))
   assert fusions["none"] == [0, 0]
+  # XLA's default hands YNNPACK some ops already (jaxlib 0.10.2, constraints.txt, on this CPU).
   assert all(0 < d < a for d, a in zip(fusions[""], fusions["dot,eltwise,reduce"])), fusions
   assert fusions["dot"] != fusions[""], fusions
   reference = runs.pop("")
@@ -301,6 +302,7 @@ def test_cpu_ynn_fusion_reaches_the_compiled_steps_and_keeps_their_values():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                  params, reference[2])
   config = tiny_config()
-  config.train.cpu_ynn_fusion = "dot,gelu"
-  with pytest.raises(cl.ConfigError, match=r"train.cpu_ynn_fusion='dot,gelu'.*subset"):
-    cl.validate(config)
+  for bad in ("dot,gelu", "dot,none"):
+    config.train.cpu_ynn_fusion = bad
+    with pytest.raises(cl.ConfigError, match=rf"train.cpu_ynn_fusion='{bad}'.*subset"):
+      cl.validate(config)
