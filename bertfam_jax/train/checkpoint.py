@@ -85,7 +85,7 @@ def _without_abandoned_reads(unraisablehook):
   unraisable with a traceback. The failure itself is reported once, as a ConfigError."""
   def hook(unraisable):
     code = getattr(unraisable.object, "cr_code", None)
-    if code is None or f"{os.sep}orbax{os.sep}" not in code.co_filename:
+    if code is None or not _in_orbax(code.co_filename):
       unraisablehook(unraisable)
   return hook
 

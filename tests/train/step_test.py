@@ -281,10 +281,8 @@ def test_cpu_ynn_fusion_reaches_the_compiled_steps_and_keeps_their_values():
     config.train.cpu_ynn_fusion = fusion
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     state, train_step = step_lib.fresh_train_step(config, mesh, mlm)
-    model = mlm.build_model(config)
-    _, shardings = step_lib.with_mesh_context(step_lib.abstract_state, mesh)(
-        model, optimizer.make_optimizer(config)[0], mesh, mlm.init_inputs(config))
-    eval_step = step_lib.make_eval_step(model, mlm.loss_fn, config, shardings, mesh)
+    parts = step_lib.train_parts(config, mesh, mlm)
+    eval_step = step_lib.make_eval_step(parts.model, mlm.loss_fn, config, parts.shardings, mesh)
     batch = put(random_batch(), mesh)
     fusions[fusion] = [text.count("__ynn_fusion") for text in (
         train_step.lower(state, batch).compile().as_text(),
