@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from bertfam_jax import objectives
 from bertfam_jax.train import optimizer as optimizer_lib
 from bertfam_jax.train import sharding as sharding_lib
+from bertfam_jax.train import threefry
 
 
 @flax.struct.dataclass
@@ -233,8 +234,10 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
 
   Dropout keys are `fold_in(key(config.seed + 1), step)`. The seed is an argument of the compiled
   program, not a constant in it: `step.with_seed(s)` runs the same executable for another seed
-  (an experiment's sweep compiles each shape once).
+  (an experiment's sweep compiles each shape once). On the CPU the random bits come from
+  threefry unrolled (`threefry.unroll_on_cpu`: the same bits, fused).
   """
+  threefry.unroll_on_cpu()
   accum = config.train.grad_accum_steps
   carrying = state_shardings.carry is not None
   if (carrying or mutable) and accum > 1:

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 from bertfam_jax import config_lib as cl
 from bertfam_jax.objectives import mlm
 from bertfam_jax.models import layers
-from bertfam_jax.train import optimizer, sharding, step as step_lib
+from bertfam_jax.train import optimizer, sharding, step as step_lib, threefry
 from helpers import tiny
 
 # Heads, MLP width and vocabulary divisible by 8: tensor parallelism up to 8 shards them all.
@@ -268,6 +268,30 @@ def test_step_compiled_ahead_is_not_compiled_again():
   before = len(compiles)
   jax.block_until_ready(fresh_step.with_seed(1)(state, batch))
   assert compiles[before:]
+
+
+def test_train_step_draws_its_dropout_bits_without_threefry_loops():
+  """make_train_step installs threefry.unroll_on_cpu (this JAX still has the private rule it
+  reaches for): with JAX's rolled CPU rule in place before it, a draw compiled before has
+  threefry's loop and the train step compiled after it has none."""
+  from jax._src.interpreters import mlir
+  from jax._src.random import threefry2x32 as jax_threefry
+
+  def draw_loops(hlo):
+    return [line for line in hlo.splitlines()
+            if " while(" in line and ("_bernoulli" in line or "_uniform" in line)]
+
+  mlir.register_lowering(jax_threefry.threefry2x32_p,
+                         jax_threefry._threefry2x32_cpu_lowering_rule, platform="cpu")
+  try:
+    before = jax.jit(lambda k: jax.random.bernoulli(k, 0.9, (64,))).lower(
+        jax.random.key(0)).compile().as_text()
+    mesh, state, train_step = setup(tiny_config(data=1), jax.devices()[:1])
+    after = train_step.lower(state, put(random_batch(), mesh)).compile().as_text()
+  finally:
+    threefry.unroll_on_cpu()
+  assert draw_loops(before) and not draw_loops(after)
+  assert "_bernoulli" in after   # the step does draw dropout masks
 
 
 def test_cpu_ynn_fusion_reaches_the_compiled_steps_and_keeps_their_values():
