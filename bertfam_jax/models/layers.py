@@ -153,7 +153,9 @@ class Dropout(nn.Module):
     its uniform is below round((1 - rate) · 2^16), so the keep rate is exact to 2^-17 (0.9 →
     0.89999). Half the random words: T5 :runlocal's CPU step 356-360 against 415-427 ms in two
     interleaved pairs, within the noise of others (docs/results.md; measured with an earlier
-    pairing of the halves). Another random stream, so a deviation a run opts into.
+    pairing of the halves, and before the CPU's threefry was unrolled, train/threefry.py, which
+    made steps with dropout 1.05-1.24× faster). Another random stream, so a deviation a run
+    opts into.
   """
   rate: float
   bits: int = 32
