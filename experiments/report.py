@@ -21,7 +21,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -157,22 +157,29 @@ def not_separated(table: Mapping[str, dict], comparison: Comparison, column: Col
   return out
 
 
+class FloorCheck(NamedTuple):
+  valid: bool          # every checked row's primary interval entirely above the floor's
+  lines: list[str]     # one per column: the rows whose intervals overlap the floor's
+  failing: list[str]   # the checked rows that are not (all of them when the floor did not run)
+
+
 def floor_check(table: Mapping[str, dict], comparison: Comparison,
-                constants: Mapping[str, float] | None = None) -> tuple[bool, list[str]]:
-  """(every pre-trained row's primary interval entirely above the floor's, one line per
-  column saying which rows' intervals overlap the floor's and where the floor stands against
-  the constant output, when `constants` has the column's)."""
-  if comparison.floor not in table:
-    return False, ["The floor was not run: no row can be ranked (EXPERIMENTS.md §1)."]
+                constants: Mapping[str, float] | None = None) -> FloorCheck:
+  """The floor against the pre-trained rows: the rows checked are `comparison.floor_rows` (every
+  pre-trained row when None); a line per column says which rows' intervals overlap the floor's
+  and where the floor stands against the constant output, when `constants` has the column's."""
   pretrained = [r for r in table if r != comparison.floor]
-  checked = [r for r in pretrained
-             if comparison.floor_rows is None or r in comparison.floor_rows]
-  lines, valid = [], bool(checked)
+  checked = (pretrained if comparison.floor_rows is None else
+             [r for r in comparison.floor_rows if r in pretrained])
+  if comparison.floor not in table:
+    return FloorCheck(False, ["The floor was not run: no row can be ranked (EXPERIMENTS.md §1)."],
+                      checked)
+  lines, failing = [], []
   for column in comparison.columns:
     floor_mean, floor_half = table[comparison.floor][column.key]
     overlapping = not_separated(table, comparison, column, pretrained)
     if column.key == comparison.primary_key:
-      valid = valid and not set(overlapping) & set(checked)
+      failing = [r for r in checked if r in overlapping]
     verdict = ("every pre-trained row better, intervals apart" if not overlapping else
                f"not separated from the floor: {', '.join(overlapping)}")
     constant = constant_output(constants or {}, column)
@@ -182,7 +189,7 @@ def floor_check(table: Mapping[str, dict], comparison: Comparison,
                   f"({constant:.{column.digits}f})")
     lines.append(f"- {column.label}: floor {_interval(column, table[comparison.floor])}; "
                  f"{verdict}.")
-  return valid, lines
+  return FloorCheck(bool(checked) and not failing, lines, failing)
 
 
 def _interval(column: Column, row: Mapping) -> str:
@@ -219,13 +226,11 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
   boot = resample(results, comparison, resamples)
   rows = list(table)
   seeds = sorted({r["seed"] for r in results})
-  valid, floor_lines = floor_check(table, comparison, constants)
+  valid, floor_lines, failing = floor_check(table, comparison, constants)
   if comparison.floor_rows is None:
     subject = ("every pre-trained row is", "some pre-trained row is")
   else:
     checked = [r for r in comparison.floor_rows if r in table]
-    failing = (not_separated(table, comparison, comparison.primary, checked)
-               if comparison.floor in table else checked)
     must = "the rows the scale must separate from the floor; the others may fall to it"
     subject = (f"{', '.join(checked)} ({must}) {'is' if len(checked) == 1 else 'are'}",
                f"{', '.join(failing) or 'none ran'} (of {', '.join(comparison.floor_rows)}: "
