@@ -154,7 +154,7 @@ class Dropout(nn.Module):
     0.89999). Half the random words: T5 :runlocal's CPU step 356-360 against 415-427 ms in two
     interleaved pairs, within the noise of others (docs/results.md; measured with an earlier
     pairing of the halves, and before the CPU's threefry was unrolled, train/threefry.py, which
-    made steps with dropout 1.05-1.24× faster). Another random stream, so a deviation a run
+    made steps with dropout about 1.1-1.2× faster). Another random stream, so a deviation a run
     opts into.
   """
   rate: float

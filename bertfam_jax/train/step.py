@@ -235,7 +235,8 @@ def make_train_step(model, tx, schedule, loss_fn: Callable, config, state_shardi
   Dropout keys are `fold_in(key(config.seed + 1), step)`. The seed is an argument of the compiled
   program, not a constant in it: `step.with_seed(s)` runs the same executable for another seed
   (an experiment's sweep compiles each shape once). On the CPU the random bits come from
-  threefry unrolled (`threefry.unroll_on_cpu`: the same bits, fused).
+  threefry unrolled (`threefry.unroll_on_cpu`: the same bits, fused; installed for the whole
+  process, so CPU programs compiled after this call draw theirs that way too).
   """
   threefry.unroll_on_cpu()
   accum = config.train.grad_accum_steps

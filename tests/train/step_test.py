@@ -1,6 +1,7 @@
 """The jitted train step: every sharding strategy equals one device; accumulation; learning on a
 tiny model."""
 
+import re
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -273,13 +274,15 @@ def test_step_compiled_ahead_is_not_compiled_again():
 def test_train_step_draws_its_dropout_bits_without_threefry_loops():
   """make_train_step installs threefry.unroll_on_cpu (this JAX still has the private rule it
   reaches for): with JAX's rolled CPU rule in place before it, a draw compiled before has
-  threefry's loop and the train step compiled after it has none."""
+  threefry's loop and the train step compiled after it has none, for its dropout masks, its key
+  folds and splits alike."""
   from jax._src.interpreters import mlir
   from jax._src.random import threefry2x32 as jax_threefry
 
-  def draw_loops(hlo):
+  def threefry_loops(hlo):
+    # The rolled hash's loop state: (i, x0, x1, ks0, ks1, ks2, rotations, rotations).
     return [line for line in hlo.splitlines()
-            if " while(" in line and ("_bernoulli" in line or "_uniform" in line)]
+            if re.search(r"u32\[\], u32\[4\]\{0\}, u32\[4\]\{0\}\) while\(", line)]
 
   mlir.register_lowering(jax_threefry.threefry2x32_p,
                          jax_threefry._threefry2x32_cpu_lowering_rule, platform="cpu")
@@ -290,7 +293,7 @@ def test_train_step_draws_its_dropout_bits_without_threefry_loops():
     after = train_step.lower(state, put(random_batch(), mesh)).compile().as_text()
   finally:
     threefry.unroll_on_cpu()
-  assert draw_loops(before) and not draw_loops(after)
+  assert threefry_loops(before) and not threefry_loops(after)
   assert "_bernoulli" in after   # the step does draw dropout masks
 
 

@@ -18,9 +18,11 @@ def _compiled_under(rule, fn, *args):
   mlir.register_lowering(jax_threefry.threefry2x32_p, rule, platform="cpu")
   try:
     compiled = jax.jit(lambda *a: fn(*a)).lower(*args).compile()
-    return jax.device_get(compiled(*args)), compiled.as_text()
+    values = jax.device_get(compiled(*args))
   finally:
-    assert threefry.unroll_on_cpu()
+    installed = threefry.unroll_on_cpu()
+  assert installed
+  return values, compiled.as_text()
 
 
 def _rolled_and_unrolled(fn, *args):
