@@ -100,7 +100,9 @@ def init_state(model, tx, shardings, seed: int, inputs, carry=None, *,
   draw; 0.01 s to run), the host draw 4.5 s (benchmarks/init_time.py, docs/results.md). The
   random bits do not depend on where or how they are drawn, so on a CPU the two are equal bit
   for bit (tested); on a GPU the normal draws' float transforms (erf_inv) may differ from the
-  CPU's in the last bits."""
+  CPU's in the last bits. A draw on a CPU takes its bits from threefry unrolled
+  (`threefry.unroll_on_cpu`)."""
+  threefry.unroll_on_cpu()
   if on_host is None:
     on_host = jax.default_backend() == "gpu" and _host_cpu() is not None
   zeros_carry = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), carry)  # noqa: E731
