@@ -21,8 +21,10 @@ all), finetune_seq_len, finetune_epochs and finetune_lr.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
+import platform
 import subprocess
 import time
 from typing import Callable, Sequence
@@ -30,6 +32,7 @@ from typing import Callable, Sequence
 from absl import app, flags
 import flax.linen as nn
 import jax
+import jaxlib.version as jaxlib_version
 import numpy as np
 
 from bertfam_jax import config_lib
@@ -367,12 +370,34 @@ def run_sweep(rows: Sequence[tuple], selected: Sequence[str], seeds: Sequence[in
     for name, spec in rows:
       if name not in selected or (name, seed) in done:
         continue
-      result = run_row(name, spec, seed)
+      result = dict(run_row(name, spec, seed), host=host())
       print(json.dumps({k: v for k, v in result.items() if k != "examples"}), flush=True)
       results.append(result)
       with open(results_path, "a") as f:
         f.write(json.dumps(result) + "\n")
   return results
+
+
+def host() -> dict[str, str]:
+  """What a record says about the machine that made it: the CPU's model name and a digest of its
+  feature flags (XLA:CPU compiles for the host's features, so the same code and seed can round
+  differently on another CPU: records of 2026-11-26 reproduced exactly that day did not on
+  2026-11-27 with the same commit and seed, a host change the likely cause, unconfirmed), the
+  first device's kind, and the jax / jaxlib versions."""
+  model, cpu_flags = "unknown", ""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown":
+          model = value.strip()
+        elif key.strip() == "flags" and not cpu_flags:
+          cpu_flags = " ".join(sorted(value.split()))
+  except OSError:
+    model = platform.processor() or "unknown"
+  return dict(cpu=model, cpu_flags=hashlib.sha1(cpu_flags.encode()).hexdigest()[:12],
+              device=jax.devices()[0].device_kind, jax=jax.__version__,
+              jaxlib=jaxlib_version.__version__)
 
 
 def commit() -> str:

@@ -119,6 +119,7 @@ def test_a_tiny_sweep_end_to_end(tmp_path):
           r["metrics"][f"{name}/target_loss"], abs=1e-4)
       assert all(x > 0 for x in examples["target_nll"])
     assert 0 < r["metrics"]["token_cosine"] < 1
+    assert r["host"] == common.host() and len(r["host"]["cpu_flags"]) == 12
   floor, geometric = results[2], results[1]
   assert floor["pretrain"] == {} and floor["input_tokens"] == 0
   assert geometric["input_tokens"] == 4 * 8 * 64
