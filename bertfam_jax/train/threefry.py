@@ -16,6 +16,10 @@ CPU program's shape and speed.
 The rule is installed for the whole process, for CPU programs lowered afterwards (programs JAX
 has already compiled keep theirs), user code included. It reaches into JAX's private modules; a
 JAX that moves them leaves the CPU lowering as it was, with a warning, and fails the tests.
+JAX's main branch has made the same change itself (jax-ml/jax#37872, "threefry2x32: use unrolled
+loops in CPU lowering": no CPU rule is registered there, so the generic unrolled one applies);
+the jax 0.10.2 of constraints.txt still has the rolled one. Under a JAX without it this module
+re-registers what is already in use, and can go.
 """
 
 from __future__ import annotations

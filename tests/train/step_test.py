@@ -1,6 +1,7 @@
 """The jitted train step: every sharding strategy equals one device; accumulation; learning on a
 tiny model."""
 
+import functools
 import re
 from typing import Any, NamedTuple
 
@@ -284,8 +285,9 @@ def test_train_step_draws_its_dropout_bits_without_threefry_loops():
     return [line for line in hlo.splitlines()
             if re.search(r"u32\[\], u32\[4\]\{0\}, u32\[4\]\{0\}\) while\(", line)]
 
-  mlir.register_lowering(jax_threefry.threefry2x32_p,
-                         jax_threefry._threefry2x32_cpu_lowering_rule, platform="cpu")
+  rolled = mlir.lower_fun(functools.partial(jax_threefry._threefry2x32_lowering,
+                                            use_rolled_loops=True), multiple_results=True)
+  mlir.register_lowering(jax_threefry.threefry2x32_p, rolled, platform="cpu")
   try:
     before = jax.jit(lambda k: jax.random.bernoulli(k, 0.9, (64,))).lower(
         jax.random.key(0)).compile().as_text()
