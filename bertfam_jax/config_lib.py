@@ -891,7 +891,8 @@ FIELD_RULES = {
 
 def check_fields(c: ml_collections.ConfigDict, rules: dict) -> None:
   """Raises ConfigError for the first field of `c` outside its rule: a `Range`, a tuple of
-  choices, or a frozenset whose subsets are written comma-separated. Fields `c` does not have
+  choices, or a frozenset whose subsets are written comma-separated ("none", when it is one of
+  the set's, only alone). Fields `c` does not have
   are skipped (a section of another family)."""
   for path, rule in rules.items():
     section, _, key = path.rpartition(".")
@@ -906,9 +907,9 @@ def check_fields(c: ml_collections.ConfigDict, rules: dict) -> None:
       raise ConfigError(f"{path}={value!r}; choose one of {rule}.")
     kinds = set(value.split(",")) if isinstance(rule, frozenset) and value else set()
     if isinstance(rule, frozenset) and (not kinds <= rule or ("none" in kinds and len(kinds) > 1)):
+      alone = ", 'none' alone" if "none" in rule else ""
       raise ConfigError(f"{path}={value!r}; give a comma-separated subset of "
-                        f"{sorted(rule - {'none'})} (no spaces), 'none' alone, or '' for the "
-                        f"default.")
+                        f"{sorted(rule - {'none'})} (no spaces){alone}, or '' for the default.")
 
 
 def memory_floor_bytes(c: ml_collections.ConfigDict) -> int:

@@ -161,6 +161,7 @@ class FloorCheck(NamedTuple):
   valid: bool          # every checked row's primary interval entirely above the floor's
   lines: list[str]     # one per column: the rows whose intervals overlap the floor's
   failing: list[str]   # the checked rows that are not (all of them when the floor did not run)
+  checked: list[str]   # the rows that must clear the floor: `comparison.floor_rows` that ran
 
 
 def floor_check(table: Mapping[str, dict], comparison: Comparison,
@@ -173,7 +174,7 @@ def floor_check(table: Mapping[str, dict], comparison: Comparison,
              [r for r in comparison.floor_rows if r in pretrained])
   if comparison.floor not in table:
     return FloorCheck(False, ["The floor was not run: no row can be ranked (EXPERIMENTS.md §1)."],
-                      checked)
+                      checked, checked)
   lines, failing = [], []
   for column in comparison.columns:
     floor_mean, floor_half = table[comparison.floor][column.key]
@@ -189,7 +190,7 @@ def floor_check(table: Mapping[str, dict], comparison: Comparison,
                   f"({constant:.{column.digits}f})")
     lines.append(f"- {column.label}: floor {_interval(column, table[comparison.floor])}; "
                  f"{verdict}.")
-  return FloorCheck(bool(checked) and not failing, lines, failing)
+  return FloorCheck(bool(checked) and not failing, lines, failing, checked)
 
 
 def _interval(column: Column, row: Mapping) -> str:
@@ -226,11 +227,10 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
   boot = resample(results, comparison, resamples)
   rows = list(table)
   seeds = sorted({r["seed"] for r in results})
-  valid, floor_lines, failing = floor_check(table, comparison, constants)
+  valid, floor_lines, failing, checked = floor_check(table, comparison, constants)
   if comparison.floor_rows is None:
     subject = ("every pre-trained row is", "some pre-trained row is")
   else:
-    checked = [r for r in comparison.floor_rows if r in table]
     must = "the rows the scale must separate from the floor; the others may fall to it"
     subject = (f"{', '.join(checked)} ({must}) {'is' if len(checked) == 1 else 'are'}",
                f"{', '.join(failing) or 'none ran'} (of {', '.join(comparison.floor_rows)}: "

@@ -168,7 +168,7 @@ def test_constant_outputs_and_the_floor_against_them():
   table = {"Subword Tokens": {k: (0.0, 1.0) for k in [c.key for c in ms.COMPARISON.columns]},
            common.NO_PRETRAINING: {k: (-10.0, 1.0) for k in [c.key for c in
                                                              ms.COMPARISON.columns]}}
-  valid, lines, _ = report.floor_check(table, ms.COMPARISON, {
+  valid, lines, *_ = report.floor_check(table, ms.COMPARISON, {
       common.SUPERSENSE: 0.05, f"{common.SUPERSENSE}/target_nll": 20.0})
   assert valid
   assert "the floor is above the constant output (-20.000)" in lines[2]   # log-lik

@@ -1,7 +1,6 @@
 """The jitted train step: every sharding strategy equals one device; accumulation; learning on a
 tiny model."""
 
-import functools
 import re
 from typing import Any, NamedTuple
 
@@ -16,8 +15,9 @@ from jax.sharding import PartitionSpec as P
 from bertfam_jax import config_lib as cl
 from bertfam_jax.objectives import mlm
 from bertfam_jax.models import layers
-from bertfam_jax.train import optimizer, sharding, step as step_lib, threefry
+from bertfam_jax.train import optimizer, sharding, step as step_lib
 from helpers import tiny
+from helpers.threefry_rules import ROLLED, cpu_rule
 
 # Heads, MLP width and vocabulary divisible by 8: tensor parallelism up to 8 shards them all.
 VOCAB, HEADS, LENGTH, PREDICTIONS, BATCH = 96, 8, 16, 4, 8
@@ -277,24 +277,16 @@ def test_train_step_draws_its_dropout_bits_without_threefry_loops():
   reaches for): with JAX's rolled CPU rule in place before it, a draw compiled before has
   threefry's loop and the train step compiled after it has none, for its dropout masks, its key
   folds and splits alike."""
-  from jax._src.interpreters import mlir
-  from jax._src.random import threefry2x32 as jax_threefry
-
   def threefry_loops(hlo):
     # The rolled hash's loop state: (i, x0, x1, ks0, ks1, ks2, rotations, rotations).
     return [line for line in hlo.splitlines()
             if re.search(r"u32\[\], u32\[4\]\{0\}, u32\[4\]\{0\}\) while\(", line)]
 
-  rolled = mlir.lower_fun(functools.partial(jax_threefry._threefry2x32_lowering,
-                                            use_rolled_loops=True), multiple_results=True)
-  mlir.register_lowering(jax_threefry.threefry2x32_p, rolled, platform="cpu")
-  try:
+  with cpu_rule(ROLLED):
     before = jax.jit(lambda k: jax.random.bernoulli(k, 0.9, (64,))).lower(
         jax.random.key(0)).compile().as_text()
     mesh, state, train_step = setup(tiny_config(data=1), jax.devices()[:1])
     after = train_step.lower(state, put(random_batch(), mesh)).compile().as_text()
-  finally:
-    threefry.unroll_on_cpu()
   assert threefry_loops(before) and not threefry_loops(after)
   assert "_bernoulli" in after   # the step does draw dropout masks
 

@@ -1,42 +1,26 @@
 """threefry.unroll_on_cpu: JAX's random bits on the CPU from the unrolled hash, bit for bit those
 of JAX's own rolled CPU lowering, without its `while` loop."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src.interpreters import mlir
-from jax._src.random import threefry2x32 as jax_threefry
 
 from bertfam_jax.models import layers
-from bertfam_jax.train import threefry
+from helpers.threefry_rules import ROLLED, UNROLLED, cpu_rule
 
 
 def _compiled_under(rule, fn, *args):
   """`fn` compiled for the CPU with `rule` as threefry2x32's CPU lowering: (values, HLO text).
   A new function object each call, so JAX lowers it afresh under the rule."""
-  mlir.register_lowering(jax_threefry.threefry2x32_p, rule, platform="cpu")
-  try:
+  with cpu_rule(rule):
     compiled = jax.jit(lambda *a: fn(*a)).lower(*args).compile()
     values = jax.device_get(compiled(*args))
-  finally:
-    installed = threefry.unroll_on_cpu()
-  assert installed
   return values, compiled.as_text()
 
 
-# JAX's rolled lowering (its CPU rule in jax 0.10.2; JAX's main branch has since dropped it,
-# jax-ml/jax#37872), built from the same function so that the test outlives that rule's name.
-ROLLED = mlir.lower_fun(functools.partial(jax_threefry._threefry2x32_lowering,
-                                          use_rolled_loops=True), multiple_results=True)
-
-
 def _rolled_and_unrolled(fn, *args):
-  rolled = _compiled_under(ROLLED, fn, *args)
-  unrolled = _compiled_under(jax_threefry._threefry2x32_lowering_rule, fn, *args)
-  return rolled, unrolled
+  return _compiled_under(ROLLED, fn, *args), _compiled_under(UNROLLED, fn, *args)
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 5, 8), (2, 4, 33)])
