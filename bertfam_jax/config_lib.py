@@ -892,8 +892,7 @@ FIELD_RULES = {
 def check_fields(c: ml_collections.ConfigDict, rules: dict) -> None:
   """Raises ConfigError for the first field of `c` outside its rule: a `Range`, a tuple of
   choices, or a frozenset whose subsets are written comma-separated ("none", when it is one of
-  the set's, only alone). Fields `c` does not have
-  are skipped (a section of another family)."""
+  the set's, only alone). Fields `c` does not have are skipped (a section of another family)."""
   for path, rule in rules.items():
     section, _, key = path.rpartition(".")
     holder = c[section] if section else c
