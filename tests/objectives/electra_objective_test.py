@@ -306,7 +306,7 @@ def _run_steps(config, batches, devices=None):
 def test_each_variant_learns_one_batch(variant):
   config = tiny_config(variant)
   config.model.update(dropout=0.0, attention_dropout=0.0)
-  metrics, _ = _run_steps(config, [features(config)] * 25, jax.devices()[:1])
+  metrics, _ = _run_steps(config, [features(config)] * 40, jax.devices()[:1])
   key = "discriminator_loss" if variant.startswith("electra") else "mlm_loss"
   assert metrics[-1][key] < 0.7 * metrics[0][key], [m[key] for m in metrics]
   assert metrics[-1]["generator_mlm_loss"] < metrics[0]["generator_mlm_loss"]
