@@ -18,8 +18,8 @@ UNROLLED = jax_threefry._threefry2x32_lowering_rule
 
 @contextlib.contextmanager
 def cpu_rule(rule):
-  """Programs lowered inside lower threefry2x32 with `rule` on the CPU; after it, with the rule
-  `threefry.unroll_on_cpu` installs (asserted installed: this JAX has the private rule)."""
+  """Programs lowered inside the block lower threefry2x32 with `rule` on the CPU; after it, with
+  the rule `threefry.unroll_on_cpu` installs (asserted installed: this JAX has the private rule)."""
   mlir.register_lowering(jax_threefry.threefry2x32_p, rule, platform="cpu")
   try:
     yield
