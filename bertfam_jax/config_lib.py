@@ -250,6 +250,8 @@ def encoder(size: str, *, sizes=ENCODER_SIZES, **overrides) -> ml_collections.Co
       attention_dropout=0.1,   # > 0 uses the explicit softmax path; 0 allows fused/flash kernels
       dropout_bits=32,         # random bits per dropout decision: 32 (flax's draw) | 16 (half)
       fused_qkv=False,         # Q, K and V as one matmul (same values; layers.project_together)
+      fp8_matmuls=False,       # the layers' dense matmuls in FP8, current scaling (models/fp8.py;
+                               # bf16 compute only; a deviation, opt-in)
       layer_norm_eps=1e-12,
       activation="gelu_tanh",  # TF BERT uses the tanh approximation; fairseq/HF use exact 'gelu'
       initializer_range=0.02,
@@ -412,6 +414,7 @@ def t5_model(size: str, version: str = "1.0", **overrides) -> ml_collections.Con
       dropout=0.0 if v11 else 0.1,
       dropout_bits=32,
       fused_qkv=False,  # self-attention's Q, K and V as one matmul (layers.project_together)
+      fp8_matmuls=False,  # the layers' dense matmuls in FP8 (models/fp8.py; bf16 compute only)
       layer_norm_eps=1e-6,
       relative_buckets=32,
       relative_max_distance=128,
@@ -709,6 +712,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_model(m)
   if m.get("kind") != "elmo":   # no attention
     _validate_attention(m)
+  if m.get("fp8_matmuls", False) and m.dtype != "bfloat16":
+    raise ConfigError(f"model.fp8_matmuls rounds bf16 matmuls to FP8; it needs "
+                      f"--config.model.dtype=bfloat16 (it is {m.dtype!r}).")
   if d.source == "text" and not d.text_files:
     raise ConfigError("data.source='text' needs --config.data.text_files=PATH[,PATH...] (globs allowed).")
   if d.source == "tfds" and d.get("wordnet_glosses", False):

@@ -109,11 +109,13 @@ class TransformerLayer(nn.Module):
               heads=c.heads, head_dim=c.hidden // c.heads, attention_dropout=c.attention_dropout,
               initializer_range=c.initializer_range, attention_impl=c.attention_impl,
               dtype=dtype, dropout_bits=c.dropout_bits, causal=c.get("causal", False),
-              fused_qkv=c.get("fused_qkv", False), name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
+              fused_qkv=c.get("fused_qkv", False), fp8_matmuls=c.get("fp8_matmuls", False),
+              name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
           deterministic)
     if self.sublayers != "attention":
       x_BLD = _residual(c, x_BLD, "output_ln", "ffn_adapter", layers.MLP(
-          c.mlp, c.activation, c.initializer_range, dtype, name="mlp"), deterministic)
+          c.mlp, c.activation, c.initializer_range, dtype, c.get("fp8_matmuls", False),
+          name="mlp"), deterministic)
     return x_BLD
 
 

@@ -16,6 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertfam_jax.models import fp8
+
 Dtype = Any
 # The collection SelfAttention sows its attention scores into when it is mutable.
 SCORES = "attention_scores"
@@ -120,24 +122,31 @@ class HeadProjection(nn.Module):
   bias_axes: tuple[str, ...]
   initializer_range: float
   dtype: Dtype = jnp.float32
+  fp8_matmuls: bool = False  # the matmul in FP8 (models/fp8.py)
 
   @nn.compact
   def __call__(self, x):
     kernel = self.param("kernel", param_init(self.initializer_range, self.kernel_axes),
                         self.kernel_shape, jnp.float32)
     bias = self.param("bias", zeros_init(self.bias_axes), self.bias_shape, jnp.float32)
-    y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    y = einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype), self.fp8_matmuls)
     return y + bias.astype(self.dtype).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
 
 
-def project_together(x_BLD, kernels_DNH, biases_NH=None, dtype: Dtype = jnp.float32):
+def einsum(equation: str, a, b, fp8_matmuls: bool = False):
+  """`jnp.einsum` of two operands, its matmul in FP8 when `fp8_matmuls` (models/fp8.py)."""
+  return jnp.einsum(equation, a, b, _dot_general=fp8.dot_general(fp8_matmuls))
+
+
+def project_together(x_BLD, kernels_DNH, biases_NH=None, dtype: Dtype = jnp.float32,
+                     fp8_matmuls: bool = False):
   """Several head projections of one input as one matmul (the fused QKV kernel): x [batch,
   length, embed] with kernels, each [embed, heads, kv] (and biases [heads, kv], or None) → one
   [batch, length, heads, kv] per kernel, the values of projecting by each alone. The kernels are
   stacked at use ([embed, 3, heads, kv]), so parameters, checkpoints and the HF mapping keep
   separate query / key / value tensors, and the backward's weight gradient is one matmul too."""
   kernel_DCNH = jnp.stack([k.astype(dtype) for k in kernels_DNH], axis=1)
-  y_BLCNH = jnp.einsum("bld,dcnh->blcnh", x_BLD.astype(dtype), kernel_DCNH)
+  y_BLCNH = einsum("bld,dcnh->blcnh", x_BLD.astype(dtype), kernel_DCNH, fp8_matmuls)
   if biases_NH is not None:
     y_BLCNH = y_BLCNH + jnp.stack([b.astype(dtype) for b in biases_NH], axis=0)[None, None]
   return tuple(y_BLCNH[:, :, i] for i in range(len(kernels_DNH)))
@@ -203,6 +212,7 @@ class SelfAttention(nn.Module):
   dropout_bits: int = 32
   causal: bool = False  # query i attends keys j <= i only (GPT); cuDNN's `is_causal`
   fused_qkv: bool = False  # Q, K and V in one matmul (`project_together`): the same values
+  fp8_matmuls: bool = False  # the four projections in FP8 (models/fp8.py)
 
   @nn.compact
   def __call__(self, x_BLD, mask_B11L, *, deterministic: bool, decode: bool = False):
@@ -218,12 +228,14 @@ class SelfAttention(nn.Module):
     qkv_shape, qkv_axes = (embed, self.heads, self.head_dim), ("embed", "heads", "kv")
     projections = [HeadProjection("bld,dnh->blnh", qkv_shape, qkv_axes,
                                   (self.heads, self.head_dim), ("heads", "kv"),
-                                  self.initializer_range, self.dtype, name=name)
+                                  self.initializer_range, self.dtype, self.fp8_matmuls,
+                                  name=name)
                    for name in ("query", "key", "value")]
     if self.fused_qkv and not self.is_initializing():  # `init` creates them by calling each
       weights = [nn.meta.unbox(p.variables["params"]) for p in projections]
       q_BLNH, k_BLNH, v_BLNH = project_together(
-          x_BLD, [w["kernel"] for w in weights], [w["bias"] for w in weights], self.dtype)
+          x_BLD, [w["kernel"] for w in weights], [w["bias"] for w in weights], self.dtype,
+          self.fp8_matmuls)
     else:
       q_BLNH, k_BLNH, v_BLNH = (p(x_BLD) for p in projections)
     axes = ("batch", "length", "act_heads", "act_kv")
@@ -251,7 +263,7 @@ class SelfAttention(nn.Module):
     out_BLNH = nn.with_logical_constraint(out_BLNH, axes)
     return HeadProjection("blnh,nhd->bld", (self.heads, self.head_dim, embed),
                           ("heads", "kv", "embed"), (embed,), ("embed",), self.initializer_range,
-                          self.dtype, name="output")(out_BLNH)
+                          self.dtype, self.fp8_matmuls, name="output")(out_BLNH)
 
   def _create_cache(self, k_BLNH, v_BLNH):
     """The zero caches, as long as the first decode call: [batch, max_length, heads, kv]."""
@@ -306,17 +318,20 @@ class MLP(nn.Module):
   activation: str
   initializer_range: float
   dtype: Dtype = jnp.float32
+  fp8_matmuls: bool = False  # both matmuls in FP8 (models/fp8.py)
 
   @nn.compact
   def __call__(self, x_BLD):
-    h_BLF = nn.Dense(
-        self.mlp_dim, dtype=self.dtype, param_dtype=jnp.float32,
+    dense = functools.partial(nn.Dense, dtype=self.dtype, param_dtype=jnp.float32,
+                              dot_general=fp8.dot_general(self.fp8_matmuls))
+    h_BLF = dense(
+        self.mlp_dim,
         kernel_init=param_init(self.initializer_range, ("embed", "mlp")),
         bias_init=zeros_init(("mlp",)), name="intermediate")(x_BLD)
     h_BLF = nn.with_logical_constraint(activation_fn(self.activation)(h_BLF),
                                        ("batch", "length", "act_mlp"))
-    return nn.Dense(
-        x_BLD.shape[-1], dtype=self.dtype, param_dtype=jnp.float32,
+    return dense(
+        x_BLD.shape[-1],
         kernel_init=param_init(self.initializer_range, ("mlp", "embed")),
         bias_init=zeros_init(("embed",)), name="output")(h_BLF)
 

@@ -81,7 +81,7 @@ import jax
 import jax.numpy as jnp
 
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.models import layers
+from bertfam_jax.models import fp8, layers
 from bertfam_jax.models.encoder import REMAT_POLICIES
 
 ARCHITECTURES = ("encoder_decoder", "decoder_only", "prefix_lm")
@@ -269,11 +269,13 @@ class Attention(nn.Module):
                               jnp.float32)
                    for name, std in (("query", (hidden * c.head_dim) ** -0.5),
                                      ("key", hidden ** -0.5), ("value", hidden ** -0.5))]
+    fp8_matmuls = c.get("fp8_matmuls", False)
     if c.get("fused_qkv", False) and kv_BKD is x_BQD:  # self-attention: one matmul
-      q_BQNH, k_BKNH, v_BKNH = layers.project_together(x_BQD, kernels_DNH, dtype=dtype)
+      q_BQNH, k_BKNH, v_BKNH = layers.project_together(x_BQD, kernels_DNH, dtype=dtype,
+                                                       fp8_matmuls=fp8_matmuls)
     else:
       q_BQNH, k_BKNH, v_BKNH = (
-          jnp.einsum("bld,dnh->blnh", x.astype(dtype), kernel_DNH.astype(dtype))
+          layers.einsum("bld,dnh->blnh", x.astype(dtype), kernel_DNH.astype(dtype), fp8_matmuls)
           for x, kernel_DNH in zip((x_BQD, kv_BKD, kv_BKD), kernels_DNH))
     act_axes = ("batch", "length", "act_heads", "act_kv")
     q_BQNH, k_BKNH, v_BKNH = (nn.with_logical_constraint(t, act_axes)
@@ -300,7 +302,7 @@ class Attention(nn.Module):
     out_kernel = self.param("out", normal_init((c.heads * c.head_dim) ** -0.5,
                                                ("heads", "kv", "embed")),
                             (c.heads, c.head_dim, hidden), jnp.float32)
-    return jnp.einsum("bqnh,nhd->bqd", out_BQNH, out_kernel.astype(dtype))
+    return layers.einsum("bqnh,nhd->bqd", out_BQNH, out_kernel.astype(dtype), fp8_matmuls)
 
   def _update_cache(self, k_BKNH, v_BKNH, cache_index):
     """Creates the cache at the first (full-length) call, holding its keys/values; with
@@ -326,7 +328,8 @@ class MLP(nn.Module):
     """[batch, length, embed] → [batch, length, embed]."""
     c = self.config
     dense = functools.partial(nn.Dense, use_bias=False, dtype=jnp.dtype(c.dtype),
-                              param_dtype=jnp.float32)
+                              param_dtype=jnp.float32,
+                              dot_general=fp8.dot_general(c.get("fp8_matmuls", False)))
     wi = lambda name: dense(  # noqa: E731
         c.mlp, kernel_init=normal_init(c.hidden ** -0.5, ("embed", "mlp")), name=name)(x_BLD)
     act = layers.activation_fn(c.activation)

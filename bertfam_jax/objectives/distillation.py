@@ -74,7 +74,7 @@ def layer_map(config) -> list[int]:
 
 # How a student may compute apart from its teacher (dropout, precision, memory, kernels).
 STUDENT_COMPUTE = ("dropout", "attention_dropout", "dropout_bits", "dtype", "remat_policy",
-                   "attention_impl", "scan_layers", "fused_qkv")
+                   "attention_impl", "scan_layers", "fused_qkv", "fp8_matmuls")
 # What a DistilBERT student may set apart from its teacher: its depth and token types, and how it
 # computes; every other model field is the teacher's.
 _STUDENT_OWN = ("layers", "type_vocab_size") + STUDENT_COMPUTE
