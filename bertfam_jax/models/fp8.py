@@ -7,19 +7,22 @@ each under one scale per tensor taken from that tensor's own absolute maximum in
 
   scale = amax(|x|) / fp8_max,   x ≈ scale · fp8(x / scale)
 
-The rounding is written as quantize-then-dequantize around an ordinary `dot_general` in the
-compute dtype, the pattern XLA's GPU GEMM rewriter turns into one cuBLASLt FP8 matmul with the
-two scales as arguments (on Hopper and later; elsewhere, the CPU included, the converts run as
-written, so a CPU run has FP8's numerics without its speed). The rounding's derivative is taken
-as the identity (straight through), and the output's rounding only acts on the way back, so:
+The matmuls take the FP8 tensors themselves (`lax.dot_general` of float8 operands, output in
+the compute dtype, then times the two scales), so XLA must run an FP8 GEMM on a GPU (cuBLASLt on
+Hopper and later); the CPU computes the same products exactly. Rounding then dequantising around
+an ordinary bf16 matmul, the pattern XLA's GEMM rewriter was meant to match, does not do it: on an
+H200 with jax 0.11.2 XLA dropped the float32 → fp8 → float32 round trip as excess precision and
+ran bf16 GEMMs (docs/results.md). The rounding's derivative is taken as the identity (straight
+through), so:
 
-  forward      y  = fp8(x) · fp8(w)
-  backward     dx = fp8(dy) · fp8(w)ᵀ,   dw = fp8(x)ᵀ · fp8(dy)
+  forward      y  = s_x s_w · q(x) q(w)
+  backward     dx = s_dy s_w · q(dy) q(w)ᵀ,   dw = s_x s_dy · q(x)ᵀ q(dy)
 
-with every one of the three matmuls in FP8. Biases are added after the matmul in the compute
-dtype, so their gradients come from the unrounded dy. The scales are not parameters: nothing
-joins the train state, checkpoints do not change, and a run can turn the switch on or off when
-it resumes.
+with every one of the three matmuls in FP8 (q: e4m3 for x and w, e5m2 for dy) and the FP8
+operands, not the bf16 ones, kept for the backward. Biases are added after the matmul in the
+compute dtype, so their gradients come from the unrounded dy. The scales are not parameters:
+nothing joins the train state, checkpoints do not change, and a run can turn the switch on or
+off when it resumes.
 
 Why current scaling and not the delayed scaling of `flax.linen.fp8_ops` (an amax history carried
 between steps in the `_overwrite_with_gradient` collection): it needs no state in the loop, and
@@ -31,6 +34,9 @@ fp32 training, measured in docs/results.md.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -39,58 +45,67 @@ FORWARD_DTYPE = jnp.float8_e4m3fn   # operands: 3 mantissa bits, max 448
 BACKWARD_DTYPE = jnp.float8_e5m2    # output gradients: 2 mantissa bits, max 57344
 
 
-def quantize_dequantize(x, fp8_dtype):
-  """x (any shape, a float dtype) → x on fp8_dtype's grid under the per-tensor scale
-  amax(|x|) / fp8_max, back in x's dtype: convert(fp8(x / scale)) · scale, the dequantisation
-  XLA's GEMM rewriter matches. An all-zero tensor stays zero (its scale is 1)."""
-  fp8_max = jnp.finfo(fp8_dtype).max.astype(jnp.float32)
+def quantize(x, fp8_dtype):
+  """x (any shape, a float dtype) → (fp8_dtype(x / scale) [x's shape], scale [] float32), with
+  the per-tensor scale amax(|x|) / fp8_max, so x ≈ scale · q. Computed in float32; an all-zero
+  tensor gets scale 1."""
+  fp8_max = float(jnp.finfo(fp8_dtype).max)
   amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
-  scale = lax.stop_gradient(jnp.where(amax > 0, amax / fp8_max, 1.0)).astype(x.dtype)
-  scaled = jnp.clip(x / scale, -fp8_max.astype(x.dtype), fp8_max.astype(x.dtype))
-  return scaled.astype(fp8_dtype).astype(x.dtype) * scale
+  scale = lax.stop_gradient(jnp.where(amax > 0, amax / fp8_max, 1.0))
+  return jnp.clip(x.astype(jnp.float32) / scale, -fp8_max, fp8_max).astype(fp8_dtype), scale
 
 
-@jax.custom_vjp
-def fp8_operand(x):
-  """Forward: x rounded to e4m3 (`quantize_dequantize`); backward: the gradient as it comes."""
-  return quantize_dequantize(x, FORWARD_DTYPE)
+def _scaled_product(a, b, contracting, scale, out_dtype):
+  """scale · a·b for FP8 matrices a, b contracted over `contracting` ((a's dim,), (b's dim,))."""
+  product = lax.dot_general(a, b, (contracting, ((), ())), preferred_element_type=out_dtype)
+  return (product * scale.astype(out_dtype)).astype(out_dtype)
 
 
-def _operand_fwd(x):
-  return fp8_operand(x), None
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def fp8_matmul(x_MK, w_KN, dtype):
+  """[M, K] · [K, N] → [M, N], both operands (in `dtype`) rounded to e4m3 under their own scales,
+  the product in `dtype`; its gradients (below) round the output gradient to e5m2."""
+  return _fp8_matmul_fwd(x_MK, w_KN, dtype)[0]
 
 
-def _operand_bwd(_, g):
-  return (g,)
+def _fp8_matmul_fwd(x_MK, w_KN, dtype):
+  (xq, x_scale), (wq, w_scale) = quantize(x_MK, FORWARD_DTYPE), quantize(w_KN, FORWARD_DTYPE)
+  return _scaled_product(xq, wq, ((1,), (0,)), x_scale * w_scale, dtype), (xq, x_scale, wq, w_scale)
 
 
-fp8_operand.defvjp(_operand_fwd, _operand_bwd)
+def _fp8_matmul_bwd(dtype, residuals, dy_MN):
+  xq, x_scale, wq, w_scale = residuals
+  dyq, dy_scale = quantize(dy_MN, BACKWARD_DTYPE)
+  dx_MK = _scaled_product(dyq, wq, ((1,), (1,)), dy_scale * w_scale, dtype)
+  dw_KN = _scaled_product(xq, dyq, ((0,), (0,)), x_scale * dy_scale, dtype)
+  return dx_MK, dw_KN
 
 
-@jax.custom_vjp
-def fp8_output_gradient(y):
-  """Forward: y as it is; backward: the gradient rounded to e5m2 (`quantize_dequantize`)."""
-  return y
-
-
-def _output_fwd(y):
-  return y, None
-
-
-def _output_bwd(_, g):
-  return (quantize_dequantize(g, BACKWARD_DTYPE),)
-
-
-fp8_output_gradient.defvjp(_output_fwd, _output_bwd)
+fp8_matmul.defvjp(_fp8_matmul_fwd, _fp8_matmul_bwd)
 
 
 def fp8_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                     **kwargs):
-  """`lax.dot_general` with both operands in e4m3 and its output gradient in e5m2: a drop-in for
-  `nn.Dense(dot_general=...)` and `jnp.einsum(..., _dot_general=...)`."""
-  out = lax.dot_general(fp8_operand(lhs), fp8_operand(rhs), dimension_numbers, precision,
-                        preferred_element_type=preferred_element_type, **kwargs)
-  return fp8_output_gradient(out)
+  """`lax.dot_general` as `fp8_matmul`: a drop-in for `nn.Dense(dot_general=...)` and
+  `jnp.einsum(..., _dot_general=...)`. Contractions without batch dimensions of two operands of
+  one dtype, the product in that dtype (every dense layer here); the operands are laid out as
+  [free, contracted] · [contracted, free] (a no-op for the layouts used here) and the product
+  reshaped back. `precision` and sharding arguments are not used: FP8 fixes the precision."""
+  del precision, kwargs
+  (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch) = dimension_numbers
+  dtype = jnp.dtype(lhs.dtype)
+  if lhs_batch or rhs_batch or rhs.dtype != dtype or jnp.dtype(
+      preferred_element_type or dtype) != dtype:
+    raise NotImplementedError(
+        f"fp8_dot_general: {lhs.dtype} · {rhs.dtype} → {preferred_element_type} with dimensions "
+        f"{dimension_numbers}; it takes no batch dimensions and one dtype.")
+  lhs_free = [d for d in range(lhs.ndim) if d not in lhs_contracting]
+  rhs_free = [d for d in range(rhs.ndim) if d not in rhs_contracting]
+  x = jnp.transpose(lhs, lhs_free + list(lhs_contracting))
+  w = jnp.transpose(rhs, list(rhs_contracting) + rhs_free)
+  contracted = math.prod(lhs.shape[d] for d in lhs_contracting)
+  y = fp8_matmul(x.reshape(-1, contracted), w.reshape(contracted, -1), dtype)
+  return y.reshape([lhs.shape[d] for d in lhs_free] + [rhs.shape[d] for d in rhs_free])
 
 
 def dot_general(fp8: bool):
