@@ -118,8 +118,8 @@ def fp8_converts(program_text: str) -> dict:
 def test_every_layer_matmul_is_rounded_and_the_gradients_stay_close(family):
   """The gradient program rounds two operands of each layer matmul to e4m3 and its output
   gradient to e5m2, and nothing else (embeddings and heads stay bf16). Against float32, FP8's
-  gradients are further than bf16's (coarser rounding) but close (measured on the CPU: BERT 2.5%
-  against bf16's 0.56%, T5 14.7% against 2.9%, of the gradient's norm)."""
+  gradients are further than bf16's (coarser rounding) but close (measured on the CPU: BERT 2.3%
+  against bf16's 0.56%, T5 15.0% against 2.9%, of the gradient's norm)."""
   make_loss, make_config, matmuls = FAMILIES[family]
   f32_loss, shapes = make_loss(make_config())
   bf16_loss, _ = make_loss(make_config(dtype="bfloat16"))
@@ -171,24 +171,35 @@ def test_fp8_matmuls_need_bf16_compute():
     objectives.validate(config)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="FP8 GEMMs need a GPU (Hopper or later)")
+def gemm_operand_dtypes(hlo: str) -> list[tuple[str, str]]:
+  """The dtypes of the two operands of every matmul in an optimised HLO module's text: each
+  `dot` instruction (XLA's own and those inside Triton GEMM fusions) and each cuBLAS GEMM call."""
+  dtype_of = dict(re.findall(r"%(\S+) = (\w+)\[", hlo))
+  calls = re.findall(r"= \w+\[[^=]*? dot\(%(\S+), %(\S+?)\)", hlo)
+  calls += re.findall(r"custom-call\(%(\S+), %(\S+?)[,)].*custom_call_target=\"__cublas", hlo)
+  return [(dtype_of[a], dtype_of[b]) for a, b in calls]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the FP8 GEMM check needs a GPU (Hopper or later)")
 def test_each_matmul_is_one_fp8_gemm_on_a_gpu():
-  """The dense layer's forward, input-gradient and weight-gradient matmuls compile to three
-  cuBLASLt FP8 GEMMs and no other GEMM, for nn.Dense (the MLPs) and einsum (the projections)."""
-  x = jnp.ones((8, 128, 256), jnp.bfloat16)
+  """A dense layer's forward, input-gradient and weight-gradient matmuls compile to three GEMMs
+  of FP8 operands (cuBLASLt's or Triton's), for nn.Dense (the MLPs) and einsum (the projections).
+  (A first version, on an H200 with jax 0.11.2, found Triton GEMM fusions where it looked for
+  cuBLAS calls only; this one has not run on a GPU yet.)"""
+  rng = np.random.default_rng(6)
+  x = jnp.asarray(rng.normal(size=(8, 128, 256)), jnp.bfloat16)
   dense = nn.Dense(512, dtype=jnp.bfloat16, dot_general=fp8.fp8_dot_general)
-  params = dense.init(jax.random.key(0), x)
-  kernel = jnp.ones((256, 4, 64), jnp.bfloat16)
+  params = jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s.shape) * 0.05, s.dtype),
+                        jax.eval_shape(dense.init, jax.random.key(0), x))
+  kernel = jnp.asarray(rng.normal(size=(256, 4, 64)) * 0.05, jnp.bfloat16)
+  square = lambda y: jnp.sum(y.astype(jnp.float32) ** 2)  # noqa: E731  its gradient needs y
   programs = {
-      "dense": jax.jit(jax.grad(lambda p, x: jnp.sum(dense.apply(p, x).astype(jnp.float32)),
-                                argnums=(0, 1))).lower(params, x),
-      "einsum": jax.jit(jax.grad(lambda k, x: jnp.sum(layers.einsum(
-          "bld,dnh->blnh", x, k, True).astype(jnp.float32)), argnums=(0, 1))).lower(kernel, x),
+      "dense": jax.jit(jax.grad(lambda p, x: square(dense.apply(p, x)), argnums=(0, 1))).lower(
+          params, x),
+      "einsum": jax.jit(jax.grad(lambda k, x: square(layers.einsum("bld,dnh->blnh", x, k, True)),
+                                 argnums=(0, 1))).lower(kernel, x),
   }
   for name, lowered in programs.items():
-    hlo = lowered.compile().as_text()
-    targets = re.findall(r'custom_call_target="([^"]*)"', hlo)
-    triton_gemms = len(re.findall(r"__triton_gemm", hlo))
-    gemms = sorted(t for t in targets if "cublas" in t)
-    assert gemms == ["__cublas$lt$matmul$f8"] * 3 and not triton_gemms, (name, targets,
-                                                                           triton_gemms)
+    gemms = gemm_operand_dtypes(lowered.compile().as_text())
+    assert len(gemms) == 3 and all(a.startswith("f8") and b.startswith("f8") for a, b in gemms), (
+        name, gemms)
