@@ -28,9 +28,9 @@ off when it resumes.
 Why current scaling and not the delayed scaling of `flax.linen.fp8_ops` (an amax history carried
 between steps in the `_overwrite_with_gradient` collection): it needs no state in the loop, and
 its scale is always that of the tensor it rounds, so no overflow from a stale scale. Its cost is
-one reduction over each operand and output gradient before the rounding that needs it, which
-XLA cannot fuse into the tensor's producer. It is a documented deviation from the papers' bf16 /
-fp32 training, measured in docs/results.md.
+one reduction over each operand and output gradient, which must finish before that tensor can be
+rounded. It is a documented deviation from the papers' bf16 / fp32 training, measured in
+docs/results.md.
 """
 
 from __future__ import annotations
