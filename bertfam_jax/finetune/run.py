@@ -64,12 +64,14 @@ LABEL_KEYS = ("label", "labels", "label_weights", "start_position", "end_positio
 def model_config(init_model: ml_collections.ConfigDict, ft) -> ml_collections.ConfigDict:
   """The pre-trained `model` section with the fine-tuning changes: adapters when
   `method='adapters'`; Q, K and V projected one by one when quantizing (the fused matmul would
-  bypass the projections quantize.py intercepts; the same values either way)."""
+  bypass the projections quantize.py intercepts; the same values either way), and no FP8 matmuls
+  then (Q8BERT's int8 fake quantization replaces those matmuls)."""
   m = ml_collections.ConfigDict(init_model.to_dict())
   if ft.method == "adapters":
     m.adapter_size = ft.adapter_size
-  if ft.get("quantize") and m.get("fused_qkv"):
-    m.fused_qkv = False
+  for field in ("fused_qkv", "fp8_matmuls"):
+    if ft.get("quantize") and m.get(field):
+      m[field] = False
   return m
 
 

@@ -9,7 +9,7 @@ each under one scale per tensor taken from that tensor's own absolute maximum in
 
 The matmuls take the FP8 tensors themselves (`lax.dot_general` of float8 operands, output in
 the compute dtype, then times the two scales), so XLA must run an FP8 GEMM on a GPU (Triton's or
-cuBLASLt's, Hopper and later); the CPU computes the same products exactly. Rounding then
+cuBLASLt's, compute capability 8.9 and later); the CPU computes the same products exactly. Rounding then
 dequantising around an ordinary bf16 matmul, the pattern XLA's GEMM rewriter was meant to match,
 did not work: on an H200 with jax 0.11.2 the rounded tensors came back unrounded (XLA drops a
 float32 → fp8 → float32 round trip as excess precision) and the step was 0.91× as fast as
@@ -24,6 +24,12 @@ operands, not the bf16 ones, kept for the backward. Biases are added after the m
 compute dtype, so their gradients come from the unrounded dy. The scales are not parameters:
 nothing joins the train state, checkpoints do not change, and a run can turn the switch on or
 off when it resumes.
+
+Two consequences of one scale per tensor: with `model.fused_qkv` the Q, K and V kernels are one
+tensor and share one scale (so fused and unfused projections no longer give the same values, as
+they do without FP8); and a row's outputs depend, through the activations' scales, on the other
+rows of its batch, in evaluation too, so cached decoding (one token a step) does not reproduce the
+full forward pass exactly.
 
 Why current scaling and not the delayed scaling of `flax.linen.fp8_ops` (an amax history carried
 between steps in the `_overwrite_with_gradient` collection): it needs no state in the loop, and
@@ -52,14 +58,16 @@ def quantize(x, fp8_dtype):
   tensor gets scale 1."""
   fp8_max = float(jnp.finfo(fp8_dtype).max)
   amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
-  scale = lax.stop_gradient(jnp.where(amax > 0, amax / fp8_max, 1.0))
+  scale = jnp.where(amax > 0, amax / fp8_max, 1.0)
   return jnp.clip(x.astype(jnp.float32) / scale, -fp8_max, fp8_max).astype(fp8_dtype), scale
 
 
 def _scaled_product(a, b, contracting, scale, out_dtype):
-  """scale · a·b for FP8 matrices a, b contracted over `contracting` ((a's dim,), (b's dim,))."""
+  """scale · a·b for FP8 matrices a, b contracted over `contracting` ((a's dim,), (b's dim,)):
+  the product in out_dtype (the GEMM's output, as measured), times the float32 scale, rounded to
+  out_dtype again (two roundings of at most 2^-8 in bf16, against FP8's 2^-4)."""
   product = lax.dot_general(a, b, (contracting, ((), ())), preferred_element_type=out_dtype)
-  return (product * scale.astype(out_dtype)).astype(out_dtype)
+  return (product.astype(jnp.float32) * scale).astype(out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -90,10 +98,14 @@ def fp8_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_eleme
   """`lax.dot_general` as `fp8_matmul`: a drop-in for `nn.Dense(dot_general=...)` and
   `jnp.einsum(..., _dot_general=...)`. Contractions without batch dimensions of two operands of
   one dtype, the product in that dtype (every dense layer here); the operands are laid out as
-  [free, contracted] · [contracted, free] (a no-op for the layouts used here) and the product
-  reshaped back. `precision` and sharding arguments are not used: FP8 fixes the precision."""
+  [free, contracted] · [contracted, free] (no transpose for the layouts used here) and reshaped
+  to matrices, and the product reshaped back. `precision` and sharding arguments are not used: FP8 fixes the precision."""
   del precision, kwargs
   (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch) = dimension_numbers
+  # jnp.einsum lists contracted dimensions in name order ('blnh,nhd': (3, 2), (1, 0)); in the
+  # lhs's order they need no transpose, and a tensor-split leading dimension stays leading.
+  lhs_contracting, rhs_contracting = (
+      tuple(dims) for dims in zip(*sorted(zip(lhs_contracting, rhs_contracting))))
   dtype = jnp.dtype(lhs.dtype)
   if lhs_batch or rhs_batch or rhs.dtype != dtype or jnp.dtype(
       preferred_element_type or dtype) != dtype:

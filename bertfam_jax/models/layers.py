@@ -144,12 +144,18 @@ def project_together(x_BLD, kernels_DNH, biases_NH=None, dtype: Dtype = jnp.floa
   length, embed] with kernels, each [embed, heads, kv] (and biases [heads, kv], or None) → one
   [batch, length, heads, kv] per kernel, the values of projecting by each alone. The kernels are
   stacked at use ([embed, 3, heads, kv]), so parameters, checkpoints and the HF mapping keep
-  separate query / key / value tensors, and the backward's weight gradient is one matmul too."""
-  kernel_DCNH = jnp.stack([k.astype(dtype) for k in kernels_DNH], axis=1)
-  y_BLCNH = einsum("bld,dcnh->blcnh", x_BLD.astype(dtype), kernel_DCNH, fp8_matmuls)
+  separate query / key / value tensors, and the backward's weight gradient is one matmul too.
+  With FP8 the stack is [embed, heads, 3, kv]: FP8 multiplies matrices, and merging (heads, 3,
+  kv) into one dimension keeps a tensor-split `heads` leading, where (3, heads, kv) would make
+  XLA gather it."""
+  axis = 2 if fp8_matmuls else 1  # of the stacked kernel
+  kernel = jnp.stack([k.astype(dtype) for k in kernels_DNH], axis=axis)
+  equation = "bld,dnch->blnch" if fp8_matmuls else "bld,dcnh->blcnh"
+  y = einsum(equation, x_BLD.astype(dtype), kernel, fp8_matmuls)
   if biases_NH is not None:
-    y_BLCNH = y_BLCNH + jnp.stack([b.astype(dtype) for b in biases_NH], axis=0)[None, None]
-  return tuple(y_BLCNH[:, :, i] for i in range(len(kernels_DNH)))
+    y = y + jnp.stack([b.astype(dtype) for b in biases_NH], axis=axis - 1)[None, None]
+  return tuple(jax.lax.index_in_dim(y, i, axis + 1, keepdims=False)
+               for i in range(len(kernels_DNH)))
 
 
 class Dropout(nn.Module):

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertfam_jax.finetune import quantize
+from bertfam_jax.finetune import quantize, run
 from bertfam_jax.models import finetune as finetune_models
 from helpers import tiny
 
@@ -107,3 +107,12 @@ def test_qat_loss_returns_the_updated_ranges(classifier):
   assert np.isfinite(float(loss)) and "accuracy" in metrics and set(updates) == {
       quantize.RANGES}
   assert len(loss_fn(model, variables, batch, jax.random.key(0), None, deterministic=True)) == 2
+
+
+@pytest.mark.parametrize("quantize", [True, False])
+def test_quantizing_drops_fused_qkv_and_fp8_which_bypass_the_interceptor(quantize):
+  """Q8BERT's fake quantization intercepts each projection and dense layer: fine-tuning with it
+  projects Q, K and V one by one and leaves FP8 off; without it both stay as pre-trained."""
+  ft = ml_collections.ConfigDict(dict(method="full", quantize=quantize))
+  m = run.model_config(tiny.encoder(fused_qkv=True, fp8_matmuls=True, dtype="bfloat16"), ft)
+  assert (m.fused_qkv, m.fp8_matmuls) == (not quantize, not quantize)

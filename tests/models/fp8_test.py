@@ -1,13 +1,15 @@
 """FP8 matmuls (models/fp8.py, `model.fp8_matmuls`): the rounding is the FP8 grid under each
 tensor's own scale, all three matmuls of a dense layer (forward, input and weight gradients)
-multiply rounded operands, every layer matmul of BERT and T5 is rounded and nothing else, and a
-model trains. On a GPU each of them is one cuBLASLt FP8 GEMM."""
+multiply rounded operands, every layer matmul of BERT and T5 is an FP8 matmul and nothing else
+is, splitting heads over devices gathers nothing more, and a model trains. On a GPU each of them
+is one FP8 GEMM."""
 
 import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import ml_dtypes
 import numpy as np
 import optax
@@ -15,9 +17,13 @@ import pytest
 
 from bertfam_jax import config_lib, objectives
 from bertfam_jax.models import fp8, layers, pretraining, t5
+from bertfam_jax.train import sharding
+from bertfam_jax.train import step as step_lib
 from helpers import tiny
 
 ON_GPU = jax.devices()[0].platform == "gpu"
+# FP8 tensor cores: compute capability 8.9 (Ada) and later, Hopper's 9.0 included.
+FP8_GPU = ON_GPU and float(getattr(jax.devices()[0], "compute_capability", "0")) >= 8.9
 # Half a unit in the last place, relative, for numbers in the normal range: 3 and 2 mantissa bits.
 HALF_ULP = {fp8.FORWARD_DTYPE: 2.0 ** -4, fp8.BACKWARD_DTYPE: 2.0 ** -3}
 
@@ -49,33 +55,41 @@ def test_rounding_is_the_fp8_grid_under_the_tensors_own_scale(fp8_dtype):
   assert float(zeros_scale) == 1.0 and not np.asarray(zeros, np.float32).any()
 
 
-def test_forward_and_both_gradients_multiply_rounded_operands():
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
+def test_forward_and_both_gradients_multiply_rounded_operands(dtype):
   """y = r4(x)·r4(w), dx = r5(dy)·r4(w)ᵀ, dw = r4(x)ᵀ·r5(dy), as numpy computes them (r4 / r5:
-  `reference_round` to e4m3 / e5m2). On a GPU these are cuBLASLt's FP8 GEMMs, whose fp32
-  accumulation order differs from numpy's: hence the tolerance, far below FP8's own 2^-4 (an
-  operand left unrounded moves the outputs by about 2%)."""
+  `reference_round` to e4m3 / e5m2). In float32 to float32 rounding (on a GPU, the FP8 GEMMs'
+  fp32 accumulation order differs from numpy's); in bf16 to the output's own two roundings (the
+  product, then times the scales: 2^-8 each). An operand left unrounded moves outputs by ~2-6%."""
   rng = np.random.default_rng(1)
-  x = rng.normal(size=(2, 16, 32)).astype(np.float32)
-  w = (rng.normal(size=(32, 4, 8)) * 0.1).astype(np.float32)
-  dy = (rng.normal(size=(2, 16, 4, 8)) * 1e-3).astype(np.float32)
+  x = jnp.asarray(rng.normal(size=(2, 16, 32)), dtype)
+  w = jnp.asarray(rng.normal(size=(32, 4, 8)) * 0.1, dtype)
+  dy = jnp.asarray(rng.normal(size=(2, 16, 4, 8)) * 1e-3, dtype)
   y, vjp = jax.vjp(lambda x, w: layers.einsum("bld,dnh->blnh", x, w, True), x, w)
-  dx, dw = vjp(jnp.asarray(dy))
-  x4, w4, dy5 = (reference_round(x, fp8.FORWARD_DTYPE), reference_round(w, fp8.FORWARD_DTYPE),
-                 reference_round(dy, fp8.BACKWARD_DTYPE))
+  dx, dw = vjp(dy)
+  assert y.dtype == dx.dtype == dw.dtype == dtype
+  x4, w4, dy5 = (reference_round(np.asarray(x, np.float32), fp8.FORWARD_DTYPE),
+                 reference_round(np.asarray(w, np.float32), fp8.FORWARD_DTYPE),
+                 reference_round(np.asarray(dy, np.float32), fp8.BACKWARD_DTYPE))
   for ours, reference in ((y, np.einsum("bld,dnh->blnh", x4, w4)),
                           (dx, np.einsum("blnh,dnh->bld", dy5, w4)),
                           (dw, np.einsum("bld,blnh->dnh", x4, dy5))):
-    scale = np.abs(reference).max()  # float32 sums cancel: absolute, at the output's scale
-    np.testing.assert_allclose(ours, reference, rtol=0, atol=(2e-3 if ON_GPU else 1e-5) * scale)
+    ours, scale = np.asarray(ours, np.float64), np.abs(reference).max()
+    if dtype == jnp.float32:  # float32 sums cancel: absolute, at the output's scale
+      np.testing.assert_allclose(ours, reference, rtol=0, atol=(2e-3 if ON_GPU else 1e-5) * scale)
+    else:
+      np.testing.assert_allclose(ours, reference, rtol=2 ** -7, atol=1e-3 * scale)
+
+
+_IDS = np.random.default_rng(2).integers(1, tiny.VOCAB, (2, 16)).astype(np.int32)
+BERT_INPUTS = dict(input_ids=_IDS, input_mask=np.ones_like(_IDS), segment_ids=np.zeros_like(_IDS),
+                   mlm_positions=np.array([[1, 4, 9], [0, 7, 15]], np.int32))
 
 
 def bert_loss(config):
-  """(loss of MaskedLM(config) over a fixed batch as a function of params, abstract params)."""
-  rng = np.random.default_rng(2)
-  ids = rng.integers(1, tiny.VOCAB, (2, 16)).astype(np.int32)
-  inputs = dict(input_ids=ids, input_mask=np.ones_like(ids), segment_ids=np.zeros_like(ids),
-                mlm_positions=np.array([[1, 4, 9], [0, 7, 15]], np.int32))
-  targets = jnp.asarray(ids[np.arange(2)[:, None], inputs["mlm_positions"]])
+  """(loss of MaskedLM(config) over BERT_INPUTS as a function of params, abstract params)."""
+  inputs = BERT_INPUTS
+  targets = jnp.asarray(_IDS[np.arange(2)[:, None], inputs["mlm_positions"]])
   model = pretraining.MaskedLM(config, 2)
 
   def loss(params):
@@ -103,21 +117,30 @@ def t5_loss(config):
   return loss, shapes
 
 
-# Each family's layer matmuls: BERT's q, k, v, output and two MLP matmuls per layer; T5's encoder
-# the same (v1.0: no gated MLP), its decoder's self- and cross-attention four each and two MLP.
-FAMILIES = {"bert": (bert_loss, tiny.encoder, 2 * 6), "t5": (t5_loss, tiny.t5, 2 * 6 + 2 * 10)}
+# Each family's layer matmuls: BERT's q, k, v, output and two MLP matmuls per layer (4 with Q, K
+# and V fused); T5's encoder the same (v1.0: no gated MLP), its decoder's self- and
+# cross-attention four each and two MLP.
+FAMILIES = {"bert": (bert_loss, tiny.encoder, 2 * 6),
+            "bert-fused-qkv": (bert_loss, lambda **kw: tiny.encoder(fused_qkv=True, **kw), 2 * 4),
+            "t5": (t5_loss, tiny.t5, 2 * 6 + 2 * 10)}
 
 
-def fp8_converts(program_text: str) -> dict:
-  """How many converts to e4m3 and to e5m2 a lowered program holds."""
-  return {dtype: len(re.findall(rf"stablehlo\.convert .*-> tensor<[^>]*x{dtype}>", program_text))
-          for dtype in ("f8E4M3FN", "f8E5M2")}
+def fp8_ops(program_text: str) -> dict:
+  """How many converts to e4m3 and to e5m2, and matmuls of two FP8 operands, a lowered program
+  holds."""
+  f8 = r"tensor<[^>]*xf8E\w+>"
+  counts = {dtype: len(re.findall(rf"stablehlo\.convert .*-> tensor<[^>]*x{dtype}>", program_text))
+            for dtype in ("f8E4M3FN", "f8E5M2")}
+  counts["fp8 matmuls"] = len(re.findall(rf"stablehlo\.dot_general .*: \({f8}, {f8}\)",
+                                         program_text))
+  return counts
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_layer_matmul_is_rounded_and_the_gradients_stay_close(family):
   """The gradient program rounds two operands of each layer matmul to e4m3 and its output
-  gradient to e5m2, and nothing else (embeddings and heads stay bf16). Against float32, FP8's
+  gradient to e5m2, and multiplies FP8 tensors in its forward and both gradient matmuls, and
+  nothing else (embeddings and heads stay bf16). Against float32, FP8's
   gradients are further than bf16's (coarser rounding) but close (measured on the CPU: BERT 2.3%
   against bf16's 0.56%, T5 15.0% against 2.9%, of the gradient's norm)."""
   make_loss, make_config, matmuls = FAMILIES[family]
@@ -126,10 +149,10 @@ def test_every_layer_matmul_is_rounded_and_the_gradients_stay_close(family):
   fp8_loss, _ = make_loss(make_config(dtype="bfloat16", fp8_matmuls=True))
   rng = np.random.default_rng(4)
   params = jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s.shape) * 0.2, s.dtype), shapes)
-  assert fp8_converts(jax.jit(jax.grad(fp8_loss)).lower(params).as_text()) == {
-      "f8E4M3FN": 2 * matmuls, "f8E5M2": matmuls}
-  assert fp8_converts(jax.jit(jax.grad(bf16_loss)).lower(params).as_text()) == {
-      "f8E4M3FN": 0, "f8E5M2": 0}
+  assert fp8_ops(jax.jit(jax.grad(fp8_loss)).lower(params).as_text()) == {
+      "f8E4M3FN": 2 * matmuls, "f8E5M2": matmuls, "fp8 matmuls": 3 * matmuls}
+  assert fp8_ops(jax.jit(jax.grad(bf16_loss)).lower(params).as_text()) == {
+      "f8E4M3FN": 0, "f8E5M2": 0, "fp8 matmuls": 0}
   gradient = lambda loss: np.concatenate([  # noqa: E731
       np.ravel(np.asarray(g, np.float32)) for g in jax.tree.leaves(jax.jit(jax.grad(loss))(params))])
   reference = gradient(f32_loss)
@@ -164,6 +187,26 @@ def test_a_bert_with_fp8_matmuls_learns_one_batch_as_bf16_does():
   assert fp8_losses[-1] < 1.1 * bf16_losses[-1], (fp8_losses, bf16_losses)
 
 
+def test_split_heads_gather_nothing_more_in_fp8():
+  """On a data × tensor mesh (heads and MLP columns split, as Megatron), the FP8 gradient
+  program all-gathers no more than the bf16 one, fused QKV included: FP8 multiplies matrices,
+  and the kernels' dimensions merge with the split one leading."""
+  mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=1, tensor=2)),
+                            jax.devices()[:4])
+
+  def gathers(fp8_matmuls: bool) -> int:
+    config = tiny.encoder(dtype="bfloat16", fused_qkv=True, fp8_matmuls=fp8_matmuls)
+    loss, _ = bert_loss(config)
+    boxed = jax.eval_shape(lambda: pretraining.MaskedLM(config, 2).init(
+        jax.random.key(0), **BERT_INPUTS, deterministic=True))["params"]
+    params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          nn.meta.unbox(boxed), sharding.logical_to_shardings(boxed, mesh))
+    program = step_lib.with_mesh_context(jax.jit(jax.grad(loss)), mesh).lower(params)
+    return program.compile().as_text().count(" all-gather(")
+
+  assert gathers(True) <= gathers(False)
+
+
 def test_fp8_matmuls_need_bf16_compute():
   config = config_lib.base_config()
   config.model.fp8_matmuls = True
@@ -180,10 +223,10 @@ def gemm_operand_dtypes(hlo: str) -> list[tuple[str, str]]:
   return [(dtype_of[a], dtype_of[b]) for a, b in calls]
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the FP8 GEMM check needs a GPU (Hopper or later)")
+@pytest.mark.skipif(not FP8_GPU, reason="the FP8 GEMM check needs a GPU (Hopper or later)")
 def test_each_matmul_is_one_fp8_gemm_on_a_gpu():
   """A dense layer's forward, input-gradient and weight-gradient matmuls compile to three GEMMs
-  of FP8 operands (cuBLASLt's or Triton's), for nn.Dense (the MLPs) and einsum (the projections).
+  of FP8 operands (Triton's or cuBLASLt's), for nn.Dense (the MLPs) and einsum (the projections).
   (A first version, on an H200 with jax 0.11.2, found Triton GEMM fusions where it looked for
   cuBLAS calls only; this one has not run on a GPU yet.)"""
   rng = np.random.default_rng(6)
