@@ -69,9 +69,10 @@ def model_config(init_model: ml_collections.ConfigDict, ft) -> ml_collections.Co
   m = ml_collections.ConfigDict(init_model.to_dict())
   if ft.method == "adapters":
     m.adapter_size = ft.adapter_size
-  for field in ("fused_qkv", "fp8_matmuls"):
-    if ft.get("quantize") and m.get(field):
-      m[field] = False
+  if ft.get("quantize"):
+    for field in ("fused_qkv", "fp8_matmuls"):
+      if m.get(field):
+        m[field] = False
   return m
 
 

@@ -9,8 +9,8 @@ each under one scale per tensor taken from that tensor's own absolute maximum in
 
 The matmuls take the FP8 tensors themselves (`lax.dot_general` of float8 operands, output in
 the compute dtype, then times the two scales), so XLA must run an FP8 GEMM on a GPU (Triton's or
-cuBLASLt's, compute capability 8.9 and later); the CPU computes the same products exactly. Rounding then
-dequantising around an ordinary bf16 matmul, the pattern XLA's GEMM rewriter was meant to match,
+cuBLASLt's, compute capability 8.9 and later); the CPU computes the same products exactly.
+Rounding then dequantising around an ordinary bf16 matmul, the pattern XLA's GEMM rewriter was meant to match,
 did not work: on an H200 with jax 0.11.2 the rounded tensors came back unrounded (XLA drops a
 float32 → fp8 → float32 round trip as excess precision) and the step was 0.91× as fast as
 without (docs/results.md). The rounding's derivative is taken as the identity (straight
@@ -99,7 +99,8 @@ def fp8_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_eleme
   `jnp.einsum(..., _dot_general=...)`. Contractions without batch dimensions of two operands of
   one dtype, the product in that dtype (every dense layer here); the operands are laid out as
   [free, contracted] · [contracted, free] (no transpose for the layouts used here) and reshaped
-  to matrices, and the product reshaped back. `precision` and sharding arguments are not used: FP8 fixes the precision."""
+  to matrices, and the product reshaped back. `precision` and sharding arguments are not used:
+  FP8 fixes the precision."""
   del precision, kwargs
   (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch) = dimension_numbers
   # jnp.einsum lists contracted dimensions in name order ('blnh,nhd': (3, 2), (1, 0)); in the
