@@ -11,7 +11,9 @@ timings. A `Comparison` says which rows, columns and paper numbers the report la
   resample(results, comparison)      hierarchical paired bootstrap means (`stats.bootstrap_means`)
   markdown(...)                      table.md: the floor check, the paper's layout with its
                                      numbers beside ours, differences against the baseline,
-                                     ranks, Kendall τ / Spearman ρ per block, what each row saw
+                                     ranks, Kendall τ / Spearman ρ per block, whether the
+                                     primary metric tracks each seed's pre-training, what each
+                                     row saw
   plot(...), curves(...)             plot.png, and curves.png where pre-training curves exist
 """
 
@@ -259,6 +261,7 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
   lines += _differences_table(boot, table, comparison, rows)
   lines += _ranks_table(boot, table, comparison, rows)
   lines += _agreement_lines(boot, table, comparison, rows)
+  lines += _tracking_lines(results, comparison, rows)
   lines += _seen_table(results, comparison, rows)
   return "\n".join(lines) + "\n"
 
@@ -369,6 +372,31 @@ def _agreement_lines(boot, table, comparison: Comparison, rows) -> list[str]:
     if parts:
       lines.append(f"- {title}: " + "; ".join(parts))
   return lines + [""]
+
+
+def _tracking_lines(results, comparison: Comparison, rows) -> list[str]:
+  """Within each pre-trained row, Spearman ρ over seeds between the primary metric and the
+  held-out accuracy on the row's own pre-training targets (comparable within a row only), the
+  mean over rows and its within-row permutation p-value (`stats.within_group_spearman`)."""
+  primary = comparison.primary
+  groups = {}
+  for name in rows:
+    pairs = [(r["pretrain"]["eval_accuracy"], primary.shown(seed_value(r, primary)))
+             for r in runs(results, name)
+             if (r.get("pretrain") or {}).get("eval_accuracy") is not None]
+    if name != comparison.floor and len(pairs) >= 3:
+      groups[name] = tuple(zip(*pairs))
+  rho, p_value, per_row = stats.within_group_spearman(groups)
+  if not per_row:
+    return []
+  return [f"## Does {primary.label} track pre-training?", "",
+          f"Within each pre-trained row, Spearman ρ over its seeds between {primary.label} and "
+          "the held-out accuracy on the row's own pre-training targets; the mean over "
+          f"{len(per_row)} rows is ρ = {rho:+.2f}, one-sided permutation p = {p_value:.3f} "
+          f"(seeds shuffled within rows, {stats.RESAMPLES:,} draws). Per row: " +
+          ", ".join(f"{name} {value:+.2f}" for name, value in per_row.items()) + ". Near 0, "
+          "the spread between a row's seeds comes from fine-tuning and evaluation rather than "
+          "from how far each seed's pre-training got (by this measure).", ""]
 
 
 _SEEN = (("pretrain_steps", "pre-train steps", "{:,.0f}"),

@@ -10,6 +10,8 @@ scored on the same evaluation examples as every other row. From those:
   percentile_interval(samples)    the 2.5th and 97.5th percentiles
   kendall_tau / spearman_rho      rank correlations (tie-corrected), NaN when undefined
   ranks(values)                   1 = best, ties sharing their mean rank
+  within_group_spearman(groups)   the mean over groups (rows) of the Spearman ρ between two
+                                  quantities over seeds, with a within-group permutation p-value
 """
 
 from __future__ import annotations
@@ -124,3 +126,36 @@ def kendall_tau_rows(samples: np.ndarray, reference: Sequence[float]) -> np.ndar
   denominator = np.sqrt((da != 0).sum(axis=1) * (db != 0).sum())
   with np.errstate(invalid="ignore", divide="ignore"):
     return np.where(denominator > 0, (da * db).sum(axis=1) / denominator, np.nan)
+
+
+def within_group_spearman(groups: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                          permutations: int = RESAMPLES, seed: int = 0
+                          ) -> tuple[float, float, dict[str, float]]:
+  """Whether y tracks x between seeds, each group (row) compared only with itself.
+
+  Args:
+    groups: {group: (x [seeds], y [seeds])}; groups with fewer than 3 seeds, or with either side
+      constant, are left out.
+    permutations: draws of the null (y shuffled among the seeds of each group, independently).
+    seed: the permutations' generator seed (deterministic).
+
+  Returns:
+    (mean ρ over the groups used, one-sided permutation p-value of a mean ρ at least as large,
+    with the observed arrangement counted among the draws, {group: ρ}); (NaN, NaN, {}) when no
+    group is usable.
+  """
+  rng = np.random.default_rng(seed)
+  per_group, null = {}, []
+  for name, (x, y) in groups.items():
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+      continue
+    per_group[name] = spearman_rho(y, x)
+    shuffled = rng.permuted(np.broadcast_to(y, (permutations, len(y))), axis=1)   # [P, seeds]
+    null.append(spearman_rho_rows(shuffled, x))
+  if not per_group:
+    return float("nan"), float("nan"), {}
+  observed = float(np.mean(list(per_group.values())))
+  null_means = np.mean(null, axis=0)                                                # [P]
+  p_value = (1 + np.sum(null_means >= observed - 1e-12)) / (permutations + 1)
+  return observed, float(p_value), per_group

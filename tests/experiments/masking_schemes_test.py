@@ -155,6 +155,20 @@ def test_collapse_is_marked_in_the_table():
                              degenerate={"Whole Words": {"collapse"}}, resamples=200)
   assert "| Whole Words‡ |" in markdown and "| Subword Tokens |" in markdown
   assert "‡ collapsed" in markdown
+  assert "track pre-training" not in markdown   # no record carries pre-training accuracy
+
+  # Each seed's held-out pre-training accuracy ordered as its probe accuracy in one row and
+  # reversed in the other: ρ +1 and −1 within them, the floor left out, 0 on average.
+  for r in results:
+    if r["row"] != common.NO_PRETRAINING:
+      probe = r["metrics"][f"{common.PROBE}/accuracy"]
+      r["pretrain"] = dict(eval_accuracy=probe if r["row"] == "Subword Tokens" else -probe)
+  markdown = report.markdown(results, ms.COMPARISON, setup="Fake.",
+                             constants={common.SUPERSENSE: 0.1, common.PROBE: 0.1},
+                             degenerate={}, resamples=200)
+  assert "## Does Probe acc track pre-training?" in markdown
+  assert "the mean over 2 rows is ρ = +0.00" in markdown
+  assert "Per row: Subword Tokens +1.00, Whole Words -1.00." in markdown
 
 
 def test_constant_outputs_and_the_floor_against_them():

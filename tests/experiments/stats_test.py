@@ -92,3 +92,28 @@ def test_rank_correlations_equal_scipys():
   np.testing.assert_array_equal(stats.ranks([85.0, 84.3, 82.4, 82.4, 82.2]), [1, 2, 3.5, 3.5, 5])
   assert np.isnan(stats.spearman_rho([1, 1, 1], [1, 2, 3]))
   assert np.isnan(stats.kendall_tau([1, 2], [3, 3]))
+
+
+def test_within_group_spearman_finds_tracking_and_holds_its_size_without_it():
+  """y rising with x inside every group, at different levels per group, is found (ρ = 1, the
+  smallest p the draws allow); independent x and y are rejected at p < 0.05 about 5% of the
+  time; too-small and constant groups are left out."""
+  rng = np.random.default_rng(4)
+  groups = {f"row{g}": (rng.normal(size=5) + 10 * g, None) for g in range(4)}
+  groups = {k: (x, 3 * x - 40 * i) for i, (k, (x, _)) in enumerate(groups.items())}
+  rho, p_value, per_row = stats.within_group_spearman(groups, permutations=2000)
+  assert rho == pytest.approx(1.0) and p_value == pytest.approx(1 / 2001)
+  assert per_row == pytest.approx({name: 1.0 for name in groups})
+  # Pooling across groups would see the groups' levels (ρ < 0 here); within groups it does not.
+  pooled_x = np.concatenate([x for x, _ in groups.values()])
+  pooled_y = np.concatenate([y for _, y in groups.values()])
+  assert stats.spearman_rho(pooled_x, pooled_y) < 0
+  rejected = sum(stats.within_group_spearman(
+      {g: (rng.normal(size=5), rng.normal(size=5)) for g in "abcde"}, permutations=500,
+      seed=trial)[1] < 0.05 for trial in range(300))
+  assert 0.02 < rejected / 300 < 0.09
+  _, _, used = stats.within_group_spearman(
+      {"two seeds": ([1, 2], [1, 2]), "constant": ([1, 2, 3], [4, 4, 4]), "ok": ([1, 2, 3],
+                                                                                  [3, 1, 2])})
+  assert list(used) == ["ok"]
+  assert np.isnan(stats.within_group_spearman({"two seeds": ([1, 2], [1, 2])})[0])
