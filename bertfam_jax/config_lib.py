@@ -712,9 +712,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_model(m)
   if m.get("kind") != "elmo":   # no attention
     _validate_attention(m)
-  if m.get("fp8_matmuls", False) and m.dtype != "bfloat16":
-    raise ConfigError(f"model.fp8_matmuls rounds bf16 matmuls to FP8; it needs "
-                      f"--config.model.dtype=bfloat16 (it is {m.dtype!r}).")
+  # A distillation teacher (loaded from its workdir, overridable) computes with its own fields.
+  for name, section in (("model", m), ("objective.teacher_model",
+                                       c.get("objective", {}).get("teacher_model"))):
+    if section and section.get("fp8_matmuls", False) and section.get("dtype") != "bfloat16":
+      raise ConfigError(f"{name}.fp8_matmuls rounds bf16 matmuls to FP8; it needs "
+                        f"--config.{name}.dtype=bfloat16 (it is {section.get('dtype')!r}).")
   if d.source == "text" and not d.text_files:
     raise ConfigError("data.source='text' needs --config.data.text_files=PATH[,PATH...] (globs allowed).")
   if d.source == "tfds" and d.get("wordnet_glosses", False):

@@ -4,6 +4,7 @@ multiply rounded operands, every layer matmul of BERT and T5 is an FP8 matmul an
 is, splitting heads over devices gathers nothing more, and a model trains. On a GPU each of them
 is one FP8 GEMM."""
 
+import os
 import re
 
 import flax.linen as nn
@@ -211,6 +212,16 @@ def test_fp8_matmuls_need_bf16_compute():
   config = config_lib.base_config()
   config.model.fp8_matmuls = True
   with pytest.raises(config_lib.ConfigError, match="model.fp8_matmuls.*dtype=bfloat16"):
+    objectives.validate(config)
+  # A distillation teacher computes with its own fields: its FP8 needs its own bf16.
+  config = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "..", "configs",
+                                               "distilbert.py"))
+  config.objective.teacher_model.update(fp8_matmuls=True, dtype="float32")
+  with pytest.raises(config_lib.ConfigError, match=r"objective\.teacher_model\.fp8_matmuls.*"
+                                                   r"--config\.objective\.teacher_model\.dtype"):
+    objectives.validate(config)
+  config.objective.teacher_model.dtype = "bfloat16"
+  with pytest.raises(config_lib.ConfigError, match="objective.teacher is empty"):   # the next check
     objectives.validate(config)
 
 
