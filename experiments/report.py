@@ -394,9 +394,10 @@ def _tracking_lines(results, comparison: Comparison, rows) -> list[str]:
           "the held-out accuracy on the row's own pre-training targets; the mean over "
           f"{len(per_row)} rows is ρ = {rho:+.2f}, one-sided permutation p = {p_value:.3f} "
           f"(seeds shuffled within rows, {stats.RESAMPLES:,} draws). Per row: " +
-          ", ".join(f"{name} {value:+.2f}" for name, value in per_row.items()) + ". Near 0, "
-          "the spread between a row's seeds comes from fine-tuning and evaluation rather than "
-          "from how far each seed's pre-training got (by this measure).", ""]
+          ", ".join(f"{name} {value:+.2f}" for name, value in per_row.items()) + ". Near 0 or "
+          "below, either the spread between a row's seeds does not come from how far each seed's "
+          "pre-training got, or the held-out accuracy does not measure that (a detector near "
+          "its base rate, for one).", ""]
 
 
 _SEEN = (("pretrain_steps", "pre-train steps", "{:,.0f}"),
