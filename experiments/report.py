@@ -108,6 +108,12 @@ def summarise(results: Sequence[dict], comparison: Comparison) -> dict[str, dict
   return table
 
 
+def pretrain_accuracy(record: dict) -> float | None:
+  """The run's held-out accuracy on its own pre-training targets; None for the floor or a
+  record without one."""
+  return (record.get("pretrain") or {}).get("eval_accuracy")
+
+
 def seed_value(record: dict, column: Column) -> float:
   """One seed's value of a column: its metric, or for a log-likelihood the mean over examples
   of each example's per-token loss (what the bootstrap resamples; the record's token-weighted
@@ -280,8 +286,7 @@ def _results_table(results, table, comparison: Comparison, degenerate) -> list[s
       cells = [_interval(c, table[name]) + (
           "†" if c.task in degenerate.get(name, ()) and not c.loglik else "")
                for c in comparison.columns]
-      accuracy = [r["pretrain"]["eval_accuracy"] for r in runs(results, name)
-                  if (r.get("pretrain") or {}).get("eval_accuracy") is not None]
+      accuracy = [a for a in map(pretrain_accuracy, runs(results, name)) if a is not None]
       cells.append(f"{100 * np.mean(accuracy):.1f}" if accuracy else "—")
       paper = comparison.paper.get(name, {})
       cells += [f"{paper[c]:.2f}" if c in paper else "—" for c in comparison.paper_columns]
@@ -381,9 +386,8 @@ def _tracking_lines(results, comparison: Comparison, rows) -> list[str]:
   primary = comparison.primary
   groups = {}
   for name in rows:
-    pairs = [(r["pretrain"]["eval_accuracy"], primary.shown(seed_value(r, primary)))
-             for r in runs(results, name)
-             if (r.get("pretrain") or {}).get("eval_accuracy") is not None]
+    pairs = [(pretrain_accuracy(r), primary.shown(seed_value(r, primary)))
+             for r in runs(results, name) if pretrain_accuracy(r) is not None]
     if name != comparison.floor and len(pairs) >= 3:
       groups[name] = tuple(zip(*pairs))
   rho, p_value, per_row = stats.within_group_spearman(groups)

@@ -10,10 +10,10 @@ each under one scale per tensor taken from that tensor's own absolute maximum in
 The matmuls take the FP8 tensors themselves (`lax.dot_general` of float8 operands, output in
 the compute dtype, then times the two scales), so XLA must run an FP8 GEMM on a GPU (Triton's or
 cuBLASLt's, compute capability 8.9 and later); the CPU computes the same products exactly.
-Rounding then dequantising around an ordinary bf16 matmul, the pattern XLA's GEMM rewriter was meant to match,
-did not work: on an H200 with jax 0.11.2 the rounded tensors came back unrounded (XLA drops a
-float32 → fp8 → float32 round trip as excess precision) and the step was 0.91× as fast as
-without (docs/results.md). The rounding's derivative is taken as the identity (straight
+Rounding then dequantising around an ordinary bf16 matmul, the pattern XLA's GEMM rewriter was
+meant to match, did not work: on an H200 with jax 0.11.2 the rounded tensors came back unrounded
+(XLA drops a float32 → fp8 → float32 round trip as excess precision) and the step was 0.91× as
+fast as without (docs/results.md). The rounding's derivative is taken as the identity (straight
 through), so:
 
   forward      y  = s_x s_w · q(x) q(w)
