@@ -11,9 +11,14 @@ import tempfile
 # after the others ("Termination timeout ... exceeded"): on a 2-core machine under load (another
 # xdist worker compiling, a background job) a starved thread did, twice, killing the worker
 # mid-fixture with no message. 10 minutes is still a hang, not a slow step.
+#
+# XLA:CPU's newer fusion emitters compile a tiny BERT train step in ~2.6 s, the older loop emitters
+# in ~1.7 s, with the same step time (measured on the 2-core CI machine's CPU): tests are
+# dominated by compilation, so they use the older ones. Inherited by the CLI subprocesses.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8"
-                           " --xla_cpu_collective_call_terminate_timeout_seconds=600").strip()
+                           " --xla_cpu_collective_call_terminate_timeout_seconds=600"
+                           " --xla_cpu_use_fusion_emitters=false").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests run tiny shapes for a few steps: XLA:CPU's optimisation passes cost more than they save
 # (the suite took 7.5 instead of 10 minutes on the 2-core CI machine). Inherited by the CLI
@@ -33,5 +38,7 @@ import jax  # noqa: E402  (must follow the XLA_FLAGS above)
 # conftest's own.
 from helpers.ci_skips import (  # noqa: E402,F401  pylint: disable=unused-import
     pytest_make_collect_report, pytest_runtest_makereport)
+# The slowest files first, so that the two workers finish together (tests/helpers/slow_first.py).
+from helpers.slow_first import pytest_collection_modifyitems  # noqa: E402,F401  pylint: disable=unused-import
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
