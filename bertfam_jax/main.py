@@ -109,10 +109,16 @@ def main(argv):
     _maybe_initialize_distributed()   # before anything touches a device
   except ConfigError as e:
     _fail(e)
-  from bertfam_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
-  from bertfam_jax.train import loop, train  # pylint: disable=g-import-not-at-top
+  # Only the loop that runs is imported (fine-tuning's metrics import scipy.stats: ~1 s).
+  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.train import loop
+  if finetuning:
+    from bertfam_jax.finetune.run import run
+  else:
+    from bertfam_jax.train.train import run
+  # pylint: enable=g-import-not-at-top
   try:
-    (finetune.run if finetuning else train.run)(config, _WORKDIR.value)
+    run(config, _WORKDIR.value)
   except (ConfigError, loop.NonFiniteLossError) as e:
     _fail(e)
   except Exception as e:  # pylint: disable=broad-except

@@ -15,10 +15,12 @@ import tempfile
 # XLA:CPU's newer fusion emitters compile a tiny BERT train step in ~2.6 s, the older loop emitters
 # in ~1.7 s, with the same step time (measured on the 2-core CI machine's CPU): tests are
 # dominated by compilation, so they use the older ones. Inherited by the CLI subprocesses.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8"
-                           " --xla_cpu_collective_call_terminate_timeout_seconds=600"
-                           " --xla_cpu_use_fusion_emitters=false").strip()
+# Appended once: xdist's workers inherit the controller's XLA_FLAGS and run this file again.
+_XLA_FLAGS = ("--xla_force_host_platform_device_count=8",
+              "--xla_cpu_collective_call_terminate_timeout_seconds=600",
+              "--xla_cpu_use_fusion_emitters=false")
+_flags = os.environ.get("XLA_FLAGS", "").split()
+os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in _XLA_FLAGS if f not in _flags])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests run tiny shapes for a few steps: XLA:CPU's optimisation passes cost more than they save
 # (the suite took 7.5 instead of 10 minutes on the 2-core CI machine). Inherited by the CLI

@@ -15,7 +15,6 @@ import string
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy import stats
 
 from bertfam_jax.config_lib import ConfigError
 
@@ -120,6 +119,7 @@ def pearson(labels, predictions) -> float:
   labels, predictions = np.asarray(labels, np.float64), np.asarray(predictions, np.float64)
   if np.ptp(labels) == 0 or np.ptp(predictions) == 0:
     return 0.0
+  from scipy import stats  # pylint: disable=g-import-not-at-top  (~1 s to import: when needed)
   return float(stats.pearsonr(labels, predictions)[0])
 
 
@@ -128,6 +128,7 @@ def spearman(labels, predictions) -> float:
   labels, predictions = np.asarray(labels, np.float64), np.asarray(predictions, np.float64)
   if np.ptp(labels) == 0 or np.ptp(predictions) == 0:
     return 0.0
+  from scipy import stats  # pylint: disable=g-import-not-at-top
   return float(stats.spearmanr(labels, predictions)[0])
 
 

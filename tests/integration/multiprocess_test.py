@@ -53,8 +53,9 @@ def _start_two_processes(workdir, args):
   """Starts `python -m bertfam_jax.main ARGS --workdir=WORKDIR` as processes 0 and 1 of a job
   (4 CPU devices each); returns them and each one's (stdout file, stderr file)."""
   port = _free_port()
-  env = dict(os.environ, PYTHONPATH=_REPO,
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  # conftest's XLA flags, with 4 devices instead of 8.
+  env = dict(os.environ, PYTHONPATH=_REPO, XLA_FLAGS=os.environ["XLA_FLAGS"].replace(
+      "--xla_force_host_platform_device_count=8", "--xla_force_host_platform_device_count=4"))
   # Files, not pipes: a process blocked on a full pipe would stall the other in a collective.
   files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(2)]
   procs = [subprocess.Popen(
