@@ -386,8 +386,8 @@ def _tracking_lines(results, comparison: Comparison, rows) -> list[str]:
   primary = comparison.primary
   groups = {}
   for name in rows:
-    pairs = [(pretrain_accuracy(r), primary.shown(seed_value(r, primary)))
-             for r in runs(results, name) if pretrain_accuracy(r) is not None]
+    pairs = [(accuracy, primary.shown(seed_value(r, primary))) for r in runs(results, name)
+             if (accuracy := pretrain_accuracy(r)) is not None]
     if name != comparison.floor and len(pairs) >= 3:
       groups[name] = tuple(zip(*pairs))
   rho, p_value, per_row = stats.within_group_spearman(groups)

@@ -41,6 +41,7 @@ import jax  # noqa: E402  (must follow the XLA_FLAGS above)
 from helpers.ci_skips import (  # noqa: E402,F401  pylint: disable=unused-import
     pytest_make_collect_report, pytest_runtest_makereport)
 # The slowest files first, so that the two workers finish together (tests/helpers/slow_first.py).
-from helpers.slow_first import pytest_collection_modifyitems  # noqa: E402,F401  pylint: disable=unused-import
+from helpers.slow_first import (  # noqa: E402,F401  pylint: disable=unused-import
+    pytest_collection_modifyitems)
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -98,8 +98,8 @@ TINY = dict(ms.SCALES["cpu"], name="tiny", pretrain=dict(total_steps=4, batch_si
             # The tokenizer from 4,000 sentences, as the data tests' (the whole corpus and
             # glosses: 40 s of this test's 3 minutes).
             config_overrides=["model.vocab_size=1000", "tokenizer.vocab_size=1000",
-                              "tokenizer.train_max_sentences=4000", "data.seq_len=64", "model.max_positions=64",
-                              "objective.max_predictions=10"])
+                              "tokenizer.train_max_sentences=4000", "data.seq_len=64",
+                              "model.max_positions=64", "objective.max_predictions=10"])
 
 
 def test_a_tiny_sweep_end_to_end(tmp_path):
