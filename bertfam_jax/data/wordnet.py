@@ -25,7 +25,7 @@ import hashlib
 import importlib.util
 import os
 import re
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -247,12 +247,36 @@ def training_gloss_documents(wordnet_dir: str | None = None, *, fractions=(0.8, 
 _POS_OF_SS_TYPE = dict(n="noun", v="verb", a="adj", s="adj", r="adv")
 
 
+class MadeOnRead(Sequence):
+  """A split's examples, each made when first read (`make(item)`) and kept: a fine-tuning run
+  that reads the first 160 of 26,000 pays for 160. Reading returns a copy of the dict; a slice
+  is a list of them."""
+
+  def __init__(self, items: Sequence, make: Callable[[Any], dict]):
+    self._items, self._make, self._made = items, make, {}
+
+  def __len__(self) -> int:
+    return len(self._items)
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return [self[i] for i in range(*index.indices(len(self)))]
+    index = range(len(self))[index]   # negative indices; IndexError past the end
+    if index not in self._made:
+      self._made[index] = self._make(self._items[index])
+    return dict(self._made[index])
+
+  def head(self, count: int | None) -> MadeOnRead:
+    """The first `count` examples (all of them for None), as a new view."""
+    return self if count is None else MadeOnRead(self._items[:count], self._make)
+
+
 class RawTask(NamedTuple):
   """Raw examples (dicts, the formats of `bertfam_jax.finetune.tasks`) per split."""
   label_names: tuple[str, ...]   # () where the examples carry no class ids
-  train: list[dict]
-  validation: list[dict]
-  test: list[dict]
+  train: MadeOnRead
+  validation: MadeOnRead
+  test: MadeOnRead
 
 
 def synset_id(synset: Synset) -> str:
@@ -321,7 +345,7 @@ def _synset_splits(synsets, fractions) -> list[list[Synset]]:
 
 def _raw_task(builder, wordnet_dir, fractions, max_examples, **kwargs) -> RawTask:
   label_names, *splits = builder(find_wordnet_dir(wordnet_dir), tuple(fractions), **kwargs)
-  return RawTask(label_names, *([dict(e) for e in split[:max_examples]] for split in splits))
+  return RawTask(label_names, *(split.head(max_examples) for split in splits))
 
 
 def definition_qa_task(wordnet_dir: str | None = None, *, fractions=(0.8, 0.1, 0.1),
@@ -348,7 +372,8 @@ def _definition_qa(wordnet_dir: str, fractions, num_distractors: int):
   for synsets in _synset_splits([s for s in load_synsets(wordnet_dir) if s.examples], fractions):
     pool = [(e, split_words(e))
             for _, e in sorted({(unit_hash(e), e) for s in synsets for e in s.examples})]
-    splits.append([_qa_example(s, pool, num_distractors) for s in synsets])
+    make = functools.partial(_qa_example, pool=pool, num_distractors=num_distractors)
+    splits.append(MadeOnRead(synsets, make))
   return ((), *splits)
 
 
@@ -418,7 +443,7 @@ def _lemma_tagging(wordnet_dir: str, fractions):
           labels[first:end] = [begin] + [begin + 1] * (end - first - 1)
         if any(labels):
           examples.append(dict(words=[w for w, _, _ in words], labels=labels))
-    splits.append(examples)
+    splits.append(MadeOnRead(examples, dict))
   return (label_names, *splits)
 
 
@@ -440,25 +465,24 @@ def _lemma_choice(wordnet_dir: str, fractions, num_choices: int):
   for synset in synsets:
     pools[_POS_OF_SS_TYPE[synset.ss_type]].add(synset.words[0].replace("_", " "))
   pools = {pos: sorted(lemmas, key=lambda w: (unit_hash(w), w)) for pos, lemmas in pools.items()}
-  splits = []
-  for split_synsets in _synset_splits(synsets, fractions):
-    examples = []
-    for synset in split_synsets:
-      sid, pool = synset_id(synset), pools[_POS_OF_SS_TYPE[synset.ss_type]]
-      own = {w.replace("_", " ").lower() for w in synset.words}
-      start = int(unit_hash(f"{sid}|choices") * len(pool))
-      distractors = []
-      for step in range(len(pool)):
-        if len(distractors) == num_choices - 1:
-          break
-        lemma = pool[(start + step) % len(pool)]
-        if lemma.lower() not in own and lemma.lower() not in {d.lower() for d in distractors}:
-          distractors.append(lemma)
-      label = int(unit_hash(f"{sid}|label") * num_choices)
-      choices = distractors[:label] + [synset.words[0].replace("_", " ")] + distractors[label:]
-      examples.append(dict(question=synset.definition, choices=choices, label=label))
-    splits.append(examples)
-  return ((), *splits)
+  make = functools.partial(_choice_example, pools=pools, num_choices=num_choices)
+  return ((), *(MadeOnRead(split, make) for split in _synset_splits(synsets, fractions)))
+
+
+def _choice_example(synset: Synset, pools: dict[str, list[str]], num_choices: int) -> dict:
+  sid, pool = synset_id(synset), pools[_POS_OF_SS_TYPE[synset.ss_type]]
+  own = {w.replace("_", " ").lower() for w in synset.words}
+  start = int(unit_hash(f"{sid}|choices") * len(pool))
+  distractors = []
+  for step in range(len(pool)):
+    if len(distractors) == num_choices - 1:
+      break
+    lemma = pool[(start + step) % len(pool)]
+    if lemma.lower() not in own and lemma.lower() not in {d.lower() for d in distractors}:
+      distractors.append(lemma)
+  label = int(unit_hash(f"{sid}|label") * num_choices)
+  choices = distractors[:label] + [synset.words[0].replace("_", " ")] + distractors[label:]
+  return dict(question=synset.definition, choices=choices, label=label)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -149,28 +149,45 @@ def test_definition_qa(qa_task, synsets):
   supersense = wordnet.supersense_task()
   assert {e["question"] for e in qa_task.test} <= set(supersense.test.texts)
   small = wordnet.definition_qa_task(max_examples=10)
-  assert small.train == qa_task.train[:10]
+  assert list(small.train) == qa_task.train[:10] and len(small.test) == 10
+
+
+def test_examples_are_made_when_first_read_and_kept():
+  made = []
+
+  def make(item):
+    made.append(item)
+    return dict(value=item, seen=[])
+
+  examples = wordnet.MadeOnRead(range(100), make)
+  assert len(examples) == 100 and made == []
+  examples[0]["value"] = -1   # a copy: the kept example stays as made
+  assert examples[0]["value"] == 0 and examples[-1]["value"] == 99 and made == [0, 99]
+  assert [e["value"] for e in examples[2:4]] == [2, 3] and made == [0, 99, 2, 3]
+  assert [e["value"] for e in examples.head(3)] == [0, 1, 2] and len(examples.head(None)) == 100
+  with pytest.raises(IndexError):
+    examples[100]   # noqa: B018
 
 
 def test_lemma_tagging():
   task = wordnet.lemma_tagging_task(max_examples=2000)
   assert task.label_names == wordnet.bio_label_names() and len(task.label_names) == 91
   assert task.label_names[1 + 2 * 5] == "B-noun.animal"
-  for example in task.train + task.test:
+  for example in [*task.train, *task.test]:
     labels = example["labels"]
     assert len(labels) == len(example["words"]) and any(labels)
     for previous, label in zip([0] + labels, labels):
       if label and label % 2 == 0:   # an I- tag continues the span of its B- tag
         assert previous in (label - 1, label)
-  dog = next(e for e in wordnet.lemma_tagging_task().train + wordnet.lemma_tagging_task().test +
-             wordnet.lemma_tagging_task().validation
+  full = wordnet.lemma_tagging_task()
+  dog = next(e for e in [*full.train, *full.test, *full.validation]
              if e["words"] == ["the", "dog", "barked", "all", "night"])
   assert [task.label_names[i] for i in dog["labels"]] == ["O", "B-noun.animal", "O", "O", "O"]
 
 
 def test_lemma_choice(synsets):
   task = wordnet.lemma_choice_task()
-  examples = task.train + task.validation + task.test
+  examples = [*task.train, *task.validation, *task.test]
   assert len(examples) == len(synsets)
   labels = np.asarray([e["label"] for e in examples])
   np.testing.assert_allclose(np.bincount(labels) / len(labels), 0.25, atol=0.01)
