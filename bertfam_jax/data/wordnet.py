@@ -204,15 +204,25 @@ def supersense_task(wordnet_dir: str | None = None, *, fractions=(0.8, 0.1, 0.1)
   Returns:
     label_names [45] and (texts, labels [num_examples] int32) per split.
   """
+  label_names, *splits = _supersense(find_wordnet_dir(wordnet_dir), tuple(fractions))
+  return ClassificationTask(label_names, *(
+      Examples(split.texts[:max_examples], split.labels[:max_examples].copy())
+      for split in splits))
+
+
+@functools.lru_cache(maxsize=2)
+def _supersense(wordnet_dir: str, fractions) -> tuple:
+  """(label_names, Examples per split): `supersense_task` whole, hashed and sorted once a
+  process (1.4 s; fine-tuning tests load it tens of times)."""
   bounds = _split_bounds(fractions)
-  synsets = load_synsets(wordnet_dir)
-  keyed = sorted((unit_hash(s.definition), s.definition, s.lexname_id) for s in synsets)
+  keyed = sorted((unit_hash(s.definition), s.definition, s.lexname_id)
+                 for s in load_synsets(wordnet_dir))
   splits = []
   for lower, upper in zip(bounds[:-1], bounds[1:]):
-    rows = [(text, label) for key, text, label in keyed if lower <= key < upper][:max_examples]
+    rows = [(text, label) for key, text, label in keyed if lower <= key < upper]
     splits.append(Examples([text for text, _ in rows],
                            np.asarray([label for _, label in rows], np.int32)))
-  return ClassificationTask(lexnames(wordnet_dir), *splits)
+  return (lexnames(wordnet_dir), *splits)
 
 
 # ---------------------------------------------------------------------------------------------

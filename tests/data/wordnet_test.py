@@ -92,6 +92,10 @@ def test_supersense_is_deterministic_and_subsamples_stably(task):
     np.testing.assert_array_equal(part.labels, full.labels[:500])
   # Not in file order, which groups the classes.
   assert len(np.unique(small.train.labels[:100])) > 15
+  # Built once a process; a caller's edits do not reach the next call.
+  small.train.texts[0], small.train.labels[0] = "edited", -1
+  again = wordnet.supersense_task(max_examples=500)
+  assert again.train.texts[0] == task.train.texts[0] and again.train.labels[0] >= 0
 
 
 def test_supersense_rejects_bad_fractions():
