@@ -259,8 +259,9 @@ _POS_OF_SS_TYPE = dict(n="noun", v="verb", a="adj", s="adj", r="adv")
 
 class MadeOnRead(Sequence):
   """A split's examples, each made when first read (`make(item)`) and kept: a fine-tuning run
-  that reads the first 160 of 26,000 pays for 160. Reading returns a copy of the dict; a slice
-  is a list of them."""
+  that reads the first 160 of 26,000 pays for 160. Reading returns a shallow copy of the kept
+  dict (its lists are shared, as the lists of the cached tasks were before); a slice is a list
+  of them."""
 
   def __init__(self, items: Sequence, make: Callable[[Any], dict]):
     self._items, self._make, self._made = items, make, {}
@@ -282,7 +283,8 @@ class MadeOnRead(Sequence):
 
 
 class RawTask(NamedTuple):
-  """Raw examples (dicts, the formats of `bertfam_jax.finetune.tasks`) per split."""
+  """Raw examples (dicts, the formats of `bertfam_jax.finetune.tasks`) per split, made when
+  read (`MadeOnRead`)."""
   label_names: tuple[str, ...]   # () where the examples carry no class ids
   train: MadeOnRead
   validation: MadeOnRead
