@@ -143,7 +143,7 @@ def _wordnet_supersense(split: str, data_dir: str | None) -> list[dict]:
           for text, label in zip(examples.texts, examples.labels)]
 
 
-def _wordnet_raw(builder) -> Callable[[str, str | None], list[dict]]:
+def _wordnet_raw(builder) -> Callable[[str, str | None], Sequence[dict]]:
   return lambda split, data_dir: getattr(builder(data_dir), split)
 
 

@@ -161,7 +161,7 @@ def test_examples_are_made_when_first_read_and_kept():
 
   def make(item):
     made.append(item)
-    return dict(value=item, seen=[])
+    return dict(value=item)
 
   examples = wordnet.MadeOnRead(range(100), make)
   assert len(examples) == 100 and made == []

@@ -96,7 +96,7 @@ def test_final_eval_metrics(tmp_path):
 TINY = dict(ms.SCALES["cpu"], name="tiny", pretrain=dict(total_steps=4, batch_size=8),
             warmup_steps=1, finetune_train=64, finetune_eval=40, finetune_epochs=1,
             # The tokenizer from 4,000 sentences, as the data tests' (the whole corpus and
-            # glosses: 40 s of this test's 3 minutes).
+            # glosses took 40 s).
             config_overrides=["model.vocab_size=1000", "tokenizer.vocab_size=1000",
                               "tokenizer.train_max_sentences=4000", "data.seq_len=64",
                               "model.max_positions=64", "objective.max_predictions=10"])
