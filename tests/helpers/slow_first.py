@@ -1,6 +1,6 @@
 """A pytest plugin: the slowest test files are collected first, so that on the xdist workers
 (`--dist loadfile --no-loadscope-reorder`, setup.cfg) they start first and the run does not end
-with one worker idle while the other works through a long file. xdist's default order, files by
+with a worker idle while another works through a long file. xdist's default order, files by
 their number of tests, started the few-but-long files last: `multiprocess_test.py` (3 tests,
 300 s) was among the last to start. tests/conftest.py loads it.
 
