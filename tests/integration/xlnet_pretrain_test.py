@@ -24,7 +24,7 @@ def tiny_config():
   when it is read (16 documents took 17 s a chunk).
 
   60 steps at a peak learning rate of 0.005: at 0.01 the loss of this model jumped at step ~22 on
-  one CPU (an AVX-512 EPYC), and after 30 steps the held-out loss was 5.45-5.84 across seeds and
+  one CPU (an AVX-512 EPYC), and after 30 steps the held-out loss was 5.25-5.84 across seeds and
   learning rates, within noise of 0.9 · ln 512 = 5.61. Held-out PLM loss after 60 steps, seeds
   0 / 1 / 2: 5.13 / 5.44 / 5.53 (2 eval batches), against ln 512 = 6.24."""
   c = cl.load_config(os.path.join(_ROOT, "configs", "xlnet.py"), "runlocal")
