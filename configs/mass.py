@@ -5,9 +5,12 @@ The objective (MASS-unsupNMT src/trainer.py `restricted_mask_sent`, its README's
 contiguous fragment of half of each segment (`word_mass` 0.5; the fragment starts at the
 segment's start with probability 0.2, ends at its end with 0.2, else starts uniformly) is masked
 in the encoder, its tokens 80% [MASK] / 10% kept / 10% random (`word_mask_keep_rand`), and the
-decoder predicts the fragment alone (cross-entropy on the fragment's tokens and EOS). The
-network is the README's size: 6 + 6 layers, d_model 1024, 8 heads, FFN 4096, GELU, dropout 0.1;
-Adam β (0.9, 0.98) at 1e-4 with 4,000 warmup steps and inverse-square-root decay.
+decoder predicts the fragment alone (cross-entropy on the fragment's tokens and EOS), its
+cross-attention blind to the inputs holding [MASK] (`mass_step`'s `enc_mask`; the kept and
+random ones stay visible). The network is the README's size: 6 + 6 layers, d_model 1024, 8
+heads, FFN 4096, GELU, dropout 0.1; Adam β (0.9, 0.98) at 1e-4 with 4,000 warmup steps and
+inverse-square-root decay, gradients clipped at norm 5 (train.py's `clip_grad_norm` default,
+there per module, the encoder's and the decoder's; here over both together).
 
 Deviations, from carrying MASS on T5's network (documented in docs/t5.md): relative position
 buckets instead of MASS's absolute positions (so "positions are preserved" holds only as
@@ -37,11 +40,11 @@ def get_config(arg=None):
                                head_dim=128, mlp=4096, activation="gelu", dropout=0.1)
     config.data.seq_len = 256
     config.optimizer = cl.bert_adamw(peak_lr=1e-4, b1=0.9, b2=0.98, eps=1e-8, weight_decay=0.0,
-                                     bias_correction=True, clip_norm=0.0, schedule="rsqrt",
+                                     bias_correction=True, clip_norm=5.0, schedule="rsqrt",
                                      warmup_steps=4000)
   config.objective.update(noise_mask="mass_fragment", noise_density=0.5,
                           inputs_encoding="noise_token_to_sentinel_keep_or_random",
                           targets_encoding="drop_nonnoise_tokens", random_prob=0.1,
-                          keep_prob=0.1, concat_documents=False,
+                          keep_prob=0.1, decoder_sees_masked=False, concat_documents=False,
                           targets_length=config.data.seq_len // 2 + 2)
   return config

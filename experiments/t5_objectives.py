@@ -93,11 +93,13 @@ ROWS = [
         noise_mask="bart_infilling", noise_density=0.3, poisson_lambda=3.0, permute_sentences=1.0,
         **_FULL_TEXT)),
     # MASS (Song et al., 2019) itself, not the paper's "MASS-style": one contiguous fragment of
-    # half of each segment, masked 80/10/10 in the inputs, predicted alone (configs/mass.py).
+    # half of each segment, masked 80/10/10 in the inputs, predicted alone by a decoder that does
+    # not attend to the [MASK]ed inputs (configs/mass.py).
     ("MASS fragment (Song et al., 2019)", dict(
         noise_mask="mass_fragment", noise_density=0.5,
         inputs_encoding="noise_token_to_sentinel_keep_or_random", random_prob=0.1, keep_prob=0.1,
-        targets_encoding="drop_nonnoise_tokens", concat_documents=False, targets="measured")),
+        decoder_sees_masked=False, targets_encoding="drop_nonnoise_tokens",
+        concat_documents=False, targets="measured")),
     (NO_PRETRAINING, None),
 ]
 _NAMES = [name for name, _ in ROWS]

@@ -561,13 +561,18 @@ class T5(nn.Module):
       self.encoder = Encoder(c, self.token_embedder, self.decoder if shared else None)
 
   def __call__(self, input_ids, decoder_input_ids, input_segment_ids=None,
-               decoder_segment_ids=None, *, deterministic: bool, decoder_causal_attention=None):
+               decoder_segment_ids=None, *, deterministic: bool, decoder_causal_attention=None,
+               cross_segment_ids=None):
     """Teacher-forced logits [batch, Lt, vocab] in the compute dtype (callers cast to float32).
 
     Encoder–decoder: input_ids [batch, Li] and decoder_input_ids [batch, Lt]. Decoder-only /
     prefix LM: input_ids must be None and decoder_input_ids is the one sequence [batch, L];
     prefix LM also takes decoder_causal_attention [batch, L] (1 on the bidirectional prefix).
     Segment ids None: encoder (input_ids != 0), decoder all ones (the causal mask only).
+    cross_segment_ids [batch, Li]: the encoder positions' segment ids as the decoder's
+    cross-attention sees them, 0 where it may not look (MASS's [MASK]ed inputs); None: the
+    input_segment_ids. XLA attention only: lengths cannot express a hole (objectives/t5.py
+    refuses the combination with cuDNN).
     """
     c = self.config
     if c.architecture == "encoder_decoder":
@@ -578,8 +583,9 @@ class T5(nn.Module):
       if input_segment_ids is None:
         input_segment_ids = (input_ids != 0).astype(jnp.int32)
       encoded = self.encode(input_ids, input_segment_ids, deterministic=deterministic)
-      return self.decode(encoded, input_segment_ids, decoder_input_ids, decoder_segment_ids,
-                         deterministic=deterministic)
+      return self.decode(encoded,
+                         input_segment_ids if cross_segment_ids is None else cross_segment_ids,
+                         decoder_input_ids, decoder_segment_ids, deterministic=deterministic)
     if input_ids is not None:
       raise ConfigError(f"model.architecture={c.architecture!r} has no encoder: pass the whole "
                         "sequence as decoder_input_ids, or set "

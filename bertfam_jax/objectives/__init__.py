@@ -66,6 +66,8 @@ examples packed per row, segment ids 1..k, 0 = padding):
   decoder_loss_weights [n, Lt] float32 1.0 on every real target token
   targets_cut          [n] int32   the row's examples whose targets were cut at Lt (logged as
                                    the share `targets_cut`)
+  cross_segment_ids    [n, Li] int32 objective.decoder_sees_masked=False only (MASS):
+                                   input_segment_ids, 0 where the input holds the mask id
   A decoder-only or prefix-LM model (`model.architecture`) gets each example's inputs and targets
   concatenated instead (packing.pack_decoder_only, seqio's PrefixLMFeatureConverter), rows of
   L = Li + Lt: decoder_target_ids, decoder_input_ids, decoder_segment_ids, decoder_positions

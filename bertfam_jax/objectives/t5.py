@@ -70,6 +70,7 @@ FIELD_RULES = {
     "objective.mask_random": config_lib.PROBABILITY,
     "objective.z_loss": config_lib.AT_LEAST_0,
     "objective.loss_on_targets_only": (True, False),
+    "objective.decoder_sees_masked": (True, False),
 }
 
 
@@ -87,6 +88,24 @@ def validate(config) -> None:
   if config.tokenizer.kind == "sentencepiece" and config.tokenizer.extra_ids < 1 and (
       "sentinel" in o.inputs_encoding + o.targets_encoding):
     raise ConfigError("Sentinel encodings need sentinel ids: set --config.tokenizer.extra_ids=100.")
+  if not o.get("decoder_sees_masked", True):
+    if decoder_only(config):
+      raise ConfigError("objective.decoder_sees_masked=False hides masked inputs from the "
+                        "decoder's cross-attention, which a decoder-only model has not: set "
+                        "--config.model.architecture=encoder_decoder.")
+    if o.inputs_encoding not in _ONE_MASK_ENCODINGS:
+      raise ConfigError(f"objective.decoder_sees_masked=False hides the inputs holding the mask "
+                        f"id; inputs_encoding={o.inputs_encoding!r} writes none: use one of "
+                        f"{sorted(_ONE_MASK_ENCODINGS)}.")
+    if config.model.attention_impl == "cudnn":
+      raise ConfigError("objective.decoder_sees_masked=False leaves holes in the cross-attention, "
+                        "which cuDNN's padding lengths cannot express: set "
+                        "--config.model.attention_impl=xla.")
+
+
+# The inputs encodings that write one shared mask id (the first sentinel) over noise tokens.
+_ONE_MASK_ENCODINGS = frozenset({"noise_token_to_sentinel", "noise_token_to_sentinel_keep_or_random",
+                                 "noise_token_to_random_token_or_sentinel"})
 
 
 def decoder_only(config) -> bool:
@@ -275,9 +294,20 @@ def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: in
         inputs, input_lengths, targets, target_lengths, inputs_length=inputs_length,
         targets_length=config.targets_length, cut=cut, examples_per_row=examples_per_row,
         loss_on_targets_only=config.get("loss_on_targets_only", True))
-  return packing.pack_seq2seq(inputs, input_lengths, targets, target_lengths,
-                              inputs_length=inputs_length, targets_length=config.targets_length,
-                              cut=cut, examples_per_row=examples_per_row)
+  batch = packing.pack_seq2seq(inputs, input_lengths, targets, target_lengths,
+                               inputs_length=inputs_length, targets_length=config.targets_length,
+                               cut=cut, examples_per_row=examples_per_row)
+  if not config.get("decoder_sees_masked", True):
+    batch["cross_segment_ids"] = cross_segment_ids(batch, sentinel_start)
+  return batch
+
+
+def cross_segment_ids(batch: dict, mask_id: int) -> np.ndarray:
+  """[rows, Li] int32: input_segment_ids with 0 where the input holds `mask_id`, the encoder
+  positions the decoder's cross-attention skips (MASS-unsupNMT trainer.py `mass_step`:
+  `enc_mask = x1.ne(mask_index)`, applied to the decoder's `src_mask`). The kept and random
+  tokens of the fragment stay visible, as there."""
+  return np.where(batch["input_ids"] == mask_id, 0, batch["input_segment_ids"]).astype(np.int32)
 
 
 def loss_fn(model, params, batch, rng, config, *, deterministic=False):
@@ -286,7 +316,8 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
   if "input_ids" in batch:
     logits = model.apply(
         params, batch["input_ids"], batch["decoder_input_ids"], batch["input_segment_ids"],
-        batch["decoder_segment_ids"], deterministic=deterministic, rngs={"dropout": rng})
+        batch["decoder_segment_ids"], deterministic=deterministic, rngs={"dropout": rng},
+        cross_segment_ids=batch.get("cross_segment_ids"))
   else:
     prefix = ({"decoder_causal_attention": batch["decoder_causal_attention"]}
               if config.model.architecture == "prefix_lm" else {})

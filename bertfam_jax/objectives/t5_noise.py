@@ -243,11 +243,13 @@ def random_prefix_noise_mask(lengths: np.ndarray, max_len: int, rng: np.random.G
 
 def mass_fragment_noise_mask(lengths: np.ndarray, max_len: int, rng: np.random.Generator, *,
                              noise_density: float = 0.5) -> np.ndarray:
-  """MASS (Song et al. 2019; MASS-unsupNMT trainer.py `restricted_mask_sent`, `mask_start`): one
-  contiguous fragment of m = max(1, round(density · ℓ)) tokens, starting at the segment's first
-  token with probability 0.2, ending at its last with 0.2, else at a start uniform on
-  [0, ℓ − m) (MASS's `randint(1, end)`, its positions counted after the BOS). Draws n uniforms,
-  then n integers.
+  """MASS (Song et al. 2019; MASS-unsupNMT trainer.py `restricted_mask_sent` and
+  `shuffle_segments`): one contiguous fragment of m = max(1, round(density · ℓ)) tokens,
+  starting at the segment's first token with probability 0.2, ending at its last with 0.2, else
+  at a start uniform on [0, ℓ − m], both ends included (there the fragment is shuffled among the
+  ℓ − m unmasked tokens: ℓ − m + 1 places). So P(start 0) = P(end at ℓ) = 0.2 + 0.6 / (ℓ − m + 1).
+  (MASS-supNMT's `mask_start`, `randint(1, end)`, never draws the last start: not this one.)
+  Draws n uniforms, then n integers.
 
   Returns:
     [n, max_len] bool, True on the fragment.
@@ -257,7 +259,7 @@ def mass_fragment_noise_mask(lengths: np.ndarray, max_len: int, rng: np.random.G
   span = np.minimum(span, np.maximum(lengths, 1))
   coin = rng.random(len(lengths))
   last = lengths - span
-  uniform = rng.integers(0, np.maximum(last, 1))
+  uniform = rng.integers(0, last + 1)
   start = np.where(coin >= 0.8, 0, np.where(coin >= 0.6, last, uniform))
   columns = np.arange(max_len)[None, :]
   return (columns >= start[:, None]) & (columns < (start + span)[:, None]) & _valid(lengths,

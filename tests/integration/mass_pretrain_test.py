@@ -47,6 +47,10 @@ def test_rows_mask_one_fragment_of_half_and_predict_it_alone(batches):
   segment's tokens at one contiguous run of the encoder's positions, which hold [MASK] 80% of the
   time (the rest kept or random; MASS's word_mask_keep_rand)."""
   (batch, _), tokenizer = batches
+  # The decoder's cross-attention skips exactly the inputs holding [MASK] (MASS's enc_mask).
+  is_mask = batch["input_ids"] == tokenizer.sentinel_start
+  np.testing.assert_array_equal(batch["cross_segment_ids"],
+                                np.where(is_mask, 0, batch["input_segment_ids"]))
   masked = total = 0
   for row in range(BATCH):
     for s in range(1, batch["input_segment_ids"][row].max() + 1):
@@ -60,6 +64,20 @@ def test_rows_mask_one_fragment_of_half_and_predict_it_alone(batches):
       masked += hidden.size
       total += len(fragment)
   assert 0.65 < masked / total < 0.95, masked / total
+
+
+@pytest.mark.parametrize("field, value, names", [
+    ("model.architecture", "prefix_lm", "architecture=encoder_decoder"),
+    ("objective.inputs_encoding", "noise_span_to_unique_sentinel", "inputs_encoding"),
+    ("model.attention_impl", "cudnn", "attention_impl=xla"),
+])
+def test_hiding_masked_inputs_is_refused_where_it_cannot_hold(field, value, names):
+  """decoder_sees_masked=False needs cross-attention, a mask id in the inputs, and XLA's masks."""
+  config = tiny_config()
+  section, name = field.split(".")
+  config[section][name] = value
+  with pytest.raises(cl.ConfigError, match=names):
+    t5_objective.validate(config)
 
 
 @pytest.fixture(scope="module")

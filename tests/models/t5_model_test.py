@@ -121,6 +121,35 @@ def test_packed_row_equals_examples_alone(tiny_params):
     in_start, tgt_start = in_start + len(inp), tgt_start + len(tgt)
 
 
+def test_cross_segment_ids_hide_encoder_positions_from_the_decoder(tiny_params):
+  """MASS's `enc_mask`: with cross_segment_ids 0 at some encoder positions, the decoder's logits
+  do not depend on those positions' encoder outputs (and do on the others), while the encoder
+  itself still reads every input."""
+  model = t5.T5(tiny_config())
+  rng = np.random.default_rng(3)
+  input_ids, segments = one_per_row([rng.integers(2, 50, n) for n in (9, 12, 7)], INPUTS)
+  decoder_ids, decoder_segments = one_per_row(
+      [np.concatenate([[0], rng.integers(2, 50, n - 1)]) for n in (5, 6, 4)], TARGETS)
+  hidden = np.zeros_like(segments, bool)
+  hidden[:, 2:5] = True
+  cross = np.where(hidden, 0, segments)
+  encoded = model.apply(tiny_params, input_ids, segments, deterministic=True,
+                        method=t5.T5.encode)
+  decode = functools.partial(model.apply, tiny_params, decoder_input_ids=decoder_ids,
+                             decoder_segment_ids=decoder_segments, deterministic=True,
+                             method=t5.T5.decode)
+  real = decoder_segments > 0   # a padding query sees no key at all (a uniform average)
+  noise = 5.0 * rng.standard_normal(encoded.shape).astype(np.float32)
+  logits = decode(encoded, cross)[real]
+  np.testing.assert_allclose(decode(encoded + noise * hidden[..., None], cross)[real], logits,
+                             **TOL)
+  assert not np.allclose(decode(encoded + noise * ~hidden[..., None], cross)[real], logits, **TOL)
+  assert not np.allclose(decode(encoded, segments)[real], logits, **TOL)
+  np.testing.assert_allclose(
+      model.apply(tiny_params, input_ids, decoder_ids, segments, decoder_segments,
+                  deterministic=True, cross_segment_ids=cross)[real], logits, **TOL)
+
+
 def test_packed_prefix_lm_row_equals_examples_alone():
   model = t5.T5(tiny_config(architecture="prefix_lm"))
   rng = np.random.default_rng(1)

@@ -533,9 +533,9 @@ def test_a_mask_that_starts_with_noise_shifts_the_target_numbering_as_the_refere
 
 
 def test_mass_fragment_is_one_run_of_half_placed_as_mass_places_it():
-  """MASS `restricted_mask_sent` / `mask_start`: one contiguous fragment of round(0.5 · ℓ) tokens;
-  it starts at 0 with probability 0.2 + 0.6 / (ℓ − m) (the uniform part can draw 0 too) and ends
-  at the last token with probability 0.2 exactly (the uniform part stops short of that start)."""
+  """MASS-unsupNMT `restricted_mask_sent` / `shuffle_segments`: one contiguous fragment of
+  round(0.5 · ℓ) tokens; 0.2 at the start, 0.2 at the end, and 0.6 shuffled among the ℓ − m other
+  tokens, ℓ − m + 1 places with both ends: P(start 0) = P(end at ℓ) = 0.2 + 0.6 / (ℓ − m + 1)."""
   n, length = 20_000, 40
   lengths = np.full(n, length)
   lengths[:10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
@@ -549,9 +549,10 @@ def test_mass_fragment_is_one_run_of_half_placed_as_mass_places_it():
   assert (rows.sum(axis=1) == 20).all()
   starts = rows.argmax(axis=1)
   assert np.all(np.diff(np.flatnonzero(rows[0])) == 1)
-  np.testing.assert_allclose(np.mean(starts == 0), 0.2 + 0.6 / 20, atol=0.01)
-  np.testing.assert_allclose(np.mean(starts == 20), 0.2, atol=0.01)
-  assert 0.55 < np.mean((starts > 0) & (starts < 20)) < 0.6
+  np.testing.assert_allclose(np.mean(starts == 0), 0.2 + 0.6 / 21, atol=0.01)
+  np.testing.assert_allclose(np.mean(starts == 20), 0.2 + 0.6 / 21, atol=0.01)
+  inner = np.bincount(starts[(starts > 0) & (starts < 20)], minlength=20)[1:]
+  np.testing.assert_allclose(inner / len(starts), 0.6 / 21, atol=0.006)   # each inner place
 
 
 def test_mass_inputs_are_80_masked_10_kept_10_random():
