@@ -22,8 +22,10 @@ A row keeps its first `data.seq_len` words (rows have at most as many words as p
 <S> per sentence after the first).
 
 The loss (bilm-tf `_build_loss`): the forward LM at word t predicts word t + 1, the backward LM
-word t − 1, within the row; each direction's mean cross-entropy over its targets, then ½ (forward
-+ backward). Training uses the sampled softmax when `objective.sampled_negatives` > 0 (bilm-tf:
+word t − 1, within the row, but never from a sentence's last word in its reading direction
+(forward </S>, backward <S>: bilm-tf's batches never input those, so the next sentence's boundary
+word, certain, is no target; `shifted_targets`); each direction's mean cross-entropy over its
+targets, then ½ (forward + backward). Training uses the sampled softmax when `objective.sampled_negatives` > 0 (bilm-tf:
 8,192 candidates per batch from a log-uniform sampler, `losses.sampled_softmax_cross_entropy`),
 evaluation always the full softmax (bilm-tf's test mode), so held-out losses are exact
 perplexities' logarithms: `eval_forward_loss`, `eval_backward_loss`.
@@ -178,13 +180,25 @@ def pipeline_options(config) -> dict:
   return dict(replace_examples=True)
 
 
-def shifted_targets(word_ids_BW, input_mask_BW, shift: int):
+def shifted_targets(word_ids_BW, input_mask_BW, shift: int, boundary_BW=None):
   """The targets of the LM reading in direction `shift` (+1 forward: word t + 1; −1 backward:
-  word t − 1) and their weights (1 where both words are real), [batch, words] each."""
+  word t − 1) and their weights, [batch, words] each: 1 where both words are real, except at a
+  sentence's last word in the reading direction (forward </S>, backward <S>), which bilm-tf
+  never reads as an input (`_get_batch` feeds `[<S> w1 ... wn]` to predict `[w1 ... wn </S>]`,
+  the reversed stream `[</S> wn ... w1]`), so that no target is the next sentence's certain
+  boundary word.
+
+  Args:
+    boundary_BW: [batch, words] each word's second character code (`char_ids[..., 1]`): BOS_CHAR
+      at <S>, EOS_CHAR at </S>, a byte elsewhere; None: no sentence boundaries.
+  """
   targets = jnp.roll(word_ids_BW, -shift, axis=1)
   real = jnp.roll(input_mask_BW, -shift, axis=1) * input_mask_BW
   edge = word_ids_BW.shape[1] - 1 if shift > 0 else 0
   real = real.at[:, edge].set(0)
+  if boundary_BW is not None:
+    last = elmo_model.EOS_CHAR if shift > 0 else elmo_model.BOS_CHAR
+    real = jnp.where(boundary_BW == last, 0, real)
   return targets, real.astype(jnp.float32)
 
 
@@ -198,7 +212,8 @@ def loss_fn(model, params, batch, rng, config, *, deterministic=False):
   kernel_VP, bias_V = params["params"]["softmax_kernel"], params["params"]["softmax_bias"]
   metrics, total = {}, 0.0
   for (direction, shift), direction_rng in zip(DIRECTIONS, jax.random.split(sample_rng)):
-    targets_BW, weights_BW = shifted_targets(batch["word_ids"], batch["input_mask"], shift)
+    targets_BW, weights_BW = shifted_targets(batch["word_ids"], batch["input_mask"], shift,
+                                             batch["char_ids"][..., 1])
     top_BWP = model.apply(params, outputs, direction, deterministic=deterministic,
                           rngs={"dropout": jax.random.fold_in(dropout_rng, shift % 3)},
                           method=elmo_model.BiLM.top)

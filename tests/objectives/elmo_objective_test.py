@@ -1,7 +1,7 @@
 """ELMo's words and targets (objectives/elmo.py): pieces grouped into words by BERT's word starts,
 <S> / </S> from [CLS] / [SEP] with a <S> before every later sentence of a row, bilm-tf's
 character codes, one-piece words as their own softmax ids and longer ones as <unk>; each
-direction's targets; the FLOP count's parts."""
+direction's targets, none read from a sentence's closing boundary; the FLOP count's parts."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -86,6 +86,27 @@ def test_each_direction_predicts_its_neighbour_within_the_row():
   full = jnp.ones((1, 3), jnp.int32)   # the row's last word has no next word, the first none before
   np.testing.assert_array_equal(elmo.shifted_targets(ids[:, :3], full, 1)[1][0], [1, 1, 0])
   np.testing.assert_array_equal(elmo.shifted_targets(ids[:, :3], full, -1)[1][0], [0, 1, 1])
+
+
+def test_no_target_is_read_from_a_sentences_last_boundary():
+  """bilm-tf's `_get_batch`: forward inputs `<S> w1 .. wn`, targets `w1 .. wn </S>` (</S> is
+  never an input, so the next <S> never a target); backward, reversed (<S> never an input). On
+  the row `<S> a b </S> <S> c </S>` of `word_features`."""
+  table = elmo.WordTable(FakeTokenizer(), CHARS)
+  a, b, c = THE, DOG, BARKED
+  ids = np.array([[CLS, a, b, SEP, c, SEP]])
+  batch = elmo.word_features({"input_ids": ids, "input_mask": np.ones_like(ids)}, None,
+                             table=table, num_words=8)
+  words, mask, boundary = batch["word_ids"], batch["input_mask"], batch["char_ids"][..., 1]
+  assert mask[0].tolist() == [1] * 7 + [0]
+  forward, forward_w = elmo.shifted_targets(words, mask, 1, boundary)
+  backward, backward_w = elmo.shifted_targets(words, mask, -1, boundary)
+  # <S> a b </S> <S> c </S> pad: forward predicts a b </S> _ c </S> from <S> a b _ <S> c.
+  np.testing.assert_array_equal(forward_w[0], [1, 1, 1, 0, 1, 1, 0, 0])
+  np.testing.assert_array_equal(forward[0, [0, 1, 2, 4, 5]], [a, b, SEP, c, SEP])
+  # backward predicts <S> a b _ <S> c from a b </S> _ c </S>.
+  np.testing.assert_array_equal(backward_w[0], [0, 1, 1, 1, 0, 1, 1, 0])
+  np.testing.assert_array_equal(backward[0, [1, 2, 3, 5, 6]], [CLS, a, b, CLS, c])
 
 
 def test_flops_count_the_paper_models_parts():
