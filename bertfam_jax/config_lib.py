@@ -481,11 +481,12 @@ def unilm_objective(**overrides) -> ml_collections.ConfigDict:
 
 def gpt_adam(**overrides) -> ml_collections.ConfigDict:
   """GPT's Adam (finetune-transformer-lm opt.py `adam`): bias-corrected, ε 1e-8, decoupled L2
-  0.01 on every weight matrix (not biases or gains), gradient clipping at 1; the paper's
-  pre-training rate 2.5e-4, 2,000 warmup steps, cosine to 0 (`warmup_cosine`)."""
+  0.01 on every weight matrix (not biases or gains) inside the bias-corrected step
+  (`decay_bias_corrected`), gradient clipping at 1; the paper's pre-training rate 2.5e-4, 2,000
+  warmup steps, cosine to 0 (`warmup_cosine`)."""
   o = ml_collections.ConfigDict(dict(
       name="adamw", peak_lr=2.5e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01,
-      bias_correction=True, decay_norm_and_bias=False, clip_norm=1.0,
+      bias_correction=True, decay_bias_corrected=True, decay_norm_and_bias=False, clip_norm=1.0,
       schedule="warmup_cosine", warmup_steps=2000, end_lr=0.0))
   o.update(overrides)
   return o

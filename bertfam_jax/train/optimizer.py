@@ -28,9 +28,14 @@ class ScaleByAdamState(NamedTuple):
   nu: optax.Updates
 
 
-def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool
-                  ) -> optax.GradientTransformation:
-  """Adam's m / (sqrt(v) + eps), with fairseq's bias correction optional (BERT/ELECTRA have none)."""
+def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool,
+                  weight_decay: float = 0.0, decay_mask=None) -> optax.GradientTransformation:
+  """Adam's m / (sqrt(v) + eps), with fairseq's bias correction optional (BERT/ELECTRA have none).
+
+  weight_decay > 0: GPT's decay inside the step, scale · (m / (sqrt(v) + eps) + wd · θ) on the
+  leaves where `decay_mask(params)` is True (None: every leaf), so that the decay takes the bias
+  correction too (finetune-transformer-lm opt.py `adam`: p − lrt · (m / (√v + e) + l2 · p), lrt
+  holding √(1 − β2^t) / (1 − β1^t)); otherwise decay is `optax.add_decayed_weights` after it."""
 
   def init_fn(params):
     zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)  # noqa: E731
@@ -38,7 +43,6 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool
                             jax.tree.map(zeros, params))
 
   def update_fn(updates, state, params=None):
-    del params
     mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
     nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
     count = state.count + 1
@@ -49,7 +53,13 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool
       scale = jnp.sqrt(1 - b2**t) / (1 - b1**t)
     else:
       scale = 1.0
-    new_updates = jax.tree.map(lambda m, v: scale * m / (jnp.sqrt(v) + eps), mu, nu)
+    steps = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+    if weight_decay > 0:
+      decays = (jax.tree.map(lambda _: True, params) if decay_mask is None
+                else decay_mask(params))
+      steps = jax.tree.map(lambda u, p, d: u + weight_decay * p if d else u, steps, params,
+                           decays)
+    new_updates = jax.tree.map(lambda u: scale * u, steps)
     return new_updates, ScaleByAdamState(count, mu, nu)
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -73,8 +83,9 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
   constant: lr (T5 fine-tuning, 0.001).
   warmup_cosine (GPT: finetune-transformer-lm opt.py `warmup_cosine`, the paper's "increased
     linearly from zero over the first 2000 updates and annealed to 0 using a cosine schedule"):
-    lr·step/W during warmup, then lr·½(1 + cos(π·step/T)), the cosine over the whole run as in
-    that code (so it resumes just below lr at W), to 0 whatever end_lr says.
+    lr·step/W for step <= W (lr itself at W, as `x <= warmup` there), then lr·½(1 + cos(π·step/T)),
+    the cosine over the whole run as in that code (so it resumes just below lr after W), to 0
+    whatever end_lr says.
   slanted_triangular (ULMFiT, Howard & Ruder 2018 eq. 3): cut = ⌊T·cut_frac⌋; p = step/cut
     before it, else 1 − (step − cut)/(cut·(1/cut_frac − 1)); lr·(1 + p·(ratio − 1))/ratio, from
     lr/ratio up to lr at cut and back down to lr/ratio at T (`optimizer.cut_frac` 0.1,
@@ -111,7 +122,9 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
   def warmup_cosine(step):
     step = jnp.asarray(step, jnp.float32)
     cosine = 0.5 * lr * (1.0 + jnp.cos(jnp.pi * jnp.minimum(step, total) / total))
-    return jnp.where(step < warmup, lr * step / max(warmup, 1), cosine)
+    if not warmup:
+      return cosine
+    return jnp.where(step <= warmup, lr * step / warmup, cosine)   # opt.py's x <= warmup
 
   def slanted_triangular(step):
     step = jnp.minimum(jnp.asarray(step, jnp.float32), total)
@@ -369,9 +382,12 @@ def make_optimizer(config, param_axes=None) -> tuple[optax.GradientTransformatio
   parts = []
   if o.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(o.clip_norm))
-  parts.append(scale_by_adam(o.b1, o.b2, o.eps, o.bias_correction))
-  if o.weight_decay > 0:
-    parts.append(optax.add_decayed_weights(o.weight_decay, mask=decays))
+  if o.get("decay_bias_corrected", False):   # GPT's opt.py: the decay inside the step
+    parts.append(scale_by_adam(o.b1, o.b2, o.eps, o.bias_correction, o.weight_decay, decays))
+  else:
+    parts.append(scale_by_adam(o.b1, o.b2, o.eps, o.bias_correction))
+    if o.weight_decay > 0:
+      parts.append(optax.add_decayed_weights(o.weight_decay, mask=decays))
   if o.name == "lamb":
     parts.append(scale_by_trust_ratio(decays))
   parts.append(optax.scale_by_learning_rate(schedule))

@@ -150,6 +150,33 @@ def fairseq_reference(params, grads, o, total):
   return history
 
 
+def gpt_reference(params, grads, o, total):
+  """finetune-transformer-lm opt.py `adam` with `warmup_cosine`, in float64: global-norm
+  clipping, lrt = lr·√(1 − β2^t)/(1 − β1^t)·schedule(t_before / total) and
+  p − lrt·(m/(√v + e) + l2·p) on parameters of rank > 1 only (no `vector_l2`)."""
+  theta = dict(params)
+  m = {k: np.zeros_like(x) for k, x in params.items()}
+  v = {k: np.zeros_like(x) for k, x in params.items()}
+  warmup = o.warmup_steps / total
+  history = []
+  for step, g in enumerate(grads):
+    x = step / total
+    schedule = x / warmup if x <= warmup else 0.5 * (1 + math.cos(math.pi * x))
+    global_norm = math.sqrt(sum(np.sum(y**2) for y in g.values()))
+    g = {k: y * o.clip_norm / max(global_norm, o.clip_norm) for k, y in g.items()}
+    t = step + 1
+    lrt = o.peak_lr * math.sqrt(1 - o.b2**t) / (1 - o.b1**t) * schedule
+    for k in theta:
+      m[k] = o.b1 * m[k] + (1.0 - o.b1) * g[k]
+      v[k] = o.b2 * v[k] + (1.0 - o.b2) * g[k]**2
+      update = m[k] / (np.sqrt(v[k]) + o.eps)
+      if theta[k].ndim > 1:
+        update = update + o.weight_decay * theta[k]
+      theta[k] = theta[k] - lrt * update
+    history.append(dict(theta))
+  return history
+
+
 def lamb_reference(params, grads, o, total, adapted):
   """LAMBOptimizer.apply_gradients after clip_by_global_norm, in float64. `adapted`: the names
   that get weight decay and the trust ratio (exclude_from_layer_adaptation defaults to
@@ -216,6 +243,18 @@ def test_fairseq_adam_matches_reference(eps):
   params, grads = tiny_problem(seed=1)
   assert_histories_close(run_ours(make_config(o), params, grads),
                          fairseq_reference(params, grads, o, TOTAL))
+
+
+def test_gpt_adam_matches_opt_py():
+  """GPT's decay takes the bias correction (lrt), and its warmup reaches the peak at step W
+  (`x <= warmup`): at t = 1-5 the correction √(1 − β2^t)/(1 − β1^t) is 0.3-0.11, so a decay
+  outside it would move the kernel ~3-9× too far."""
+  o = cl.gpt_adam(peak_lr=PEAK_LR, warmup_steps=WARMUP, weight_decay=WEIGHT_DECAY)
+  params, grads = tiny_problem(seed=2)
+  ours = run_ours(make_config(o), params, grads)
+  assert_histories_close(ours, gpt_reference(params, grads, o, TOTAL))
+  _, schedule = optimizer.make_optimizer(make_config(o))
+  assert float(schedule(0)) == 0.0 and float(schedule(WARMUP)) == pytest.approx(PEAK_LR)
 
 
 def test_linear_from_zero_values():
