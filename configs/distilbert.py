@@ -3,7 +3,8 @@ arXiv:1910.01108; objectives/distillation.py, spec §8).
 
 Constants from huggingface transformers examples/research_projects/distillation (README.md,
 train.py, distiller.py, scripts/extract_distilbert.py): the student has the teacher's width,
-half its layers (from teacher layers 0, 2, 4, 7, 9, 11 of 12), no token types and no pooler;
+half its layers (from teacher layers 0, 2, 4, 7, 9, 11 of 12), no token types and no pooler,
+its position table the teacher's and never trained (training_configs' sinusoidal_pos_embds);
 loss 5.0 · KL at T = 2 (× T²) + 2.0 · MLM + 1.0 · cosine of the last hidden states; masking of
 15% of the tokens with rare-token smoothing count^−0.7, 80/10/10; AdamW (0.9, 0.98), ε 1e-6,
 lr 5e-4, no weight decay, 5% linear warmup then linear decay, gradient clipping at 5; batches of
@@ -42,7 +43,11 @@ def get_config(arg=None):
   else:
     teacher_model = cl.encoder("base")
   config.model = ml_collections.ConfigDict(teacher_model.to_dict())
-  config.model.update(layers=max(1, teacher_model.layers // 2), type_vocab_size=0)
+  # The position table stays the teacher's: the reference's training config builds the student
+  # with sinusoidal_pos_embds, whose table has requires_grad=False, then loads the teacher's
+  # learned table into it (scripts/extract_distilbert.py), so it never trains.
+  config.model.update(layers=max(1, teacher_model.layers // 2), type_vocab_size=0,
+                      freeze_positions=True)
   config.objective = ml_collections.ConfigDict(dict(
       name="distillation",
       teacher=arg.teacher,

@@ -228,10 +228,14 @@ class Encoder(nn.Module):
     """Word + position (+ type) embeddings after the embedding LayerNorm (none when
     `model.embedding_layer_norm` is False: GPT), before dropout: [batch, length] → [batch,
     length, E] (E = embedding_size when factorised, else hidden); positions count from
-    `first_position` (a traced scalar while decoding)."""
+    `first_position` (a traced scalar while decoding). `model.freeze_positions`: the position
+    table gets no gradient."""
     c = self.config
     positions_L = first_position + jnp.arange(input_ids.shape[1])
-    x_BLE = self.word_embeddings(input_ids) + self.position_embeddings(positions_L)[None]
+    positions_LE = self.position_embeddings(positions_L)
+    if c.get("freeze_positions", False):   # DistilBERT's student: its teacher's table, fixed
+      positions_LE = jax.lax.stop_gradient(positions_LE)
+    x_BLE = self.word_embeddings(input_ids) + positions_LE[None]
     if c.type_vocab_size:
       ids = jnp.zeros_like(input_ids) if segment_ids is None else segment_ids
       x_BLE = x_BLE + self.type_embeddings(ids)

@@ -77,7 +77,7 @@ STUDENT_COMPUTE = ("dropout", "attention_dropout", "dropout_bits", "dtype", "rem
                    "attention_impl", "scan_layers", "fused_qkv", "fp8_matmuls")
 # What a DistilBERT student may set apart from its teacher: its depth and token types, and how it
 # computes; every other model field is the teacher's.
-_STUDENT_OWN = ("layers", "type_vocab_size") + STUDENT_COMPUTE
+_STUDENT_OWN = ("layers", "type_vocab_size", "freeze_positions") + STUDENT_COMPUTE
 
 
 def check_student(student, teacher, *, own: tuple[str, ...], names: tuple[str, str],
@@ -119,6 +119,11 @@ def validate(config) -> None:
     raise ConfigError(f"objective.student_layers={o.student_layers!r} must list model.layers="
                       f"{s.layers} teacher layers in [0, {t.layers}), comma-separated, or be '' "
                       f"for {student_layer_map(t.layers, s.layers)}.")
+  if s.get("freeze_positions", False) and config.optimizer.weight_decay > 0:
+    raise ConfigError(f"model.freeze_positions keeps the student's position table at its "
+                      f"teacher's, but optimizer.weight_decay={config.optimizer.weight_decay} "
+                      f"would still shrink it; set --config.optimizer.weight_decay=0 (the "
+                      f"recipe's) or --config.model.freeze_positions=False.")
   if o.mask_token_prob + o.random_token_prob > 1.0:
     raise ConfigError(f"objective.mask_token_prob={o.mask_token_prob} and random_token_prob="
                       f"{o.random_token_prob} must sum to <= 1 (the rest stay unchanged).")

@@ -67,6 +67,13 @@ def test_distillation_trains_the_student_and_leaves_the_teacher(teacher, student
   teacher_params = workdir_lib.restore_params(teacher)
   start = distillation.initial_params(student_config(teacher), workdir_lib.restore_params)
   assert set(state) == {"encoder", "mlm_head"} and "type_embeddings" not in state["encoder"]
+  # Every leaf trained but the position table, which stays the teacher's (the reference's
+  # sinusoidal_pos_embds table: requires_grad=False, then loaded from the teacher).
+  positions = state["encoder"].pop("position_embeddings")
+  start_positions = start["params"]["encoder"].pop("position_embeddings")
+  jax.tree.map(np.testing.assert_array_equal, positions, start_positions)
+  jax.tree.map(np.testing.assert_array_equal, positions,
+               teacher_params["encoder"]["position_embeddings"])
   changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), state, start["params"])
   assert all(jax.tree.leaves(changed))
   # The checkpoint's teacher collection is the teacher's parameters, bit for bit.
