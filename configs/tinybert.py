@@ -7,7 +7,8 @@ transformer/modeling.py): TinyBERT₄ has 4 layers, hidden 312, feed-forward 1,2
 (the teacher's count: scores are matched head by head); the student starts at random
 (`from_scratch`), learns teacher layers 2, 5, 8, 11 (the last of each block of three) and the
 embedding output, loss att + rep (MSE, the student's states through a learned 312 → 768
-projection); 128-token rows of English Wikipedia masked as BERT's pre-training instances; batch
+projection); 128-token rows of English Wikipedia with one token a row corrupted as BERT's (the
+pre-generation script's masked_lm_prob 0.0, whose budget max(1, round(0 · len)) is 1); batch
 256, BertAdam at 1e-4 (no bias correction, weight decay 0.01 on all but biases and LayerNorm,
 clipping at 1) with 10% linear warmup then linear decay; 3 epochs of 2,500 M words, about 300,000
 such steps (≈ 3.3 B word pieces / 128 / 256 per epoch; the reference counts epochs, not steps).
@@ -41,8 +42,10 @@ def get_config(arg=None):
       teacher=arg.teacher,
       teacher_model=ml_collections.ConfigDict(teacher_model.to_dict()),
       teacher_layers="",      # the teacher layer of each student layer; '' = uniform
-      mask_rate=0.15,         # BERT's masked instances (pregenerate_training_data.py)
-      smoothing=0.0,          # uniform over real tokens
+      # pregenerate_training_data.py's masked_lm_prob 0.0 ("no [mask] symbol in corpus"):
+      # still max(1, round(0 · len)) = 1 token a row, capped at max_predictions_per_seq 20.
+      mask_rate=0.0,
+      max_predictions=20,
       mask_token_prob=0.8,
       random_token_prob=0.1,
   ))

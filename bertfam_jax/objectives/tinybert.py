@@ -23,30 +23,36 @@ layer, which only the task-specific stage adds, finetune/distill.py):
                                   student's through `fit_dense`; g'(0) = 0, g'(m + 1) = g(m) + 1
 Each MSE is torch's MSELoss: a mean over every element, padded positions included.
 
-Inputs: general_distill.py reads BERT's masked pre-training instances (pregenerate_training_data.
-py), so the rows are masked as BERT's, 15%, 80/10/10, by DistilBERT's host masking
-(`distillation.distil_features`, here with smoothing 0: uniform over real non-special tokens).
-Batch keys: input_ids (noised), input_mask [n, L]; segment_ids [n, L] when the pipeline gives
-them (else 0).
+Inputs: general_distill.py reads the instances of pregenerate_training_data.py, whose
+`--masked_lm_prob` defaults to 0.0 ("no [mask] symbol in corpus"; the README's command keeps it),
+and whose `create_masked_lm_predictions` still corrupts min(20, max(1, round(len · prob)))
+tokens of each row: so one token a row, uniform over the row's non-special tokens, 80% [MASK] /
+10% kept / 10% random (`masked_rows`: BERT's masking of objectives/mlm.py with
+`objective.mask_rate` 0 and `max_predictions` 20). Batch keys: input_ids (noised), input_mask
+[n, L]; segment_ids [n, L] when the pipeline gives them (else 0).
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import ml_collections
+import numpy as np
 from flax import traverse_util
 import flax.linen as nn
 
 from bertfam_jax import config_lib, flops
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import layers, pretraining
-from bertfam_jax.objectives import distillation
+from bertfam_jax.objectives import distillation, mlm
 
 FIELD_RULES = {
-    "objective.mask_rate": config_lib.Range(0, 1, low_open=True, high_open=True),
+    "objective.mask_rate": config_lib.Range(0, 1, high_open=True),
+    "objective.max_predictions": config_lib.AT_LEAST_1,
     "objective.mask_token_prob": config_lib.PROBABILITY,
     "objective.random_token_prob": config_lib.PROBABILITY,
-    "objective.smoothing": config_lib.Range(0),
 }
 
 # What a TinyBERT student may set apart from its teacher: its size (width, depth, feed-forward)
@@ -139,9 +145,32 @@ def initial_params(config, restore_params):
 
 
 def make_features(config, tokenizer):
-  """BERT-style masking of the rows both encoders read (module docstring)."""
+  """BERT's masking of the rows both encoders read, `max(1, round(mask_rate · len))` tokens a row
+  (module docstring): `fn(rows, rng) -> rows` with input_ids noised."""
   config_lib.check_fields(config, FIELD_RULES)
-  return distillation.make_features(config, tokenizer)
+  if tokenizer.vocab_size > config.model.vocab_size:
+    raise ConfigError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
+                      f"{config.model.vocab_size}; the teacher's tokenizer and vocabulary go "
+                      f"together (configs/tinybert.py reads both from the teacher's workdir).")
+  o = config.objective
+  masking = ml_collections.ConfigDict(dict(
+      mask_style="bert", mask_scheme="token", mask_rate=o.mask_rate,
+      max_predictions=o.max_predictions, replace_per="token", random_tokens="uniform",
+      mask_token_prob=o.mask_token_prob, random_token_prob=o.random_token_prob, sbo=False,
+      word_shuffle_rate=0.0))
+  return functools.partial(
+      masked_rows, features=functools.partial(
+          mlm.mlm_features, config=masking, vocab_size=config.model.vocab_size,
+          special_ids=np.asarray(tokenizer.special_ids), mask_id=tokenizer.mask_id,
+          word_start_table=tokenizer.word_start, scheme_params={}, unit_source=None,
+          num_never_random=0))
+
+
+def masked_rows(rows: dict, rng: np.random.Generator, *, features) -> dict:
+  """`rows` (input_ids, input_mask [n, L], ...) with input_ids noised by `features` (the masked
+  LM's), and none of its prediction keys: the distillation targets are the teacher's."""
+  noised = features(rows, rng)
+  return {key: noised[key] for key in rows}
 
 
 # ------------------------------------------------------------------------------------- the loss

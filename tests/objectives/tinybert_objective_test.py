@@ -34,7 +34,7 @@ def config(teacher_layers=4, layers=2, **objective):
   c.model = tiny.encoder(layers=layers, hidden=16, mlp=32)
   c.objective = ml_collections.ConfigDict(dict(
       name="tinybert", teacher="/teacher", teacher_model=tiny.encoder(layers=teacher_layers),
-      teacher_layers="", mask_rate=0.15, smoothing=0.0, mask_token_prob=0.8,
+      teacher_layers="", mask_rate=0.0, max_predictions=20, mask_token_prob=0.8,
       random_token_prob=0.1))
   c.objective.update(objective)
   return c
@@ -70,6 +70,27 @@ def _ids():
   mask = np.ones_like(ids)
   mask[1, 20:] = 0
   return ids, mask
+
+
+def test_rows_have_one_token_corrupted_as_the_pregenerated_instances():
+  """pregenerate_training_data.py at its masked_lm_prob 0.0: max(1, round(0 · len)) = 1 token a
+  row, never [CLS] / [SEP], 80% [MASK] / 10% kept / 10% random; at 0.15, 15% of each row."""
+  tokenizer = type("T", (), dict(vocab_size=tiny.VOCAB, special_ids=np.array([0, 2, 3, 4]),
+                                 mask_id=4, word_start=np.ones(tiny.VOCAB, bool)))()
+  n, length = 3000, 40
+  ids = np.random.default_rng(0).integers(5, tiny.VOCAB, (n, length)).astype(np.int32)
+  ids[:, 0], ids[:, -1], ids[:, 20] = 2, 3, 3   # [CLS] A [SEP] B [SEP]
+  rows = dict(input_ids=ids, input_mask=np.ones_like(ids), segment_ids=np.zeros_like(ids))
+  out = tinybert.make_features(config(), tokenizer)(rows, np.random.default_rng(1))
+  assert set(out) == set(rows)
+  changed = out["input_ids"] != ids
+  assert changed.sum(axis=1).max() == 1 and not changed[:, [0, 20, -1]].any()
+  masked = (out["input_ids"] == 4).sum(axis=1)
+  random = changed.sum(axis=1) - masked
+  np.testing.assert_allclose([masked.mean(), random.mean()], [0.8, 0.1], atol=0.02)
+  out = tinybert.make_features(config(mask_rate=0.15), tokenizer)(rows, np.random.default_rng(1))
+  replaced = (out["input_ids"] != ids).sum(axis=1)   # 6 of 40 chosen, 90% of them replaced
+  np.testing.assert_allclose(replaced.mean(), 0.9 * round(0.15 * length), atol=0.1)
 
 
 def test_a_student_equal_to_its_teacher_has_zero_loss():
