@@ -174,7 +174,7 @@ class FineTuneModel(nn.Module):
 class TaskDistiller(nn.Module):
   """TinyBERT's task-specific distillation (finetune/distill.py): the student `FineTuneModel`,
   whose parameters are this module's own ('encoder', the head, ...: a distilled workdir predicts
-  and exports as any fine-tuning), `fit_dense` (student → teacher width, when they differ) and
+  and exports as any fine-tuning), `fit_dense` (student → teacher width, whatever the widths) and
   the teacher `FineTuneModel` on the same task in the TEACHER collection, without dropout.
 
   `__call__` is the student's (prediction); `distill` returns both models' outputs and, with
@@ -186,13 +186,12 @@ class TaskDistiller(nn.Module):
 
   def setup(self):
     nn.share_scope(self, self.student)
-    student_width, teacher_width = self.student.config.hidden, self.teacher_config.hidden
-    if student_width != teacher_width:
-      self.fit_dense = nn.Dense(teacher_width, dtype=jnp.dtype(self.student.config.dtype),
-                                param_dtype=jnp.float32,
-                                kernel_init=layers.param_init(
-                                    self.student.config.initializer_range, ("embed", "embed_out")),
-                                bias_init=layers.zeros_init(("embed_out",)))
+    # TinyBertForSequenceClassification(is_student=True) builds fit_dense whatever the widths.
+    self.fit_dense = nn.Dense(self.teacher_config.hidden,
+                              dtype=jnp.dtype(self.student.config.dtype), param_dtype=jnp.float32,
+                              kernel_init=layers.param_init(
+                                  self.student.config.initializer_range, ("embed", "embed_out")),
+                              bias_init=layers.zeros_init(("embed_out",)))
     self.teacher = pretraining.teacher_module(FineTuneModel, self.is_initializing())(
         self.teacher_config, self.student.kind, self.student.num_outputs,
         features=self.teacher_features, backbone=backbone_for(self.teacher_config))
@@ -215,7 +214,5 @@ class TaskDistiller(nn.Module):
                                          deterministic=deterministic, with_layers=True)
     teacher, teacher_NBLD = self.teacher(input_ids, input_mask, segment_ids,
                                                deterministic=True, with_layers=True)
-    if student_NBLD.shape[-1] != teacher_NBLD.shape[-1]:
-      student_NBLD = self.fit_dense(student_NBLD)
-    return {"student": student, "teacher": teacher, "student_layers": student_NBLD,
+    return {"student": student, "teacher": teacher, "student_layers": self.fit_dense(student_NBLD),
             "teacher_layers": teacher_NBLD}

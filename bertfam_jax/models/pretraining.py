@@ -108,20 +108,20 @@ class LayerDistiller(nn.Module):
   """TinyBERT's general distillation (Jiao et al., 2020; huawei-noah TinyBERT general_distill.py):
   a student encoder and a teacher encoder (the TEACHER collection, no dropout) over the same
   tokens, each returning every layer. The student's layers pass through `fit_dense`, a learned
-  hidden → teacher-hidden projection (with bias; TinyBertForPreTraining's fit_dense), when the
-  widths differ. Attention scores reach the loss as sown values (layers.SelfAttention), so apply
-  with mutable=[layers.SCORES]."""
+  hidden → teacher-hidden projection (with bias; TinyBertForPreTraining builds and applies its
+  fit_dense whatever the widths, so a student as wide as its teacher has one too). Attention
+  scores reach the loss as sown values (layers.SelfAttention), so apply with
+  mutable=[layers.SCORES]."""
   config: Any          # the student's `config.model`
   teacher_config: Any  # the teacher's
 
   def setup(self):
     self.encoder = encoder.Encoder(self.config)
-    if self.config.hidden != self.teacher_config.hidden:
-      self.fit_dense = nn.Dense(self.teacher_config.hidden, dtype=jnp.dtype(self.config.dtype),
-                                param_dtype=jnp.float32,
-                                kernel_init=layers.param_init(self.config.initializer_range,
-                                                              ("embed", "embed_out")),
-                                bias_init=layers.zeros_init(("embed_out",)))
+    self.fit_dense = nn.Dense(self.teacher_config.hidden, dtype=jnp.dtype(self.config.dtype),
+                              param_dtype=jnp.float32,
+                              kernel_init=layers.param_init(self.config.initializer_range,
+                                                            ("embed", "embed_out")),
+                              bias_init=layers.zeros_init(("embed_out",)))
     self.teacher = teacher_module(encoder.Encoder, self.is_initializing())(
         self.teacher_config)
 
@@ -133,9 +133,7 @@ class LayerDistiller(nn.Module):
                                    deterministic=deterministic, return_all_layers=True)
     _, teacher_NBLD = self.teacher(input_ids, input_mask, segment_ids, deterministic=True,
                                    return_all_layers=True)
-    if self.config.hidden != self.teacher_config.hidden:
-      student_NBLD = self.fit_dense(student_NBLD)
-    return {"student_layers": student_NBLD, "teacher_layers": teacher_NBLD}
+    return {"student_layers": self.fit_dense(student_NBLD), "teacher_layers": teacher_NBLD}
 
 
 class CausalLM(nn.Module):

@@ -6,8 +6,8 @@ The model (`models/pretraining.LayerDistiller`) holds a student encoder, initial
 general_distill.py's `from_scratch`, and a teacher encoder, the TEACHER collection, read from any
 masked-LM workdir of ours (or an imported transformers BERT) and run without dropout and without
 gradients. The student has the teacher's vocabulary, positions, token types and head count, and
-may be narrower (its layers then go through `fit_dense`, a learned projection to the teacher's
-width) and shallower.
+may be narrower and shallower; its layers go through `fit_dense`, a learned projection to the
+teacher's width, at any width (TinyBertForPreTraining has it even at 768 → 768).
 
 Layer mapping (`teacher_layer_map`): student layer m (0-based) learns from teacher layer
 g(m) = (m + 1)·k − 1 with k = teacher layers / student layers, general_distill.py's

@@ -94,18 +94,22 @@ def test_rows_have_one_token_corrupted_as_the_pregenerated_instances():
 
 
 def test_a_student_equal_to_its_teacher_has_zero_loss():
-  """Same width and depth (no projection, map 0, 1), the teacher's weights: both losses 0. The
-  sown scores are read from the right layers of the right encoder."""
+  """Same width and depth (map 0, 1), the teacher's weights and `fit_dense` the identity: both
+  losses 0. The sown scores are read from the right layers of the right encoder. The projection
+  exists at equal widths too, as TinyBertForPreTraining's."""
   c = config(teacher_layers=2, layers=2)
   c.model = tiny.encoder(dropout=0.0, attention_dropout=0.0)
   model = tinybert.build_model(c)
   params = nn.meta.unbox(jax.device_get(model.init(
       jax.random.key(0), **tinybert.init_inputs(c), deterministic=True)))
-  assert "fit_dense" not in params["params"]
+  hidden = c.model.hidden
+  assert params["params"]["fit_dense"]["kernel"].shape == (hidden, hidden)
   ids, mask = _ids()
   batch = dict(input_ids=ids, input_mask=mask)
   teacher = params[pretraining.TEACHER]["teacher"]
-  same = {"params": {"encoder": teacher}, pretraining.TEACHER: {"teacher": teacher}}
+  identity = {"kernel": np.eye(hidden, dtype=np.float32), "bias": np.zeros(hidden, np.float32)}
+  same = {"params": {"encoder": teacher, "fit_dense": identity},
+          pretraining.TEACHER: {"teacher": teacher}}
   loss, metrics = tinybert.loss_fn(model, same, batch, jax.random.key(1), c, deterministic=True)
   assert float(loss) < 1e-8
   loss, metrics = tinybert.loss_fn(model, params, batch, jax.random.key(1), c,
