@@ -9,8 +9,9 @@ transformer/modeling.py): TinyBERT₄ has 4 layers, hidden 312, feed-forward 1,2
 embedding output, loss att + rep (MSE, the student's states through a learned 312 → 768
 projection); 128-token rows of English Wikipedia with one token a row corrupted as BERT's (the
 pre-generation script's masked_lm_prob 0.0, whose budget max(1, round(0 · len)) is 1); batch
-256, BertAdam at 1e-4 (no bias correction, weight decay 0.01 on all but biases and LayerNorm,
-clipping at 1) with 10% linear warmup then linear decay; 3 epochs of 2,500 M words, about 300,000
+256, BertAdam at 5e-5 (no bias correction, weight decay 0.01 on all but biases and LayerNorm,
+each parameter's gradient clipped at norm 1) with 10% linear warmup then linear decay from the
+peak to 0 (WarmupLinearSchedule; its first update runs at 0, ours at peak / warmup steps); 3 epochs of 2,500 M words, about 300,000
 such steps (≈ 3.3 B word pieces / 128 / 256 per epoch; the reference counts epochs, not steps).
 
 The teacher is the config argument `teacher=DIR`, as configs/distilbert.py: a masked-LM workdir
@@ -52,8 +53,13 @@ def get_config(arg=None):
   config.data.update(source="tfds", tfds_name="wikipedia/20230601.en", train_split="train[:99%]",
                      eval_split="train[99%:]", seq_len=128, packing="full_sentences")
   config.train.update(batch_size=256, total_steps=300_000)
-  # 10% of the steps (warmup_proportion 0.1); set both when overriding train.total_steps.
-  config.optimizer = cl.bert_adamw(peak_lr=1e-4, warmup_steps=config.train.total_steps // 10)
+  # BertAdam as general_distill.py runs it: its --learning_rate default 5e-5 (the README's
+  # command keeps it), WarmupLinearSchedule over 10% of the steps (warmup_proportion 0.1; set
+  # both when overriding train.total_steps) then linear from the peak to 0, and each parameter's
+  # gradient clipped to norm 1 on its own.
+  config.optimizer = cl.bert_adamw(peak_lr=5e-5, schedule="linear_after_warmup",
+                                   clip_per_tensor=True,
+                                   warmup_steps=config.train.total_steps // 10)
   if arg.runlocal:
     model = dict(config.model)
     cl.shrink_for_local(config)

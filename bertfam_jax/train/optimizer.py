@@ -65,6 +65,20 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool,
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+def clip_each_by_norm(max_norm: float) -> optax.GradientTransformation:
+  """Each gradient leaf scaled to Euclidean norm at most `max_norm` on its own (pytorch-
+  pretrained-bert's BertAdam, TinyBERT's: `clip_grad_norm_(p, max_grad_norm)` per parameter
+  inside the update loop), g · max_norm / max(‖g‖, max_norm): torch's max_norm / (‖g‖ + 1e-6)
+  but for that ε."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    clip = lambda g: g * (max_norm / jnp.maximum(jnp.linalg.norm(g), max_norm))  # noqa: E731
+    return jax.tree.map(clip, updates), state
+
+  return optax.GradientTransformation(lambda _: optax.EmptyState(), update_fn)
+
+
 def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
   """`o` is `config.optimizer`; the step is the 0-based index of the update being computed.
 
@@ -381,7 +395,8 @@ def make_optimizer(config, param_axes=None) -> tuple[optax.GradientTransformatio
   decays = None if o.decay_norm_and_bias else decay_mask  # leaves with decay (and trust ratio)
   parts = []
   if o.clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(o.clip_norm))
+    parts.append(clip_each_by_norm(o.clip_norm) if o.get("clip_per_tensor", False)
+                 else optax.clip_by_global_norm(o.clip_norm))
   if o.get("decay_bias_corrected", False):   # GPT's opt.py: the decay inside the step
     parts.append(scale_by_adam(o.b1, o.b2, o.eps, o.bias_correction, o.weight_decay, decays))
   else:

@@ -177,6 +177,35 @@ def gpt_reference(params, grads, o, total):
   return history
 
 
+def tinybert_reference(params, grads, o, total):
+  """TinyBERT transformer/optimization.py BertAdam with WarmupLinearSchedule, in float64: each
+  parameter's gradient clipped to norm max_grad_norm on its own (torch's clip_grad_norm_:
+  max_norm / (‖g‖ + 1e-6) when below 1), no bias correction, decay on BERT's decayed names, the
+  rate lr · schedule(step / t_total) with step counted before the update, except the first
+  update's: 0 there, lr / W in ours (`linear_after_warmup`, fairseq's start), taken here."""
+  theta = dict(params)
+  m = {k: np.zeros_like(x) for k, x in params.items()}
+  v = {k: np.zeros_like(x) for k, x in params.items()}
+  warmup = o.warmup_steps / total
+  history = []
+  for step, g in enumerate(grads):
+    progress = step / total
+    rate = o.peak_lr * (progress / warmup if progress < warmup
+                        else max((progress - 1.0) / (warmup - 1.0), 0.0))
+    rate = rate if step else o.peak_lr / o.warmup_steps
+    for k in theta:
+      coef = o.clip_norm / (np.linalg.norm(g[k]) + 1e-6)
+      grad = g[k] * coef if coef < 1 else g[k]
+      m[k] = o.b1 * m[k] + (1.0 - o.b1) * grad
+      v[k] = o.b2 * v[k] + (1.0 - o.b2) * grad**2
+      update = m[k] / (np.sqrt(v[k]) + o.eps)
+      if k in BERT_DECAYED:
+        update = update + o.weight_decay * theta[k]
+      theta[k] = theta[k] - rate * update
+    history.append(dict(theta))
+  return history
+
+
 def lamb_reference(params, grads, o, total, adapted):
   """LAMBOptimizer.apply_gradients after clip_by_global_norm, in float64. `adapted`: the names
   that get weight decay and the trust ratio (exclude_from_layer_adaptation defaults to
@@ -255,6 +284,23 @@ def test_gpt_adam_matches_opt_py():
   assert_histories_close(ours, gpt_reference(params, grads, o, TOTAL))
   _, schedule = optimizer.make_optimizer(make_config(o))
   assert float(schedule(0)) == 0.0 and float(schedule(WARMUP)) == pytest.approx(PEAK_LR)
+
+
+def test_tinybert_bert_adam_matches_its_optimization_py():
+  """configs/tinybert.py's optimizer: BertAdam's per-parameter clipping (the kernel's gradient
+  clipped at every step, the other leaves' not) and WarmupLinearSchedule (but its first
+  update's rate, tinybert_reference)."""
+  c = cl.load_config(str(pathlib.Path(__file__).parents[2] / "configs" / "tinybert.py"), None)
+  o = c.optimizer
+  o.update(peak_lr=PEAK_LR, warmup_steps=WARMUP, weight_decay=WEIGHT_DECAY)
+  params, grads = tiny_problem(seed=3)
+  # The kernel's gradient at norm 2-3 (clipped), each other leaf's at 0.6 (not clipped, while
+  # a global clipping would scale every leaf: the global norm is above 2).
+  grads = [{k: x * ((2.0 + 0.2 * step) if k == "dense/kernel" else 0.6) / np.linalg.norm(x)
+            for k, x in g.items()} for step, g in enumerate(grads)]
+  assert o.clip_per_tensor and o.schedule == "linear_after_warmup"
+  assert_histories_close(run_ours(make_config(o), params, grads),
+                         tinybert_reference(params, grads, o, TOTAL))
 
 
 def test_linear_from_zero_values():
