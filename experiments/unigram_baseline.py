@@ -1,7 +1,7 @@
 """The unigram baseline of a pre-training config: what a model that ignores the context scores.
 
 It counts the target tokens (masked tokens; T5's decoder targets; XLNet's permutation targets;
-GPT's next tokens)
+GPT's next tokens; ELMo's next and previous words)
 of `--train_batches` training batches, then predicts the most frequent one (accuracy) and the
 unigram distribution (cross-entropy) at the predicted positions of the same held-out batches the
 train loop evaluates on. A pre-trained model must beat both.
@@ -15,6 +15,7 @@ import numpy as np
 
 from bertfam_jax import objectives
 from bertfam_jax.data import pipeline, sources, tokenizers
+from bertfam_jax.objectives import elmo
 
 if __name__ == "__main__":  # flags of the script only, so that others can import the function
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
@@ -22,20 +23,32 @@ if __name__ == "__main__":  # flags of the script only, so that others can impor
 
 
 # Each objective's prediction targets and their weights in a batch (the masked-LM families and
-# ELECTRA's generator: mlm_targets / mlm_weights).
+# ELECTRA's generator: mlm_targets / mlm_weights; ELMo: `prediction_targets`).
 TARGET_KEYS = {"t5": ("decoder_target_ids", "decoder_loss_weights"),
                "xlnet": ("target_ids", "target_weights"),
-               "causal_lm": ("target_ids", "loss_weights"),
-               # ELMo: every real word (each direction's targets, less one edge word a row)
-               "elmo": ("word_ids", "input_mask")}
+               "causal_lm": ("target_ids", "loss_weights")}
 MLM_TARGET_KEYS = ("mlm_targets", "mlm_weights")
+
+
+def prediction_targets(objective_name: str, batch: dict) -> np.ndarray:
+  """[predictions] the batch's weighted targets; ELMo's: both directions' together, as its loss
+  weighs them (`elmo.shifted_targets`: the next / previous word within the row, none read from
+  a sentence's closing boundary)."""
+  if objective_name == "elmo":
+    found = []
+    for _, shift in elmo.DIRECTIONS:
+      targets, weights = elmo.shifted_targets(batch["word_ids"], batch["input_mask"], shift,
+                                              batch["char_ids"][..., 1])
+      found.append(np.asarray(targets)[np.asarray(weights) > 0])
+    return np.concatenate(found)
+  targets_key, weights_key = TARGET_KEYS.get(objective_name, MLM_TARGET_KEYS)
+  return batch[targets_key][batch[weights_key] > 0]
 
 
 def unigram_baseline(config, train_batches: int) -> dict[str, float]:
   """Returns eval accuracy and cross-entropy (nats) of the unigram predictor at the objective's
   predicted positions (masked tokens; T5's decoder targets, sentinels and EOS included; XLNet's
   permutation targets)."""
-  targets_key, weights_key = TARGET_KEYS.get(config.objective.name, MLM_TARGET_KEYS)
   train_docs = sources.get_documents(config.data, "train")
   tokenizer = tokenizers.load_or_train(config, train_docs)
   objective = objectives.get(config.objective.name)
@@ -46,14 +59,13 @@ def unigram_baseline(config, train_batches: int) -> dict[str, float]:
   counts = np.zeros(config.model.vocab_size, np.float64)
   train_pipe = pipeline.Pipeline(config, tokenizer, train_docs, features_fn, **args)
   for _ in range(train_batches):
-    batch = next(train_pipe)
-    np.add.at(counts, batch[targets_key][batch[weights_key] > 0], 1)
+    np.add.at(counts, prediction_targets(config.objective.name, next(train_pipe)), 1)
   train_pipe.close()
   # Add-one smoothing so tokens unseen in training have a finite cross-entropy.
   log_probs = np.log((counts + 1) / (counts + 1).sum())
   eval_pipe = pipeline.Pipeline(config, tokenizer, sources.get_documents(config.data, "eval"),
                                 features_fn, **args)
-  targets = np.concatenate([b[targets_key][b[weights_key] > 0]
+  targets = np.concatenate([prediction_targets(config.objective.name, b)
                             for b in eval_pipe.eval_batches(config.train.eval_batches)])
   eval_pipe.close()
   return {"unigram_accuracy": float(np.mean(targets == np.argmax(counts))),

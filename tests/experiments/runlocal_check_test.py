@@ -5,6 +5,7 @@ runlocal config loads."""
 import os
 import sys
 
+import numpy as np
 import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -63,3 +64,18 @@ def test_the_unigram_baseline_reads_each_objectives_targets(family):
   assert baseline["eval_predictions"] > 20
   assert 0 < baseline["unigram_accuracy"] < 0.5
   assert 1 < baseline["unigram_cross_entropy"] < math.log(config.model.vocab_size) + 1
+
+
+def test_elmos_baseline_counts_both_directions_targets():
+  """ELMo's targets are each direction's (`elmo.shifted_targets`): `<S> a b </S> <S> c </S>`
+  gives forward a b </S> c </S> and backward <S> a b <S> c, none of the certain boundaries."""
+  from bertfam_jax.models import elmo as elmo_model  # pylint: disable=import-outside-toplevel
+  from experiments.unigram_baseline import prediction_targets  # pylint: disable=import-outside-toplevel
+  bos, eos, a, b, c = 2, 3, 5, 6, 7
+  words = np.array([[bos, a, b, eos, bos, c, eos, 0]])
+  codes = np.full((1, 8, 4), elmo_model.PAD_CHAR)
+  codes[0, [0, 4], 1], codes[0, [3, 6], 1] = elmo_model.BOS_CHAR, elmo_model.EOS_CHAR
+  batch = dict(word_ids=words, input_mask=(np.arange(8) < 7).astype(np.int32)[None],
+               char_ids=codes)
+  np.testing.assert_array_equal(prediction_targets("elmo", batch),
+                                [a, b, eos, c, eos, bos, a, b, bos, c])
