@@ -23,6 +23,8 @@ batch; the sampled softmax draws its candidates with replacement.
   # Its representations: python -m bertfam_jax.represent --workdir=runs/elmo-local ...
 """
 
+import math
+
 import ml_collections
 
 from bertfam_jax import config_lib as cl
@@ -37,7 +39,10 @@ def get_config(arg=None):
   config.data.update(source="tfds", tfds_name="lm1b", train_split="train", eval_split="test",
                      seq_len=64, packing="full_sentences")
   config.optimizer = cl.elmo_adagrad()
-  config.train.update(batch_size=384, total_steps=1_000_000, eval_every=10_000)
+  # 10 epochs of bilm-tf's n_train_tokens (768,648,884 words) at 384 x 64 word slots a step
+  # (padding not deducted); bilm-tf's 1M steps are of 3 x 128 x 20 = 7,680 words.
+  config.train.update(batch_size=384, total_steps=math.ceil(10 * 768_648_884 / (384 * 64)),
+                      eval_every=10_000)
   if arg.runlocal:
     config.data.update(source="embedded_wiki", eval_fraction=0.1)
     config.model.update(vocab_size=8000, char_filters=((1, 32), (2, 32), (3, 64), (4, 128)),
