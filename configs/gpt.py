@@ -13,7 +13,10 @@ with an `<eod>` piece closing each document. Weights are initialised from a norm
 2σ (the reference's is untruncated), as every family here; GPT-2's 1/√(2·layers) scaling of the
 residual projections at initialisation is not applied.
 
-  # The paper's recipe on C4 (a prepared TFDS data_dir; see README "Data"), 100k steps:
+  # The paper's model and optimizer on C4 (a prepared TFDS data_dir; see README "Data"), for
+  # 100k steps (3.3 B tokens, the cosine over those): a deviation in length, since the paper's
+  # 100 epochs of BooksCorpus (~1 B tokens by our estimate: 985 M words) would be ~3 M steps of
+  # 64 x 512; set --config.train.total_steps for another length.
   python -m bertfam_jax.main --config=configs/gpt.py --workdir=$WORKDIR \
       --config.data.tfds_data_dir=$TFDS_DATA_DIR
   # Offline on a 2-core CPU (embedded Wikipedia sample, ~10 minutes):
