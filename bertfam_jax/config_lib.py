@@ -1094,6 +1094,8 @@ def finetune_config() -> ml_collections.ConfigDict:
       warmup_fraction=_DEFAULT(float),  # warmup over this fraction of the steps, then linear decay
       weight_decay=_DEFAULT(float),
       clip_norm=_DEFAULT(float),
+      adam=_DEFAULT(str),     # adamw's kind: bert (AdamWeightDecay) | gpt (finetune-transformer-
+                              # lm opt.py: bias-corrected, ε 1e-8, L2 inside the step, warmup_linear)
       schedule="linear",      # linear (BERT's warmup + decay) | slanted_triangular (ULMFiT)
       cut_frac=0.1,           # slanted_triangular: the share of steps rising (ULMFiT)
       ratio=32.0,             # slanted_triangular: how much smaller the lowest rate is (ULMFiT)
@@ -1139,7 +1141,10 @@ FINETUNE_DEFAULTS = {
                          finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0),
                          # A T5's step on a CPU: as configs/t5.py's (docs/results.md).
                          train=dict(_ENCODER["train"], cpu_ynn_fusion="dot,eltwise,reduce")),
-    "gpt": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=6.25e-5, warmup_fraction=0.002),
+    # finetune-transformer-lm train.py: opt.py's Adam (`adam='gpt'`) at 6.25e-5, warmup_linear
+    # over 0.2% of the steps, λ = 0.5.
+    "gpt": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=6.25e-5, warmup_fraction=0.002,
+                                         adam="gpt"),
                 finetune=dict(_ENCODER["finetune"], lm_coef=0.5)),
     # UniLM on a text task (unilm-v1 run_seq2seq.py's AdamW at 3e-5 with 10% warmup): sources of
     # 128 tokens, the task's target length.
@@ -1154,9 +1159,10 @@ ELECTRA_FINETUNE_BY_WIDTH = {256: dict(optimizer=dict(peak_lr=3e-4)),
 # decay 0.01, clip 1.0) and T5's Adafactor (constant rate, no decay, update clipping only).
 FINETUNE_SCHEDULES = ("linear", "slanted_triangular")
 FINETUNE_OPTIMIZERS_DEFAULTS = {
-    "adamw": dict(warmup_fraction=0.1, weight_decay=0.01, clip_norm=1.0),
-    "adafactor": dict(warmup_fraction=0.0, weight_decay=0.0, clip_norm=0.0),
+    "adamw": dict(warmup_fraction=0.1, weight_decay=0.01, clip_norm=1.0, adam="bert"),
+    "adafactor": dict(warmup_fraction=0.0, weight_decay=0.0, clip_norm=0.0, adam="bert"),
 }
+FINETUNE_ADAMS = ("bert", "gpt")
 # `runlocal`: a CPU-sized slice for the `:runlocal` pre-trained models (128 positions, 2 layers,
 # 128 wide). lr 5e-4: such an encoder needs more than the papers' base-size rates; the T5s at
 # T5's 0.001 still emit one label after 150 steps of supersense (0% accuracy), at 0.01 they
@@ -1264,6 +1270,11 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
                       "warmup_fraction in [0, 1).")
   if o.get("schedule", "linear") not in FINETUNE_SCHEDULES:
     raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {FINETUNE_SCHEDULES}.")
+  if o.get("adam", "bert") not in FINETUNE_ADAMS or (o.get("adam") == "gpt" and (
+      o.name != "adamw" or o.get("schedule", "linear") != "linear")):
+    raise ConfigError(f"optimizer.adam={o.get('adam')!r}: choose one of {FINETUNE_ADAMS}; 'gpt' "
+                      f"(opt.py's Adam with its warmup_linear) needs optimizer.name='adamw' and "
+                      f"schedule='linear' (got {o.name!r} and {o.get('schedule')!r}).")
   if o.get("schedule") == "slanted_triangular" and (
       not 0 < o.cut_frac < 1 or o.ratio < 1 or o.name != "adamw"):
     raise ConfigError(f"optimizer.schedule='slanted_triangular' needs optimizer.name='adamw', "

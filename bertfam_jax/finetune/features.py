@@ -23,8 +23,10 @@ GPT's input transformations (`layout='gpt'`, Radford et al. 2018 §3.3, finetune
 train.py transform_roc): `[start] A [extract]` and `[start] A [delim] B [extract]` (one row per
 choice for multiple choice: context as A, the choice as B), padded on the RIGHT (its positions
 are absolute), segment 0 everywhere. GPT adds three tokens at fine-tuning; here they are the
-tokenizer's cls_id, sep_id and mask_id, pieces that causal pre-training never sees
-(`packing.lm_stream` rows hold text and <eod> only), so they start untrained as the paper's.
+tokenizer's cls_id, sep_id and mask_id, pieces that causal pre-training never reads
+(`packing.lm_stream` rows hold text and <eod> only), and their embedding rows start from the
+fresh initialisation as the paper's new ones (`run.with_fresh_token_rows`; the pre-trained rows
+were trained as never-correct classes of the tied softmax).
 Similarity (`ft.pair_orders=2`): both orders of each pair, [examples, 2, length].
 """
 

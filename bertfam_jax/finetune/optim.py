@@ -225,10 +225,17 @@ def base_optimizer(o, total_steps: int) -> ml_collections.ConfigDict:
   """The {optimizer, train} sections `train.optimizer.make_optimizer` reads for fine-tuning's
   `config.optimizer` `o` over `total_steps` updates: 'adamw', BERT's AdamWeightDecay
   (`config_lib.bert_adamw`) with warmup over int(total_steps · warmup_fraction) steps, then
-  linear decay to 0; 'adafactor', T5's (`config_lib.t5_adafactor`) at a constant rate."""
+  linear decay to 0, or with `adam='gpt'` GPT's (`config_lib.gpt_adam`: opt.py's bias-corrected
+  Adam with the L2 inside the step) at opt.py's warmup_linear, min(1, step / W) · (1 − step / T)
+  (`warmup_times_linear`: rate 0 at the first update, as opt.py's x = 0); 'adafactor', T5's
+  (`config_lib.t5_adafactor`) at a constant rate."""
   if o.name == "adafactor":   # a constant rate (`config_lib.validate_finetune`: no warmup)
     section = config_lib.t5_adafactor(peak_lr=o.peak_lr, schedule="constant", warmup_steps=0,
                                       weight_decay=o.weight_decay, clip_norm=o.clip_norm)
+  elif o.get("adam", "bert") == "gpt":   # finetune-transformer-lm: opt.py adam, warmup_linear
+    section = config_lib.gpt_adam(peak_lr=o.peak_lr, weight_decay=o.weight_decay,
+                                  clip_norm=o.clip_norm, schedule="warmup_times_linear",
+                                  warmup_steps=int(total_steps * o.warmup_fraction))
   elif o.get("schedule", "linear") == "slanted_triangular":   # ULMFiT: no separate warmup
     section = config_lib.bert_adamw(peak_lr=o.peak_lr, weight_decay=o.weight_decay,
                                     clip_norm=o.clip_norm, schedule="slanted_triangular",

@@ -32,7 +32,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 from flax import traverse_util
@@ -108,6 +108,23 @@ def transfer_pretrained(fresh, pretrained, *, reuse_pooler: bool):
     if reuse_pooler and pooler is not None and head in merged:
       merged[head] = dict(merged[head], pooler=jax.tree.map(jnp.asarray, pooler))
   return merged
+
+
+def with_fresh_token_rows(transfer, token_ids: Sequence[int]):
+  """`transfer`, then the rows `token_ids` of the word table from the fresh initialisation: GPT's
+  fine-tuning tokens ([start], [delim], [extract]: our cls, sep and mask ids) as the new
+  embeddings finetune-transformer-lm train.py appends (N(0, 0.02)), not the pre-trained rows,
+  which the tied softmax trained as never-correct classes and the decay shrank."""
+  rows = np.asarray(token_ids)
+
+  def apply(fresh):
+    params = transfer(fresh)
+    table = params["encoder"]["word_embeddings"]["embedding"]
+    fresh_rows = fresh["encoder"]["word_embeddings"]["embedding"][rows]
+    word_embeddings = dict(params["encoder"]["word_embeddings"],
+                           embedding=table.at[rows].set(fresh_rows))
+    return dict(params, encoder=dict(params["encoder"], word_embeddings=word_embeddings))
+  return apply
 
 
 # ------------------------------------------------------------------------------------------- run
@@ -267,6 +284,9 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   loss_fn = _make_loss_fn(task.kind, ft.get("lm_coef", 0.0))
   transfer = None if params is None else functools.partial(
       transfer_pretrained, pretrained=params, reuse_pooler=ft.reuse_pooler)
+  if transfer and finetune_models.backbone_for(config.model) == "causal":
+    transfer = with_fresh_token_rows(
+        transfer, (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id))
   constants = {}
   if ft.get("teacher"):   # TinyBERT's task-specific distillation (finetune/distill.py)
     teacher_config, teacher_params = distill.load_teacher(config, task.kind)
@@ -354,6 +374,11 @@ def resolved_config(config, init_config, *, tokenizer_path: str = ""
   a T5's text-to-text, as `init_config` says; `config_lib.resolve_finetune`) and the pre-trained
   run's model, tokenizer and objective sections, as written to config.json; `tokenizer_path`:
   where the tokenizer is (absolute), recorded as tokenizer.model_path."""
+  if init_config.model.get("kind") == "elmo":
+    raise ConfigError(f"finetune.init={config.finetune.init!r} is an ELMo biLM, which takes no "
+                      f"task head here; use its layers as features (python -m "
+                      f"bertfam_jax.represent, or the probe of experiments/representations.py), "
+                      f"or fine-tune a BERT-family, XLNet, GPT or T5 workdir.")
   seq2seq_run = text_to_text(config.finetune.task, init_config)
   task_kind = "" if seq2seq_run else tasks.get(config.finetune.task).kind
   recipe = config_lib.finetune_recipe(seq2seq_run, task_kind, init_config.objective.name)

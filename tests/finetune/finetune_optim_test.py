@@ -99,6 +99,44 @@ def test_full_training_is_berts_adamw():
   assert optim.trainable_fraction(ft(), config, shapes) == 1.0
 
 
+def test_gpts_recipe_is_opt_pys_adam_with_warmup_linear():
+  """finetune-transformer-lm train.py fine-tunes with opt.py's `adam` (bias-corrected, ε 1e-8,
+  lrt = lr·√(1 − β2^t)/(1 − β1^t)·warmup_linear(t / T), p − lrt·(m/(√v + e) + l2·p) on weights
+  of rank > 1, global clipping first): a numpy port of it, float64, against ours in float32."""
+  config = tiny_config()
+  shapes = abstract_params(config)
+  params, grads = random_like(shapes, 0), gradients(shapes)
+  settings = ft(warmup_fraction=0.25)   # W = 2 of T = 8 steps: rates 0, lr/2·(7/8), lr·(6/8)
+  run = run_config(settings, config)
+  run.optimizer.adam = "gpt"
+  tx, _ = optim.make_finetune_optimizer(run, shapes, TOTAL)
+  ours, _ = trajectory(tx, params, grads)
+  theta = {k: v.astype(np.float64) for k, v in flat(params).items()}
+  m = {k: np.zeros_like(v) for k, v in theta.items()}
+  v = {k: np.zeros_like(x) for k, x in theta.items()}
+  for t, g in enumerate(grads):
+    g = {k: x.astype(np.float64) for k, x in flat(g).items()}
+    norm = math.sqrt(sum(np.sum(x**2) for x in g.values()))
+    g = {k: x * 1.0 / max(norm, 1.0) for k, x in g.items()}
+    x = t / TOTAL
+    schedule = (x / 0.25 if x <= 0.25 else 1.0) * (1 - x)   # opt.py warmup_linear
+    lrt = 0.1 * math.sqrt(1 - 0.999**(t + 1)) / (1 - 0.9**(t + 1)) * schedule
+    for k in theta:
+      m[k] = 0.9 * m[k] + 0.1 * g[k]
+      v[k] = 0.999 * v[k] + 0.001 * g[k]**2
+      step = m[k] / (np.sqrt(v[k]) + 1e-8)
+      names = k.split("/")   # rank > 1 in the reference's shapes: not a bias (ours [heads, kv]
+      if "bias" not in names[-1] and "norm" not in names:   # are its [3 · hidden] reshaped) or gain
+        step = step + 0.1 * theta[k]
+      theta[k] = theta[k] - lrt * step
+    for k, value in flat(ours[t]).items():
+      np.testing.assert_allclose(value, theta[k], rtol=1e-5, atol=1e-6, err_msg=f"{k} at {t}")
+  resolved = config_lib.resolve_finetune(config_lib.finetune_config(), "gpt")
+  assert (resolved.optimizer.adam, resolved.optimizer.peak_lr) == ("gpt", 6.25e-5)
+  assert config_lib.resolve_finetune(config_lib.finetune_config(), "encoder").optimizer.adam == (
+      "bert")
+
+
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 def test_frozen_layers_never_move_and_hold_no_state(scan):
   config = tiny_config(scan_layers=scan)

@@ -83,3 +83,21 @@ def test_token_tasks_and_gpt_fields_on_other_backbones_are_refused():
                                        "regression", orders=2)
   with pytest.raises(ConfigError, match="GPT's"):
     init(bert, ids[:, None].repeat(2, 1), mask[:, None].repeat(2, 1), types[:, None].repeat(2, 1))
+
+
+def test_gpts_fine_tuning_tokens_start_fresh():
+  """train.py appends [start] [delim] [extract] as new N(0, 0.02) rows: after the transfer, the
+  rows of our cls, sep and mask ids are the fresh initialisation's, every other row the
+  pre-trained one's."""
+  from bertfam_jax.finetune import run as finetune_run  # pylint: disable=import-outside-toplevel
+  fresh_table = np.random.default_rng(0).normal(0, 0.02, (10, 4)).astype(np.float32)
+  given_table = np.random.default_rng(1).normal(0, 1.0, (10, 4)).astype(np.float32)
+  fresh = {"encoder": {"word_embeddings": {"embedding": fresh_table}, "other": np.zeros(2)},
+           "classification_head": {"classifier": np.ones(3)}}
+  copy = lambda tree: dict(tree, encoder=dict(  # noqa: E731  the pre-trained encoder copied in
+      tree["encoder"], word_embeddings={"embedding": jnp.asarray(given_table)}))
+  params = finetune_run.with_fresh_token_rows(copy, (2, 3, 4))(fresh)
+  table = np.asarray(params["encoder"]["word_embeddings"]["embedding"])
+  np.testing.assert_array_equal(table[2:5], fresh_table[2:5])
+  np.testing.assert_array_equal(table[[0, 1, 5, 6, 7, 8, 9]], given_table[[0, 1, 5, 6, 7, 8, 9]])
+  assert params["classification_head"] is fresh["classification_head"]

@@ -92,8 +92,8 @@ def test_fine_tuning_with_gpts_input_transformations(uninterrupted, task, tmp_pa
   results = finetune_run.run(c, workdir)
   assert 0 <= results["scores"]["accuracy"] <= 1
   config, _, tuned = workdir_lib.load(workdir)
-  assert (config.finetune.lm_coef, config.optimizer.peak_lr,
-          config.optimizer.warmup_fraction) == (0.5, 6.25e-5, 0.002)
+  assert (config.finetune.lm_coef, config.optimizer.peak_lr, config.optimizer.warmup_fraction,
+          config.optimizer.adam) == (0.5, 6.25e-5, 0.002, "gpt")
   _, _, pretrained = workdir_lib.load(uninterrupted)
   assert jax.tree.structure(tuned["encoder"]) == jax.tree.structure(pretrained["encoder"])
   head = "classification_head" if task == "wordnet_supersense" else "choice_head"
