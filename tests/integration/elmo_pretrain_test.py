@@ -85,3 +85,14 @@ def test_the_sampled_softmax_trains(batches):
   scalars = step_lib.finalize_metrics(jax.device_get(eval_step(state.params, put(batches[1]))))
   assert {"forward_loss", "backward_loss"} <= set(scalars)
   assert "forward_sampled_loss" not in scalars
+
+
+def test_fine_tuning_an_elmo_workdir_is_refused_in_one_line(uninterrupted, tmp_path):
+  """A biLM takes no task head here: a ConfigError naming the init and the alternatives, before
+  the fine-tuning workdir is written."""
+  from bertfam_jax.finetune import run as finetune_run  # pylint: disable=import-outside-toplevel
+  c = cl.load_config(os.path.join(_ROOT, "configs", "finetune.py"),
+                     f"task=wordnet_supersense,init={uninterrupted}")
+  with pytest.raises(cl.ConfigError, match="is an ELMo biLM.*bertfam_jax.represent"):
+    finetune_run.run(c, str(tmp_path / "ft"))
+  assert not (tmp_path / "ft").exists()
