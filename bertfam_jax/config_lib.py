@@ -595,8 +595,6 @@ def t5_objective(**overrides) -> ml_collections.ConfigDict:
       mask_random=0.0,                # BART: a span's <mask> is a random token instead
       z_loss=1e-4,                    # t5x's auxiliary z-loss (0 = off)
       loss_on_targets_only=True,      # decoder-only / prefix LM: loss on the targets (seqio)
-      decoder_sees_masked=True,       # False: cross-attention skips inputs holding the mask id
-                                      # (MASS's enc_mask; the sentinel encodings' first id)
       masking="dynamic",              # new noise every epoch (the pipeline's epoch mode)
   ))
   o.update(overrides)
@@ -1274,7 +1272,8 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
       o.name != "adamw" or o.get("schedule", "linear") != "linear")):
     raise ConfigError(f"optimizer.adam={o.get('adam')!r}: choose one of {FINETUNE_ADAMS}; 'gpt' "
                       f"(opt.py's Adam with its warmup_linear) needs optimizer.name='adamw' and "
-                      f"schedule='linear' (got {o.name!r} and {o.get('schedule')!r}).")
+                      f"schedule='linear' (got {o.name!r} and {o.get('schedule')!r}): set "
+                      f"--config.optimizer.adam=bert for another optimizer or schedule.")
   if o.get("schedule") == "slanted_triangular" and (
       not 0 < o.cut_frac < 1 or o.ratio < 1 or o.name != "adamw"):
     raise ConfigError(f"optimizer.schedule='slanted_triangular' needs optimizer.name='adamw', "

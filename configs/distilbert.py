@@ -43,11 +43,7 @@ def get_config(arg=None):
   else:
     teacher_model = cl.encoder("base")
   config.model = ml_collections.ConfigDict(teacher_model.to_dict())
-  # The position table stays the teacher's: the reference's training config builds the student
-  # with sinusoidal_pos_embds, whose table has requires_grad=False, then loads the teacher's
-  # learned table into it (scripts/extract_distilbert.py), so it never trains.
-  config.model.update(layers=max(1, teacher_model.layers // 2), type_vocab_size=0,
-                      freeze_positions=True)
+  config.model.update(layers=max(1, teacher_model.layers // 2), type_vocab_size=0)
   config.objective = ml_collections.ConfigDict(dict(
       name="distillation",
       teacher=arg.teacher,
@@ -61,6 +57,10 @@ def get_config(arg=None):
       alpha_ce=5.0,
       alpha_mlm=2.0,
       alpha_cos=1.0,
+      # The position table stays the teacher's: the reference's training config builds the
+      # student with sinusoidal_pos_embds, whose table has requires_grad=False, then loads the
+      # teacher's learned table into it (scripts/extract_distilbert.py), so it never trains.
+      freeze_positions=True,
   ))
   config.data.update(source="tfds", tfds_name="wikipedia/20230601.en", train_split="train[:99%]",
                      eval_split="train[99%:]", seq_len=512, packing="full_sentences")

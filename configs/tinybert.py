@@ -11,8 +11,9 @@ projection); 128-token rows of English Wikipedia with one token a row corrupted 
 pre-generation script's masked_lm_prob 0.0, whose budget max(1, round(0 · len)) is 1); batch
 256, BertAdam at 5e-5 (no bias correction, weight decay 0.01 on all but biases and LayerNorm,
 each parameter's gradient clipped at norm 1) with 10% linear warmup then linear decay from the
-peak to 0 (WarmupLinearSchedule; its first update runs at 0, ours at peak / warmup steps); 3 epochs of 2,500 M words, about 300,000
-such steps (≈ 3.3 B word pieces / 128 / 256 per epoch; the reference counts epochs, not steps).
+peak to 0 (WarmupLinearSchedule; its first update runs at 0, ours at peak / warmup steps); 3
+epochs of 2,500 M words, about 300,000 such steps (≈ 3.3 B word pieces / 128 / 256 per epoch;
+the reference counts epochs, not steps).
 
 The teacher is the config argument `teacher=DIR`, as configs/distilbert.py: a masked-LM workdir
 of ours or a transformers BERT imported as one. Its model and tokenizer are read from DIR.

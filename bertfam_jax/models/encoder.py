@@ -228,8 +228,8 @@ class Encoder(nn.Module):
     """Word + position (+ type) embeddings after the embedding LayerNorm (none when
     `model.embedding_layer_norm` is False: GPT), before dropout: [batch, length] → [batch,
     length, E] (E = embedding_size when factorised, else hidden); positions count from
-    `first_position` (a traced scalar while decoding). `model.freeze_positions`: the position
-    table gets no gradient."""
+    `first_position` (a traced scalar while decoding). `freeze_positions` in the config (set by
+    objectives/distillation.build_model, never saved): the position table gets no gradient."""
     c = self.config
     positions_L = first_position + jnp.arange(input_ids.shape[1])
     positions_LE = self.position_embeddings(positions_L)

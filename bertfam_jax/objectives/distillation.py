@@ -31,6 +31,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from bertfam_jax import config_lib, flops
@@ -47,11 +48,17 @@ FIELD_RULES = {
     "objective.alpha_ce": config_lib.Range(0),
     "objective.alpha_mlm": config_lib.Range(0),
     "objective.alpha_cos": config_lib.Range(0),
+    "objective.freeze_positions": (True, False),
 }
 
 
 def build_model(config):
-  return pretraining.Distiller(config.model, config.objective.teacher_model)
+  """The Distiller of `config.model`'s student, its position table frozen when
+  `objective.freeze_positions` (the flag stays out of the saved model section, so fine-tuning
+  the student or distilling from it trains its positions)."""
+  student = ml_collections.ConfigDict(config.model.to_dict())
+  student.freeze_positions = bool(config.objective.get("freeze_positions", False))
+  return pretraining.Distiller(student, config.objective.teacher_model)
 
 
 def student_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
@@ -77,7 +84,7 @@ STUDENT_COMPUTE = ("dropout", "attention_dropout", "dropout_bits", "dtype", "rem
                    "attention_impl", "scan_layers", "fused_qkv", "fp8_matmuls")
 # What a DistilBERT student may set apart from its teacher: its depth and token types, and how it
 # computes; every other model field is the teacher's.
-_STUDENT_OWN = ("layers", "type_vocab_size", "freeze_positions") + STUDENT_COMPUTE
+_STUDENT_OWN = ("layers", "type_vocab_size") + STUDENT_COMPUTE
 
 
 def check_student(student, teacher, *, own: tuple[str, ...], names: tuple[str, str],
@@ -119,11 +126,11 @@ def validate(config) -> None:
     raise ConfigError(f"objective.student_layers={o.student_layers!r} must list model.layers="
                       f"{s.layers} teacher layers in [0, {t.layers}), comma-separated, or be '' "
                       f"for {student_layer_map(t.layers, s.layers)}.")
-  if s.get("freeze_positions", False) and config.optimizer.weight_decay > 0:
-    raise ConfigError(f"model.freeze_positions keeps the student's position table at its "
+  if o.get("freeze_positions", False) and config.optimizer.weight_decay > 0:
+    raise ConfigError(f"objective.freeze_positions keeps the student's position table at its "
                       f"teacher's, but optimizer.weight_decay={config.optimizer.weight_decay} "
                       f"would still shrink it; set --config.optimizer.weight_decay=0 (the "
-                      f"recipe's) or --config.model.freeze_positions=False.")
+                      f"recipe's) or --config.objective.freeze_positions=False.")
   if o.mask_token_prob + o.random_token_prob > 1.0:
     raise ConfigError(f"objective.mask_token_prob={o.mask_token_prob} and random_token_prob="
                       f"{o.random_token_prob} must sum to <= 1 (the rest stay unchanged).")

@@ -25,8 +25,9 @@ The loss (bilm-tf `_build_loss`): the forward LM at word t predicts word t + 1, 
 word t − 1, within the row, but never from a sentence's last word in its reading direction
 (forward </S>, backward <S>: bilm-tf's batches never input those, so the next sentence's boundary
 word, certain, is no target; `shifted_targets`); each direction's mean cross-entropy over its
-targets, then ½ (forward + backward). Training uses the sampled softmax when `objective.sampled_negatives` > 0 (bilm-tf:
-8,192 candidates per batch from a log-uniform sampler, `losses.sampled_softmax_cross_entropy`),
+targets, then ½ (forward + backward). Training uses the sampled softmax when
+`objective.sampled_negatives` > 0 (bilm-tf: 8,192 candidates per batch from a log-uniform
+sampler, `losses.sampled_softmax_cross_entropy`),
 evaluation always the full softmax (bilm-tf's test mode), so held-out losses are exact
 perplexities' logarithms: `eval_forward_loss`, `eval_backward_loss`.
 

@@ -70,6 +70,8 @@ FIELD_RULES = {
     "objective.mask_random": config_lib.PROBABILITY,
     "objective.z_loss": config_lib.AT_LEAST_0,
     "objective.loss_on_targets_only": (True, False),
+    # Absent = True; False (configs/mass.py): the decoder's cross-attention skips the inputs
+    # holding the shared mask (MASS's enc_mask), the batch key cross_segment_ids.
     "objective.decoder_sees_masked": (True, False),
 }
 
@@ -93,19 +95,23 @@ def validate(config) -> None:
       raise ConfigError("objective.decoder_sees_masked=False hides masked inputs from the "
                         "decoder's cross-attention, which a decoder-only model has not: set "
                         "--config.model.architecture=encoder_decoder.")
-    if o.inputs_encoding not in _ONE_MASK_ENCODINGS:
-      raise ConfigError(f"objective.decoder_sees_masked=False hides the inputs holding the mask "
-                        f"id; inputs_encoding={o.inputs_encoding!r} writes none: use one of "
-                        f"{sorted(_ONE_MASK_ENCODINGS)}.")
+    if o.inputs_encoding not in _ONE_MASK_ENCODINGS or o.noise_mask == "bart_infilling":
+      raise ConfigError(f"objective.decoder_sees_masked=False hides the inputs holding the shared "
+                        f"mask (the first sentinel), which needs inputs_encoding in "
+                        f"{sorted(_ONE_MASK_ENCODINGS)} and a noise_mask other than "
+                        f"bart_infilling (got {o.inputs_encoding!r}, {o.noise_mask!r}); or set "
+                        f"--config.objective.decoder_sees_masked=True.")
     if config.model.attention_impl == "cudnn":
       raise ConfigError("objective.decoder_sees_masked=False leaves holes in the cross-attention, "
                         "which cuDNN's padding lengths cannot express: set "
                         "--config.model.attention_impl=xla.")
 
 
-# The inputs encodings that write one shared mask id (the first sentinel) over noise tokens.
+# The inputs encodings that write one shared mask id (the first sentinel) over noise tokens or
+# spans (and no other sentinel).
 _ONE_MASK_ENCODINGS = frozenset({"noise_token_to_sentinel", "noise_token_to_sentinel_keep_or_random",
-                                 "noise_token_to_random_token_or_sentinel"})
+                                 "noise_token_to_random_token_or_sentinel",
+                                 "noise_span_to_sentinel"})
 
 
 def decoder_only(config) -> bool:

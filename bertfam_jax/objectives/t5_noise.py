@@ -259,7 +259,7 @@ def mass_fragment_noise_mask(lengths: np.ndarray, max_len: int, rng: np.random.G
   span = np.minimum(span, np.maximum(lengths, 1))
   coin = rng.random(len(lengths))
   last = lengths - span
-  uniform = rng.integers(0, last + 1)
+  uniform = rng.integers(0, np.maximum(last, 0) + 1)   # an empty row (last −1) draws 0
   start = np.where(coin >= 0.8, 0, np.where(coin >= 0.6, last, uniform))
   columns = np.arange(max_len)[None, :]
   return (columns >= start[:, None]) & (columns < (start + span)[:, None]) & _valid(lengths,

@@ -399,6 +399,8 @@ def make_optimizer(config, param_axes=None) -> tuple[optax.GradientTransformatio
                  else optax.clip_by_global_norm(o.clip_norm))
   if o.get("decay_bias_corrected", False):   # GPT's opt.py: the decay inside the step
     parts.append(scale_by_adam(o.b1, o.b2, o.eps, o.bias_correction, o.weight_decay, decays))
+    if o.weight_decay > 0:   # the decay's slot kept at 0, so the state's layout is the same
+      parts.append(optax.add_decayed_weights(0.0, mask=decays))
   else:
     parts.append(scale_by_adam(o.b1, o.b2, o.eps, o.bias_correction))
     if o.weight_decay > 0:

@@ -95,8 +95,11 @@ def test_resume_reproduces_the_run(teacher, student, tmp_path):
 
 
 def test_the_student_loads_as_an_encoder(student):
+  """... with trainable positions: the frozen table is distillation's (objective), not the
+  saved model's, so fine-tuning the student or distilling from it trains it."""
   config, _, encoder_params = workdir_lib.load_encoder(student)
   assert config.model.layers == 1 and "layer_1" not in encoder_params
+  assert "freeze_positions" not in config.model and config.objective.freeze_positions
 
 
 def test_sharded_steps_equal_single_device(teacher):

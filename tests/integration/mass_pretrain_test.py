@@ -66,6 +66,20 @@ def test_rows_mask_one_fragment_of_half_and_predict_it_alone(batches):
   assert 0.65 < masked / total < 0.95, masked / total
 
 
+def test_the_loss_reads_the_hidden_inputs(batches):
+  """t5.loss_fn hands cross_segment_ids to the model: the loss of a batch without the key (the
+  decoder sees every input) differs."""
+  import jax  # pylint: disable=import-outside-toplevel
+  (batch, _), _ = batches
+  config = tiny_config()
+  model = t5_objective.build_model(config)
+  params = model.init(jax.random.key(0), **t5_objective.init_inputs(config), deterministic=True)
+  loss = lambda b: float(t5_objective.loss_fn(  # noqa: E731
+      model, params, b, jax.random.key(1), config, deterministic=True)[0])
+  seeing = {k: v for k, v in batch.items() if k != "cross_segment_ids"}
+  assert abs(loss(batch) - loss(seeing)) > 1e-4
+
+
 @pytest.mark.parametrize("field, value, names", [
     ("model.architecture", "prefix_lm", "architecture=encoder_decoder"),
     ("objective.inputs_encoding", "noise_span_to_unique_sentinel", "inputs_encoding"),

@@ -216,7 +216,7 @@ def test_rare_tokens_are_masked_more_often_as_count_to_the_minus_0_7():
     (dict(model=dict(share_layers="all")), "model.share_layers='all' differs"),
     (dict(model=dict(share_layers="all"), teacher=dict(share_layers="all")),
      "needs a BERT-style encoder"),
-    (dict(model=dict(freeze_positions=True), optimizer=dict(weight_decay=0.01)),
+    (dict(objective=dict(freeze_positions=True), optimizer=dict(weight_decay=0.01)),
      "optimizer.weight_decay=0.01 would still shrink it"),
 ])
 def test_refusals_name_the_field(change, message):

@@ -282,8 +282,13 @@ def test_gpt_adam_matches_opt_py():
   params, grads = tiny_problem(seed=2)
   ours = run_ours(make_config(o), params, grads)
   assert_histories_close(ours, gpt_reference(params, grads, o, TOTAL))
-  _, schedule = optimizer.make_optimizer(make_config(o))
+  tx, schedule = optimizer.make_optimizer(make_config(o))
   assert float(schedule(0)) == 0.0 and float(schedule(WARMUP)) == pytest.approx(PEAK_LR)
+  # The state's layout is the decay-outside chain's, so older GPT checkpoints restore.
+  o.decay_bias_corrected = False
+  outside, _ = optimizer.make_optimizer(make_config(o))
+  theta = nest(params)
+  assert jax.tree.structure(tx.init(theta)) == jax.tree.structure(outside.init(theta))
 
 
 def test_tinybert_bert_adam_matches_its_optimization_py():
