@@ -18,7 +18,7 @@ from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import optim
 from bertfam_jax.models import finetune
 from bertfam_jax.train import optimizer
-from helpers import tiny
+from helpers import reference_adam, tiny
 
 TOTAL, STEPS = 8, 3
 IDS = np.ones((1, 8), np.int32)
@@ -111,24 +111,22 @@ def test_gpts_recipe_is_opt_pys_adam_with_warmup_linear():
   run.optimizer.adam = "gpt"
   tx, _ = optim.make_finetune_optimizer(run, shapes, TOTAL)
   ours, _ = trajectory(tx, params, grads)
-  theta = {k: v.astype(np.float64) for k, v in flat(params).items()}
-  m = {k: np.zeros_like(v) for k, v in theta.items()}
-  v = {k: np.zeros_like(x) for k, x in theta.items()}
-  for t, g in enumerate(grads):
-    g = {k: x.astype(np.float64) for k, x in flat(g).items()}
-    norm = math.sqrt(sum(np.sum(x**2) for x in g.values()))
-    g = {k: x * 1.0 / max(norm, 1.0) for k, x in g.items()}
-    x = t / TOTAL
-    schedule = (x / 0.25 if x <= 0.25 else 1.0) * (1 - x)   # opt.py warmup_linear
-    lrt = 0.1 * math.sqrt(1 - 0.999**(t + 1)) / (1 - 0.9**(t + 1)) * schedule
-    for k in theta:
-      m[k] = 0.9 * m[k] + 0.1 * g[k]
-      v[k] = 0.999 * v[k] + 0.001 * g[k]**2
-      step = m[k] / (np.sqrt(v[k]) + 1e-8)
-      names = k.split("/")   # rank > 1 in the reference's shapes: not a bias (ours [heads, kv]
-      if "bias" not in names[-1] and "norm" not in names:   # are its [3 · hidden] reshaped) or gain
-        step = step + 0.1 * theta[k]
-      theta[k] = theta[k] - lrt * step
+
+  def lrt(step):   # opt.py: lr·√(1 − β2^t)/(1 − β1^t)·warmup_linear(x), x = t_before / T
+    x, t = step / TOTAL, step + 1
+    schedule = (x / 0.25 if x <= 0.25 else 1.0) * (1 - x)
+    return 0.1 * math.sqrt(1 - 0.999**t) / (1 - 0.9**t) * schedule
+
+  def rank_above_1(name, _):   # in the reference's shapes: not a bias (ours [heads, kv] are its
+    names = name.split("/")    # [3 · hidden] reshaped) or a gain
+    return "bias" not in names[-1] and "norm" not in names
+
+  reference = reference_adam.adam_decay_history(
+      {k: x.astype(np.float64) for k, x in flat(params).items()},
+      [{k: x.astype(np.float64) for k, x in flat(g).items()} for g in grads], rate=lrt,
+      decays=rank_above_1, clip=lambda g: reference_adam.clip_global(g, 1.0),
+      b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.1)
+  for t, theta in enumerate(reference):
     for k, value in flat(ours[t]).items():
       np.testing.assert_allclose(value, theta[k], rtol=1e-5, atol=1e-6, err_msg=f"{k} at {t}")
   resolved = config_lib.resolve_finetune(config_lib.finetune_config(), "gpt")

@@ -9,7 +9,11 @@ References (specs/objectives.md §0, "Optimizer family"):
   ALBERT   google-research/albert lamb_optimizer.py LAMBOptimizer.apply_gradients after
            clip_by_global_norm(grads, 1.0), at BERT's learning rate (optimization.py
            create_optimizer with poly_power 1).
-Both references are written in their own code's structure, not in optax's, and are compared with
+  GPT      finetune-transformer-lm opt.py `adam` with `warmup_cosine`.
+  TinyBERT TinyBERT transformer/optimization.py BertAdam with WarmupLinearSchedule.
+BERT's, GPT's and TinyBERT's share one loop (helpers/reference_adam.py), their rates, decayed
+parameters and clipping passed in. The references are written in their own code's structure,
+not in optax's, and are compared with
 the parameters after every one of 5 updates on a tree holding a kernel, a bias, a LayerNorm
 `norm/{scale,bias}` and an `output_bias` (our naming, see models/layers.py and models/heads.py).
 """
@@ -29,6 +33,7 @@ from bertfam_jax import config_lib as cl
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.objectives import mlm
 from bertfam_jax.train import optimizer
+from helpers import reference_adam
 
 WARMUP, TOTAL, STEPS = 2, 8, 5
 # Large rate and decay so that a decay applied to the wrong leaves moves a parameter by ~1e-2,
@@ -110,23 +115,11 @@ def fairseq_lr(step, peak, warmup, total, end=0.0):
 
 def bert_reference(params, grads, o, total):
   """AdamWeightDecayOptimizer.apply_gradients after clip_by_global_norm, in float64."""
-  theta = dict(params)
-  m = {k: np.zeros_like(x) for k, x in params.items()}
-  v = {k: np.zeros_like(x) for k, x in params.items()}
-  history = []
-  for step, g in enumerate(grads):
-    lr = bert_lr(step, o.peak_lr, o.warmup_steps, total, o.end_lr)
-    global_norm = math.sqrt(sum(np.sum(x**2) for x in g.values()))
-    g = {k: x * o.clip_norm / max(global_norm, o.clip_norm) for k, x in g.items()}  # TF's formula
-    for k in theta:
-      m[k] = o.b1 * m[k] + (1.0 - o.b1) * g[k]
-      v[k] = o.b2 * v[k] + (1.0 - o.b2) * g[k]**2
-      update = m[k] / (np.sqrt(v[k]) + o.eps)
-      if k in BERT_DECAYED:
-        update = update + o.weight_decay * theta[k]
-      theta[k] = theta[k] - lr * update
-    history.append(dict(theta))
-  return history
+  return reference_adam.adam_decay_history(
+      params, grads, rate=lambda step: bert_lr(step, o.peak_lr, o.warmup_steps, total, o.end_lr),
+      decays=lambda name, _: name in BERT_DECAYED,
+      clip=lambda g: reference_adam.clip_global(g, o.clip_norm),  # TF's formula
+      b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
 
 
 def fairseq_reference(params, grads, o, total):
@@ -154,27 +147,17 @@ def gpt_reference(params, grads, o, total):
   """finetune-transformer-lm opt.py `adam` with `warmup_cosine`, in float64: global-norm
   clipping, lrt = lr·√(1 − β2^t)/(1 − β1^t)·schedule(t_before / total) and
   p − lrt·(m/(√v + e) + l2·p) on parameters of rank > 1 only (no `vector_l2`)."""
-  theta = dict(params)
-  m = {k: np.zeros_like(x) for k, x in params.items()}
-  v = {k: np.zeros_like(x) for k, x in params.items()}
   warmup = o.warmup_steps / total
-  history = []
-  for step, g in enumerate(grads):
-    x = step / total
+
+  def lrt(step):
+    x, t = step / total, step + 1
     schedule = x / warmup if x <= warmup else 0.5 * (1 + math.cos(math.pi * x))
-    global_norm = math.sqrt(sum(np.sum(y**2) for y in g.values()))
-    g = {k: y * o.clip_norm / max(global_norm, o.clip_norm) for k, y in g.items()}
-    t = step + 1
-    lrt = o.peak_lr * math.sqrt(1 - o.b2**t) / (1 - o.b1**t) * schedule
-    for k in theta:
-      m[k] = o.b1 * m[k] + (1.0 - o.b1) * g[k]
-      v[k] = o.b2 * v[k] + (1.0 - o.b2) * g[k]**2
-      update = m[k] / (np.sqrt(v[k]) + o.eps)
-      if theta[k].ndim > 1:
-        update = update + o.weight_decay * theta[k]
-      theta[k] = theta[k] - lrt * update
-    history.append(dict(theta))
-  return history
+    return o.peak_lr * math.sqrt(1 - o.b2**t) / (1 - o.b1**t) * schedule
+
+  return reference_adam.adam_decay_history(
+      params, grads, rate=lrt, decays=lambda _, value: value.ndim > 1,
+      clip=lambda g: reference_adam.clip_global(g, o.clip_norm),
+      b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
 
 
 def tinybert_reference(params, grads, o, total):
@@ -183,27 +166,19 @@ def tinybert_reference(params, grads, o, total):
   max_norm / (‖g‖ + 1e-6) when below 1), no bias correction, decay on BERT's decayed names, the
   rate lr · schedule(step / t_total) with step counted before the update, except the first
   update's: 0 there, lr / W in ours (`linear_after_warmup`, fairseq's start), taken here."""
-  theta = dict(params)
-  m = {k: np.zeros_like(x) for k, x in params.items()}
-  v = {k: np.zeros_like(x) for k, x in params.items()}
   warmup = o.warmup_steps / total
-  history = []
-  for step, g in enumerate(grads):
+
+  def rate(step):
+    if not step:
+      return o.peak_lr / o.warmup_steps
     progress = step / total
-    rate = o.peak_lr * (progress / warmup if progress < warmup
+    return o.peak_lr * (progress / warmup if progress < warmup
                         else max((progress - 1.0) / (warmup - 1.0), 0.0))
-    rate = rate if step else o.peak_lr / o.warmup_steps
-    for k in theta:
-      coef = o.clip_norm / (np.linalg.norm(g[k]) + 1e-6)
-      grad = g[k] * coef if coef < 1 else g[k]
-      m[k] = o.b1 * m[k] + (1.0 - o.b1) * grad
-      v[k] = o.b2 * v[k] + (1.0 - o.b2) * grad**2
-      update = m[k] / (np.sqrt(v[k]) + o.eps)
-      if k in BERT_DECAYED:
-        update = update + o.weight_decay * theta[k]
-      theta[k] = theta[k] - rate * update
-    history.append(dict(theta))
-  return history
+
+  return reference_adam.adam_decay_history(
+      params, grads, rate=rate, decays=lambda name, _: name in BERT_DECAYED,
+      clip=lambda g: reference_adam.clip_each(g, o.clip_norm),
+      b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
 
 
 def lamb_reference(params, grads, o, total, adapted):
@@ -216,8 +191,7 @@ def lamb_reference(params, grads, o, total, adapted):
   history = []
   for step, g in enumerate(grads):
     lr = bert_lr(step, o.peak_lr, o.warmup_steps, total, o.end_lr)
-    global_norm = math.sqrt(sum(np.sum(x**2) for x in g.values()))
-    g = {k: x * o.clip_norm / max(global_norm, o.clip_norm) for k, x in g.items()}
+    g = reference_adam.clip_global(g, o.clip_norm)
     for k in theta:
       m[k] = o.b1 * m[k] + (1.0 - o.b1) * g[k]
       v[k] = o.b2 * v[k] + (1.0 - o.b2) * g[k]**2
