@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from bertfam_jax import config_lib
 from bertfam_jax.config_lib import ConfigError
-from bertfam_jax.models import encoder, heads, layers, pretraining, xlnet
+from bertfam_jax.models import encoder, heads, pretraining, xlnet
 
 
 class XLNetContent(xlnet.XLNet):
@@ -187,11 +187,7 @@ class TaskDistiller(nn.Module):
   def setup(self):
     nn.share_scope(self, self.student)
     # TinyBertForSequenceClassification(is_student=True) builds fit_dense whatever the widths.
-    self.fit_dense = nn.Dense(self.teacher_config.hidden,
-                              dtype=jnp.dtype(self.student.config.dtype), param_dtype=jnp.float32,
-                              kernel_init=layers.param_init(
-                                  self.student.config.initializer_range, ("embed", "embed_out")),
-                              bias_init=layers.zeros_init(("embed_out",)))
+    self.fit_dense = pretraining.fit_dense(self.student.config, self.teacher_config.hidden)
     self.teacher = pretraining.teacher_module(FineTuneModel, self.is_initializing())(
         self.teacher_config, self.student.kind, self.student.num_outputs,
         features=self.teacher_features, backbone=backbone_for(self.teacher_config))

@@ -104,6 +104,15 @@ class Distiller(nn.Module):
             "teacher_logits": taught["mlm_logits"], "teacher_hidden": taught["hidden"]}
 
 
+def fit_dense(student_config, teacher_hidden: int) -> nn.Dense:
+  """TinyBERT's `fit_dense`: a learned student-hidden → `teacher_hidden` projection with bias,
+  [..., hidden] → [..., teacher hidden] (TinyBertForPreTraining builds it whatever the widths)."""
+  return nn.Dense(teacher_hidden, dtype=jnp.dtype(student_config.dtype), param_dtype=jnp.float32,
+                  kernel_init=layers.param_init(student_config.initializer_range,
+                                                ("embed", "embed_out")),
+                  bias_init=layers.zeros_init(("embed_out",)))
+
+
 class LayerDistiller(nn.Module):
   """TinyBERT's general distillation (Jiao et al., 2020; huawei-noah TinyBERT general_distill.py):
   a student encoder and a teacher encoder (the TEACHER collection, no dropout) over the same
@@ -117,11 +126,7 @@ class LayerDistiller(nn.Module):
 
   def setup(self):
     self.encoder = encoder.Encoder(self.config)
-    self.fit_dense = nn.Dense(self.teacher_config.hidden, dtype=jnp.dtype(self.config.dtype),
-                              param_dtype=jnp.float32,
-                              kernel_init=layers.param_init(self.config.initializer_range,
-                                                            ("embed", "embed_out")),
-                              bias_init=layers.zeros_init(("embed_out",)))
+    self.fit_dense = fit_dense(self.config, self.teacher_config.hidden)
     self.teacher = teacher_module(encoder.Encoder, self.is_initializing())(
         self.teacher_config)
 
