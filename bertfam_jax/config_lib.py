@@ -899,6 +899,15 @@ FIELD_RULES = {
 }
 
 
+def check_vocabulary(c: ml_collections.ConfigDict, tokenizer,
+                     fix: str = "raise --config.model.vocab_size.") -> None:
+  """ConfigError unless the tokenizer's ids fit model.vocab_size; `fix`: the message's remedy."""
+  vocab = getattr(tokenizer, "vocab_size", None)
+  if vocab is not None and vocab > c.model.vocab_size:
+    raise ConfigError(f"The tokenizer has {vocab} ids but model.vocab_size={c.model.vocab_size}; "
+                      f"{fix}")
+
+
 def check_fields(c: ml_collections.ConfigDict, rules: dict) -> None:
   """Raises ConfigError for the first field of `c` outside its rule: a `Range`, a tuple of
   choices, or a frozenset whose subsets are written comma-separated ("none", when it is one of

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from bertfam_jax import flops
+from bertfam_jax import config_lib, flops
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import pretraining
 from bertfam_jax.objectives import losses
@@ -42,9 +42,7 @@ def init_inputs(config) -> dict[str, jnp.ndarray]:
 
 def make_features(config, tokenizer):
   """The packed rows are the batch: `fn(rows, rng) -> rows`, after checking the vocabulary."""
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise ConfigError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
-                      f"{config.model.vocab_size}; raise --config.model.vocab_size.")
+  config_lib.check_vocabulary(config, tokenizer)
   return lm_features
 
 

@@ -177,10 +177,9 @@ def student_encoder(teacher_encoder: dict, layers: list[int]) -> dict:
 def make_features(config, tokenizer):
   """Returns the host-side masking `fn(rows, rng) -> batch` (module docstring)."""
   config_lib.check_fields(config, FIELD_RULES)
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise ConfigError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
-                      f"{config.model.vocab_size}; the teacher's tokenizer and vocabulary go "
-                      f"together (configs/distilbert.py reads both from the teacher's workdir).")
+  config_lib.check_vocabulary(config, tokenizer, fix=(
+      "the teacher's tokenizer and vocabulary go together (configs/distilbert.py reads both from the "
+      "teacher's workdir)."))
   o = config.objective
   return functools.partial(
       distil_features,

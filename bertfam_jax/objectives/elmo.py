@@ -168,9 +168,7 @@ def word_features(rows: dict[str, np.ndarray], rng, *, table: WordTable, num_wor
 
 def make_features(config, tokenizer):
   """The host-side `fn(rows, rng) -> batch` (`word_features`), after checking the vocabulary."""
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise ConfigError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
-                      f"{config.model.vocab_size}; raise --config.model.vocab_size.")
+  config_lib.check_vocabulary(config, tokenizer)
   return functools.partial(word_features, table=WordTable(tokenizer, config.model.max_characters),
                            num_words=config.data.seq_len)
 

@@ -175,9 +175,7 @@ def flops_per_token(config) -> float:
 def make_features(config, tokenizer):
   """Returns the host-side `fn(segments, rng) -> batch` (see the module docstring)."""
   segment_length(config)  # the length check, before any data is read
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise ConfigError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
-                      f"{config.model.vocab_size}; raise --config.model.vocab_size.")
+  config_lib.check_vocabulary(config, tokenizer)
   # cuDNN attention takes padding as lengths, which cannot separate packed examples
   # (models/t5.py): on it each row holds one example.
   examples_per_row = 1 if config.model.attention_impl == "cudnn" else None

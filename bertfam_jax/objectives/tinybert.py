@@ -148,10 +148,9 @@ def make_features(config, tokenizer):
   """BERT's masking of the rows both encoders read, `max(1, round(mask_rate · len))` tokens a row
   (module docstring): `fn(rows, rng) -> rows` with input_ids noised."""
   config_lib.check_fields(config, FIELD_RULES)
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise ConfigError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size="
-                      f"{config.model.vocab_size}; the teacher's tokenizer and vocabulary go "
-                      f"together (configs/tinybert.py reads both from the teacher's workdir).")
+  config_lib.check_vocabulary(config, tokenizer, fix=(
+      "the teacher's tokenizer and vocabulary go together (configs/tinybert.py reads both from the "
+      "teacher's workdir)."))
   o = config.objective
   masking = ml_collections.ConfigDict(dict(
       mask_style="bert", mask_scheme="token", mask_rate=o.mask_rate,

@@ -474,10 +474,7 @@ def make_features(config, tokenizer):
   """Returns the host-side `fn(streams, rng) -> batch` (`xlnet_features`; streams from
   `packing.xlnet_streams` with R = the per-shard batch size)."""
   validate(config)
-  vocab = getattr(tokenizer, "vocab_size", None)
-  if vocab is not None and vocab > config.model.vocab_size:
-    raise ConfigError(f"The tokenizer has {vocab} ids but model.vocab_size="
-                      f"{config.model.vocab_size}; raise --config.model.vocab_size.")
+  config_lib.check_vocabulary(config, tokenizer)
   o = config.objective
   return functools.partial(
       xlnet_features, seq_len=config.data.seq_len, reuse_len=config.model.reuse_len,
