@@ -53,13 +53,14 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool,
       scale = jnp.sqrt(1 - b2**t) / (1 - b1**t)
     else:
       scale = 1.0
-    steps = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
-    if weight_decay > 0:
-      decays = (jax.tree.map(lambda _: True, params) if decay_mask is None
-                else decay_mask(params))
-      steps = jax.tree.map(lambda u, p, d: u + weight_decay * p if d else u, steps, params,
-                           decays)
-    new_updates = jax.tree.map(lambda u: scale * u, steps)
+    if weight_decay <= 0:   # scale · m / (...) in this order: the float32 bits of the runs before
+      new_updates = jax.tree.map(lambda m, v: scale * m / (jnp.sqrt(v) + eps), mu, nu)
+      return new_updates, ScaleByAdamState(count, mu, nu)
+    decays = (jax.tree.map(lambda _: True, params) if decay_mask is None
+              else decay_mask(params))
+    new_updates = jax.tree.map(
+        lambda m, v, p, d: scale * (m / (jnp.sqrt(v) + eps) + (weight_decay * p if d else 0.0)),
+        mu, nu, params, decays)
     return new_updates, ScaleByAdamState(count, mu, nu)
 
   return optax.GradientTransformation(init_fn, update_fn)
