@@ -5,11 +5,15 @@ task of `finetune.text_tasks`.
 Rows are `[CLS] source [SEP] target [SEP]`, padded after, with UniLM's seq2seq token types (4 on
 the source with its [CLS] and [SEP], 5 on the target and its [SEP]): the source is cut to
 `finetune.max_seq_len` − 2 tokens and the target to `finetune.targets_length` − 1 (0: the
-task's `max_target_tokens`) before its [SEP]. Fine-tuning masks each target token (the final
-[SEP] included, so that the model learns to stop) with probability `finetune.mask_prob` (the
-paper's 0.7), 80/10/10 as in pre-training, drawn on the device from the step's key (new masks
-every step), and minimises the cross-entropy of the masked tokens with label smoothing
-`finetune.label_smoothing` (0.1). Decoding is greedy: at step t the row gets [MASK] after its
+task's `max_target_tokens`) before its [SEP]. Fine-tuning masks, as seq2seq_loader.py's
+Preprocess4Seq2seq, exactly max(1, round(`finetune.mask_prob` × n)) of a row's target tokens,
+n the target's tokens before its [SEP] (the paper's 0.7; Python's round, on the host), drawn
+uniformly among the target tokens and the final [SEP] (so that the model learns to stop),
+80/10/10 as in pre-training; the draw is on the device from the step's key (new masks every
+step), and the loss is the cross-entropy of the masked tokens with label smoothing
+`finetune.label_smoothing` (0.1). The reference's `--max_pred` cap is not built: its README's
+commands set it at or above 0.7 × `--max_len_b` (64 / 48 / 140 for targets of 64 / 64 / 200
+tokens), where it never binds. Decoding is greedy: at step t the row gets [MASK] after its
 source and t generated tokens, the seq2seq mask lets it see the source and them, and its
 prediction replaces the [MASK], until [SEP]. `finetune.beam_size` > 1 decodes with beams instead
 (decode_seq2seq.py's --beam_size; the paper's summarisation used 5), with `finetune.alpha` the
@@ -44,21 +48,23 @@ from bertfam_jax.train import metrics as train_metrics
 from bertfam_jax.train import step as step_lib
 
 SOURCE_TYPE, TARGET_TYPE = unilm.LM_TYPE_IDS[unilm.SEQ2SEQ]
-BATCH_KEYS = ("input_ids", "input_mask", "segment_ids")
+BATCH_KEYS = ("input_ids", "input_mask", "segment_ids", "target_predictions")
 REPLACE_PROBS = (0.8, 0.1, 0.1)   # [MASK] / random / kept, as pre-training's
 
 
-def featurize(tokenizer, examples: Sequence[dict], *, source_length: int,
-              target_length: int) -> dict[str, np.ndarray]:
+def featurize(tokenizer, examples: Sequence[dict], *, source_length: int, target_length: int,
+              mask_prob: float) -> dict[str, np.ndarray]:
   """Examples ({inputs, targets, ...}) → input_ids, input_mask, segment_ids [n, source_length +
-  target_length] int32 (`[CLS] source [SEP] target [SEP]`, padded with pad_id) and
-  source_tokens [n] int32 (the row's [CLS] source [SEP])."""
+  target_length] int32 (`[CLS] source [SEP] target [SEP]`, padded with pad_id), source_tokens
+  [n] int32 (the row's [CLS] source [SEP]) and target_predictions [n] int32 (how many target
+  tokens fine-tuning masks: max(1, round(mask_prob × the target's tokens before [SEP])))."""
   width = source_length + target_length
   ids = np.full((len(examples), width), tokenizer.pad_id, np.int32)
   segments = np.zeros_like(ids)
   sources = tokenizer.encode([e["inputs"] for e in examples])
   targets = tokenizer.encode([e["targets"] for e in examples])
   source_tokens = np.zeros(len(examples), np.int32)
+  target_predictions = np.zeros(len(examples), np.int32)
   for row, (a, b) in enumerate(zip(sources, targets)):
     source = [tokenizer.cls_id, *a[:source_length - 2], tokenizer.sep_id]
     target = [*b[:target_length - 1], tokenizer.sep_id]
@@ -66,8 +72,9 @@ def featurize(tokenizer, examples: Sequence[dict], *, source_length: int,
     segments[row, :len(source)] = SOURCE_TYPE
     segments[row, len(source):len(source) + len(target)] = TARGET_TYPE
     source_tokens[row] = len(source)
+    target_predictions[row] = max(1, int(round((len(target) - 1) * mask_prob)))
   return dict(input_ids=ids, input_mask=(segments > 0).astype(np.int32), segment_ids=segments,
-              source_tokens=source_tokens)
+              source_tokens=source_tokens, target_predictions=target_predictions)
 
 
 def seq2seq_masks(segment_ids_BL, input_mask_BL):
@@ -76,13 +83,16 @@ def seq2seq_masks(segment_ids_BL, input_mask_BL):
   return unilm.attention_masks(kinds_B, segment_ids_BL, input_mask_BL)
 
 
-def mask_targets(rng, batch, *, mask_prob: float, mask_id: int, vocab_size: int):
-  """The target tokens masked on the device: each with probability mask_prob, then [MASK] /
-  a random token / unchanged at 0.8 / 0.1 / 0.1. Returns (noised ids [B, L], chosen [B, L])."""
+def mask_targets(rng, batch, *, mask_id: int, vocab_size: int):
+  """The target tokens masked on the device: batch['target_predictions'] [B] of each row's
+  target tokens (its final [SEP] included), uniformly without replacement, then [MASK] / a
+  random token / unchanged at 0.8 / 0.1 / 0.1. Returns (noised ids [B, L], chosen [B, L])."""
   choose_rng, how_rng, random_rng = jax.random.split(rng, 3)
   ids = batch["input_ids"]
   target = batch["segment_ids"] == TARGET_TYPE
-  chosen = target & jax.random.bernoulli(choose_rng, mask_prob, ids.shape)
+  scores = jnp.where(target, jax.random.uniform(choose_rng, ids.shape), 2.0)
+  rank = jnp.argsort(jnp.argsort(scores, axis=-1), axis=-1)   # the targets first, shuffled
+  chosen = target & (rank < batch["target_predictions"][:, None])
   how = jax.random.uniform(how_rng, ids.shape)
   random_ids = jax.random.randint(random_rng, ids.shape, 0, vocab_size, ids.dtype)
   noised = jnp.where(how < REPLACE_PROBS[0], mask_id,
@@ -99,16 +109,14 @@ def _logits_at_every_position(model, params, ids, batch, *, deterministic, rng=N
                      attention_mask=masks)["mlm_logits"]
 
 
-def make_loss_fn(*, mask_prob: float, label_smoothing: float, mask_id: int,
-                 vocab_size: int) -> Callable:
+def make_loss_fn(*, label_smoothing: float, mask_id: int, vocab_size: int) -> Callable:
   """`loss_fn(model, params, batch, rng, config, *, deterministic)`: the masked target tokens'
   label-smoothed cross-entropy (mean over them); logs loss and accuracy of those tokens."""
 
   def loss_fn(model, params, batch, rng, config, *, deterministic=False):
     del config
     mask_rng, dropout_rng = jax.random.split(rng)
-    ids, chosen = mask_targets(mask_rng, batch, mask_prob=mask_prob, mask_id=mask_id,
-                               vocab_size=vocab_size)
+    ids, chosen = mask_targets(mask_rng, batch, mask_id=mask_id, vocab_size=vocab_size)
     logits = _logits_at_every_position(model, params, ids, batch, deterministic=deterministic,
                                        rng=dropout_rng).astype(jnp.float32)
     targets = jax.nn.one_hot(batch["input_ids"], logits.shape[-1])
@@ -225,7 +233,8 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   if len(train_examples) < batch_size:
     raise ConfigError(f"{task.name} has {len(train_examples)} training examples, fewer than "
                       f"train.batch_size={batch_size}; lower the batch size.")
-  lengths = dict(source_length=ft.max_seq_len, target_length=target_length)
+  lengths = dict(source_length=ft.max_seq_len, target_length=target_length,
+                 mask_prob=ft.mask_prob)
   train_data = featurize(tokenizer, train_examples, **lengths)
   eval_data = featurize(tokenizer, eval_examples, **lengths)
   num_train = len(train_data["input_ids"])
@@ -248,8 +257,8 @@ def make_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
   keep = {"encoder", "mlm_head"}
   return recipe_lib.Recipe(
       model=model, example=example, tx=tx, schedule=schedule,
-      loss_fn=make_loss_fn(mask_prob=ft.mask_prob, label_smoothing=ft.label_smoothing,
-                           mask_id=tokenizer.mask_id, vocab_size=config.model.vocab_size),
+      loss_fn=make_loss_fn(label_smoothing=ft.label_smoothing, mask_id=tokenizer.mask_id,
+                           vocab_size=config.model.vocab_size),
       transfer=None if params is None else functools.partial(
           _transfer, pretrained={k: v for k, v in params.items() if k in keep}),
       train_data={k: train_data[k] for k in BATCH_KEYS}, total_steps=total_steps,

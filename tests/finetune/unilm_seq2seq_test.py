@@ -1,5 +1,5 @@
 """UniLM's seq2seq fine-tuning (finetune/unilm_seq2seq.py): rows and token types, target masking
-at its rates on the target only, and greedy decoding equal to a step-by-step loop that builds
+of seq2seq_loader.py's fixed count on the target only, and greedy decoding equal to a step-by-step loop that builds
 each row and its seq2seq mask by hand."""
 
 import jax
@@ -28,7 +28,8 @@ class Tokenizer:
 def test_rows_are_cls_source_sep_target_sep_with_seq2seq_types():
   examples = [dict(inputs="w10 w11 w12", targets="w20 w21"),
               dict(inputs="w10 w11 w12 w13 w14 w15", targets="w20 w21 w22 w23 w24")]
-  data = unilm_seq2seq.featurize(Tokenizer(), examples, source_length=6, target_length=4)
+  data = unilm_seq2seq.featurize(Tokenizer(), examples, source_length=6, target_length=4,
+                                 mask_prob=0.7)
   np.testing.assert_array_equal(data["input_ids"], [
       [2, 10, 11, 12, 3, 20, 21, 3, 0, 0],
       [2, 10, 11, 12, 13, 3, 20, 21, 22, 3]])
@@ -36,20 +37,35 @@ def test_rows_are_cls_source_sep_target_sep_with_seq2seq_types():
       [4, 4, 4, 4, 4, 5, 5, 5, 0, 0], [4, 4, 4, 4, 4, 4, 5, 5, 5, 5]])
   np.testing.assert_array_equal(data["source_tokens"], [5, 6])
   np.testing.assert_array_equal(data["input_mask"], data["segment_ids"] > 0)
+  np.testing.assert_array_equal(data["target_predictions"], [1, 2])   # round(0.7 · 2), (0.7 · 3)
 
 
-def test_only_target_tokens_are_masked_at_their_rates():
-  n, width = 2000, 16
-  segment = np.tile(np.array([4] * 6 + [5] * 8 + [0] * 2), (n, 1))
-  batch = dict(input_ids=jnp.full((n, width), 9, jnp.int32), segment_ids=jnp.asarray(segment))
-  noised, chosen = unilm_seq2seq.mask_targets(jax.random.key(0), batch, mask_prob=0.7,
-                                              mask_id=4, vocab_size=50)
+def test_prediction_counts_are_the_references_rounded_seventy_percent():
+  """Preprocess4Seq2seq: n_pred = max(1, int(round(len(tokens_b) · 0.7))), Python's round of
+  the float64 product, halves to even (5 · 0.7 = 3.5 → 4, 15 · 0.7 = 10.5 → 10)."""
+  examples = [dict(inputs="w10", targets=" ".join(["w20"] * n)) for n in range(1, 16)]
+  data = unilm_seq2seq.featurize(Tokenizer(), examples, source_length=4, target_length=16,
+                                 mask_prob=0.7)
+  np.testing.assert_array_equal(data["target_predictions"],
+                                [1, 1, 2, 3, 4, 4, 5, 6, 6, 7, 8, 8, 9, 10, 10])
+
+
+def test_each_row_masks_its_count_uniformly_over_its_target_and_sep():
+  n, width = 4000, 16
+  segment = np.tile(np.array([4] * 6 + [5] * 8 + [0] * 2), (n, 1))   # 7 target tokens + [SEP]
+  counts = np.where(np.arange(n) % 2, 5, 1).astype(np.int32)
+  batch = dict(input_ids=jnp.full((n, width), 9, jnp.int32), segment_ids=jnp.asarray(segment),
+               target_predictions=jnp.asarray(counts))
+  noised, chosen = unilm_seq2seq.mask_targets(jax.random.key(0), batch, mask_id=4, vocab_size=50)
   noised, chosen = np.asarray(noised), np.asarray(chosen)
   assert not chosen[segment != 5].any() and (noised[segment != 5] == 9).all()
-  assert abs(chosen[segment == 5].mean() - 0.7) < 0.01
+  np.testing.assert_array_equal(chosen.sum(-1), counts)
+  for count in (1, 5):   # every target place, the final [SEP] included, equally likely
+    share = chosen[counts == count][:, 6:14].mean(0)
+    np.testing.assert_allclose(share, count / 8, atol=0.035)
   picked = noised[chosen]
-  assert abs((picked == 4).mean() - 0.8) < 0.01
-  assert abs((picked == 9).mean() - 0.1 - 0.1 / 50) < 0.01   # kept, or drawn as itself
+  assert abs((picked == 4).mean() - 0.8) < 0.015
+  assert abs((picked == 9).mean() - 0.1 - 0.1 / 50) < 0.015   # kept, or drawn as itself
 
 
 def _model_and_rows(width=20, target_length=6):
@@ -61,7 +77,7 @@ def _model_and_rows(width=20, target_length=6):
   examples = [dict(inputs=" ".join(f"w{i}" for i in rng.integers(5, 100, size)), targets="w5")
               for size in (3, 9)]
   data = unilm_seq2seq.featurize(Tokenizer(), examples, source_length=width - target_length,
-                                 target_length=target_length)
+                                 target_length=target_length, mask_prob=0.7)
   ids = jnp.zeros((1, width), jnp.int32)
   params = nn.meta.unbox(model.init(jax.random.key(1), ids, jnp.ones_like(ids), ids, ids,
                                     deterministic=True))["params"]
