@@ -50,6 +50,11 @@ DATA_FILE = "data.json"
 # or objective). Optimizer, schedule, batch and step counts may change between resumptions; the
 # tokenizer's own path may too (its content is compared instead, `check_resumable`).
 _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
+# Fields added to a family's config after runs had been saved without them, with the behaviour
+# their absence meant where `config_lib.base_config()` (an MLM's) does not hold it: MASS's
+# decoder attended to the masked inputs before `8d56e2e`, DistilBERT's student trained its
+# positions before `56b4376`. A saved config lacking the field matches only this value.
+_ABSENT_MEANS = {"objective.decoder_sees_masked": True, "objective.freeze_positions": False}
 
 
 # ------------------------------------------------------------------------------------- writing
@@ -153,16 +158,34 @@ def check_resumable(workdir: str, config, tokenizer, data: dict | None, *,
 
 def check_config(workdir: str, saved: dict, config, compare_tokenizer_path: bool = False) -> None:
   """Refuses `config` when its model, objective or tokenizer settings differ from `saved` (the
-  workdir's config.json); the tokenizer's path only with `compare_tokenizer_path` (its content
-  is compared where the workdir holds it)."""
+  workdir's config.json), naming each field and, for a pre-training, the flags that restore the
+  saved values (a fine-tuning's model comes from its init); the tokenizer's path only with
+  `compare_tokenizer_path` (its content is compared where the workdir holds it)."""
   current = json.loads(config.to_json())
   identity = lambda c: _identity(c, compare_tokenizer_path)  # noqa: E731
   defaults = identity(json.loads(config_lib.base_config().to_json()))
+  for key, value in _ABSENT_MEANS.items():
+    section, field = key.split(".")
+    defaults[section] = dict(defaults.get(section) or {}, **{field: value})
   diffs = _diff(identity(saved), identity(current), defaults)
   if diffs:
-    raise ConfigError(
-        f"{workdir} holds a run with a different model/objective/tokenizer ({'; '.join(diffs[:5])})"
-        f". Use a new --workdir, or pass the original settings to resume it.")
+    changes = "; ".join(f"{key}: {was} → {now!r}" for key, was, now, _ in diffs[:5])
+    flags = [f"--config.{key}={_flag_value(value)}" for key, _, _, value in diffs[:5]
+             if _flag_value(value) is not None]
+    fix = "pass the original settings to resume it"
+    if "data" in config and len(flags) == len(diffs[:5]):   # a pre-training's flags set them
+      fix += f" ({' '.join(flags)})"
+    raise ConfigError(f"{workdir} holds a run with a different model/objective/tokenizer "
+                      f"({changes}). Use a new --workdir, or {fix}.")
+
+
+def _flag_value(value) -> str | None:
+  """How a --config override spells a saved scalar (None: no flag can restore it)."""
+  if isinstance(value, bool):
+    return str(value)
+  if isinstance(value, (int, float)) or (isinstance(value, str) and value and " " not in value):
+    return str(value)
+  return None
 
 
 def record(workdir: str, config, tokenizer, data: dict | None, *, resuming: bool) -> None:
@@ -248,19 +271,24 @@ def _identity(config_dict: dict, with_tokenizer_path: bool = False) -> dict:
   return identity
 
 
-def _diff(saved, current, defaults, prefix="") -> list[str]:
-  """'key: saved → current' for every differing field. A field the saved config lacks was added
-  to the codebase after the run started (e.g. ALBERT's `model.share_layers`); it matches while it
-  holds its default (`defaults`, from `config_lib.base_config()`), the behaviour the run had."""
+def _diff(saved, current, defaults, prefix="") -> list[tuple[str, str, Any, Any]]:
+  """(key, the saved value as the message shows it, the current value, the value that restores
+  the run's behaviour) for every differing field. A field the saved config lacks was added to
+  the codebase after the run started (e.g. ALBERT's `model.share_layers`); it matches while it
+  holds the value its absence meant (`defaults`: `config_lib.base_config()` and `_ABSENT_MEANS`),
+  the behaviour the run had."""
   if isinstance(saved, dict) and isinstance(current, dict):
     defaults = defaults if isinstance(defaults, dict) else {}
     out = []
     for key in sorted(set(saved) | set(current)):
-      if key not in saved and key in defaults and current.get(key) == defaults[key]:
+      if key not in saved and key in defaults:
+        if current.get(key) != defaults[key]:
+          out.append((f"{prefix}{key}", f"absent ({defaults[key]!r}: the run predates the field)",
+                      current.get(key), defaults[key]))
         continue
       out += _diff(saved.get(key), current.get(key), defaults.get(key), f"{prefix}{key}.")
     return out
-  return [] if saved == current else [f"{prefix[:-1]}: {saved!r} → {current!r}"]
+  return [] if saved == current else [(prefix[:-1], repr(saved), current, saved)]
 
 
 # ------------------------------------------------------------------------------------- reading

@@ -112,8 +112,32 @@ def test_a_workdir_from_before_a_new_field_resumes_while_it_holds_its_default(tm
   (tmp_path / "config.json").write_text(json.dumps(saved))
   workdir_lib.check_or_write_config(str(tmp_path), config)
   config.model.share_layers = "all"
-  with pytest.raises(ConfigError, match=r"model.share_layers: None → 'all'"):
+  with pytest.raises(ConfigError, match=r"model.share_layers: absent \('none': the run predates "
+                     r"the field\) → 'all'.*new --workdir, or pass the original settings to "
+                     r"resume it \(--config.model.share_layers=none\)"):
     workdir_lib.check_or_write_config(str(tmp_path), config)
+
+
+@pytest.mark.parametrize("objective, field, now, then", [
+    ("configs/mass.py", "decoder_sees_masked", False, True),     # before 8d56e2e
+    ("configs/distilbert.py", "freeze_positions", True, False),   # before 56b4376
+])
+def test_a_field_whose_absence_meant_another_value_names_the_flag_that_resumes(
+    tmp_path, objective, field, now, then):
+  """A MASS or DistilBERT run saved before its objective's field existed behaved as the field's
+  other value, which base_config (an MLM's) does not hold: the refusal names the flag that
+  restores that behaviour, and the flag resumes."""
+  config = cl.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), objective), "runlocal")
+  assert config.objective[field] is now
+  saved = json.loads(config.to_json())
+  del saved["objective"][field]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(ConfigError, match=rf"objective.{field}: absent \({then}: the run predates "
+                     rf"the field\) → {now}.*\(--config.objective.{field}={then}\)"):
+    workdir_lib.check_or_write_config(str(tmp_path), config)
+  config.objective[field] = then
+  workdir_lib.check_or_write_config(str(tmp_path), config)
 
 
 def test_non_finite_loss_stops_without_checkpointing_it_nor_blocking_the_fix(tmp_path):
