@@ -1061,6 +1061,8 @@ def finetune_config() -> ml_collections.ConfigDict:
       method="full",           # full | adapters (Houlsby: only adapters, LayerNorms, head)
       adapter_size=64,
       features="last",         # last | weighted_sum (ELMo's scalar mix of every layer)
+      mix_layer_norm=False,    # weighted_sum: normalise each layer first (bilm-tf do_layer_norm)
+      mix_l2=0.0,              # weighted_sum: λ·Σ w² on the mix's weights (bilm-tf l2_coef)
       layer_decay=_DEFAULT(float),  # layer-wise lr decay (ELECTRA: 0.8, large 0.9; ULMFiT's
                                     # discriminative rates 1/2.6); 1 = off
       freeze_layers=0,         # embeddings + the lowest N layers get no update
@@ -1250,6 +1252,14 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"finetune.method={f.method!r}; choose one of {FINETUNE_METHODS}.")
   if f.features not in FINETUNE_FEATURES:
     raise ConfigError(f"finetune.features={f.features!r}; choose one of {FINETUNE_FEATURES}.")
+  mix_l2, mix_layer_norm = f.get("mix_l2", 0.0), f.get("mix_layer_norm", False)
+  if mix_l2 < 0 or mix_layer_norm not in (True, False):
+    raise ConfigError(f"finetune.mix_l2={mix_l2} must be >= 0 and mix_layer_norm="
+                      f"{mix_layer_norm!r} True or False.")
+  if (mix_l2 or mix_layer_norm) and f.features != "weighted_sum":
+    raise ConfigError(f"finetune.mix_l2={mix_l2} and mix_layer_norm={mix_layer_norm} shape the "
+                      f"scalar mix: set --config.finetune.features=weighted_sum, or leave them "
+                      f"at 0.0 and False.")
   if o.name not in FINETUNE_OPTIMIZERS:
     raise ConfigError(f"optimizer.name={o.name!r}; choose one of {FINETUNE_OPTIMIZERS}.")
   if not 0 < f.layer_decay <= 1:

@@ -22,7 +22,9 @@ What each option means:
             layer, [forward; backward] (`models/elmo.representation_layers`).
   mix       with several layers: none (the vectors keep a layer axis: [units, layers, hidden]),
             mean (ELMo's fixed mix, equal weights), or learned (the scalar mix a fine-tuned
-            workdir learned with finetune.features=weighted_sum, over all layers).
+            workdir learned with finetune.features=weighted_sum, over all layers; with its
+            finetune.mix_layer_norm, each layer normalised over the batch's real tokens first,
+            as in training and bilm-tf, so a vector depends on the texts batched with it).
 
 Words are mapped to tokens by character offsets, as the tagging task does
 (`finetune.features.token_words`): a token holding no character of the word (SentencePiece's bare
@@ -49,8 +51,9 @@ from bertfam_jax.finetune import features
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.models import elmo as elmo_model
 from bertfam_jax.models import encoder as encoder_lib
-from bertfam_jax.objectives import elmo as elmo_objective
 from bertfam_jax.models import finetune as finetune_models
+from bertfam_jax.models import heads
+from bertfam_jax.objectives import elmo as elmo_objective
 
 UNITS = ("word", "token")
 POOLINGS = ("first", "last", "mean")
@@ -64,6 +67,8 @@ class Representer:
     self.config, self.tokenizer, self.path = config, tokenizer, path
     self.kind = config.model.get("kind", "encoder")
     self.mix_params = params.get("scalar_mix") if isinstance(params, dict) else None
+    finetuned = config.get("finetune") or {}
+    self.mix_layer_norm = bool(finetuned.get("mix_layer_norm", False))
     network, self.num_states = _network(config.model, params, self.kind)
     if self.kind == "elmo":
       self._word_table = elmo_objective.WordTable(tokenizer, config.model.max_characters)
@@ -224,6 +229,8 @@ def represent(source: str | Representer, texts: Sequence[str], *, unit: str = "w
     kept = [ids[i][:length - 2] for i in batch]
     inputs, starts = r.rows(kept, length)
     states = r.hidden_states(inputs)[chosen]          # [chosen, rows, length, hidden]
+    if mix == "learned" and r.mix_layer_norm:          # as the mix was trained: per batch
+      states = np.asarray(heads.normalize_layers(states, inputs["input_mask"]))
     states = (states.transpose(1, 2, 0, 3) if weights is None else
               np.einsum("n,nbld->bld", weights, states))   # [rows, length, (chosen,) hidden]
     for row, i in enumerate(batch):

@@ -302,6 +302,7 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
     model, predict_quant = quantize.wrap(model, ft), "int8"
     if ft.quantize == "qat":
       loss_fn = quantize.qat_loss_fn(task.kind)
+  loss_fn = with_mix_penalty(loss_fn, ft.get("mix_l2", 0.0))
   shapes = {"params": _abstract_params(model, example)["params"]}
   tx, schedule = optim.make_finetune_optimizer(config, shapes, total_steps)
   fraction = optim.trainable_fraction(ft, config.model, shapes)
@@ -398,7 +399,8 @@ def build_model(config) -> tuple[finetune_models.FineTuneModel, dict[str, np.nda
   model = finetune_models.FineTuneModel(
       ml_collections.FrozenConfigDict(config.model), task.kind, task.num_outputs,
       features=config.finetune.features, backbone=finetune_models.backbone_for(config.model),
-      orders=config.finetune.get("pair_orders", 1))
+      orders=config.finetune.get("pair_orders", 1),
+      mix_layer_norm=config.finetune.get("mix_layer_norm", False))
   folded = task.kind == "multiple_choice" or config.finetune.get("pair_orders", 1) == 2
   shape = (1, 2, 8) if folded else (1, 8)
   example = dict(input_ids=np.zeros(shape, np.int32), input_mask=np.ones(shape, np.int32),
@@ -440,6 +442,24 @@ def _make_loss_fn(kind: str, lm_coef: float = 0.0) -> Callable:
     return loss + lm_coef * jnp.mean(per_row), metrics
 
   return loss_fn
+
+
+def with_mix_penalty(loss_fn: Callable, coef: float) -> Callable:
+  """`loss_fn` plus bilm-tf's regulariser of the scalar mix's weights, coef · Σ_j w_j², which
+  pulls the mix towards the average of the layers (Peters et al. 2018 §3.3, λ); logged as
+  mix_penalty. `loss_fn` itself with coef 0."""
+  if not coef:
+    return loss_fn
+
+  def penalised(model, params, batch, rng, config, *, deterministic=False):
+    loss, metrics = loss_fn(model, params, batch, rng, config, deterministic=deterministic)
+    mixes = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+             if [getattr(k, "key", None) for k in path[-2:]] == ["scalar_mix", "weights"]]
+    penalty = coef * sum(jnp.sum(jnp.square(w)) for w in mixes)
+    metrics["mix_penalty"] = (penalty, jnp.ones((), jnp.float32))
+    return loss + penalty, metrics
+
+  return penalised
 
 
 # ------------------------------------------------------------------------------------ evaluation

@@ -118,6 +118,7 @@ class FineTuneModel(nn.Module):
   features: str = "last"  # last | weighted_sum
   backbone: str = "encoder"  # key of BACKBONES
   orders: int = 1  # 2: GPT's similarity input, both orders of a pair summed (module docstring)
+  mix_layer_norm: bool = False  # weighted_sum: each layer normalised first (bilm-tf)
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool,
@@ -148,7 +149,8 @@ class FineTuneModel(nn.Module):
     if self.features == "weighted_sum" or with_layers:
       last_BLD, hidden_NBLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),
                                        deterministic=deterministic, return_all_layers=True)
-      x_BLD = (heads.ScalarMix(hidden_NBLD.shape[0], name="scalar_mix")(hidden_NBLD)
+      x_BLD = (heads.ScalarMix(hidden_NBLD.shape[0], self.mix_layer_norm, name="scalar_mix")(
+                   hidden_NBLD, fold(input_mask))
                if self.features == "weighted_sum" else last_BLD)
     else:
       last_BLD = x_BLD = backbone(fold(input_ids), fold(input_mask), fold(segment_ids),

@@ -188,18 +188,36 @@ class SpanHead(nn.Module):
     return _classifier(c, jnp.dtype(c.dtype), 2, "embed")(x_BLD)
 
 
+def normalize_layers(hidden_NBLD, mask_BL):
+  """bilm-tf's `weight_layers(do_layer_norm=True)` `_do_ln` (allennlp ScalarMix alike): each
+  layer less its mean, over its variance's root (ε 1e-12), both taken over every real token of
+  the batch and every feature at once, no learned scale. [layers, batch, length, hidden], mask
+  [batch, length] → [layers, batch, length, hidden] float32."""
+  x = hidden_NBLD.astype(jnp.float32)
+  mask = mask_BL.astype(jnp.float32)[None, :, :, None]
+  count = jnp.maximum(jnp.sum(mask) * x.shape[-1], 1.0)
+  mean = jnp.sum(x * mask, axis=(1, 2, 3), keepdims=True) / count
+  variance = jnp.sum(((x - mean) * mask) ** 2, axis=(1, 2, 3), keepdims=True) / count
+  return (x - mean) * jax.lax.rsqrt(variance + 1e-12)
+
+
 class ScalarMix(nn.Module):
-  """ELMo's scalar mix (Peters et al., 2018, eq. 1; allennlp ScalarMix without layer norm):
-  γ · Σ_j softmax(w)_j · h_j over the `num_layers` hidden states, w = 0 (an average) and γ = 1 at
-  initialisation. [num_layers, batch, length, hidden] → [batch, length, hidden]."""
+  """ELMo's scalar mix (Peters et al., 2018, eq. 1; bilm-tf `weight_layers`, allennlp
+  ScalarMix): γ · Σ_j softmax(w)_j · h_j over the `num_layers` hidden states, w = 0 (an average)
+  and γ = 1 at initialisation; with `layer_norm` each h_j first normalised over the batch's real
+  tokens (`normalize_layers`, bilm-tf's do_layer_norm). bilm-tf's λ‖w‖² lives in the loss
+  (`finetune.mix_l2`). [num_layers, batch, length, hidden] → [batch, length, hidden]."""
   num_layers: int
+  layer_norm: bool = False
 
   @nn.compact
-  def __call__(self, hidden_NBLD):
+  def __call__(self, hidden_NBLD, mask_BL=None):
     if hidden_NBLD.shape[0] != self.num_layers:
       raise ValueError(f"ScalarMix of {self.num_layers} layers got {hidden_NBLD.shape[0]}.")
     weights = self.param("weights", layers.zeros_init((None,)), (self.num_layers,), jnp.float32)
     gamma = self.param("gamma", nn.with_logical_partitioning(nn.initializers.ones_init(), ()),
                        (), jnp.float32)
     mix_N = (gamma * jax.nn.softmax(weights)).astype(hidden_NBLD.dtype)
+    if self.layer_norm:
+      hidden_NBLD = normalize_layers(hidden_NBLD, mask_BL).astype(hidden_NBLD.dtype)
     return jnp.einsum("n,nbld->bld", mix_N, hidden_NBLD)

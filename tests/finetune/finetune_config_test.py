@@ -100,6 +100,9 @@ def test_the_optimizers_defaults_follow_its_name():
     ("finetune.max_seq_len", 4, "max_seq_len >= 8"),
     ("finetune.layer_decay", 1.5, "layer_decay=1.5"),
     ("finetune.features", "mean", "features='mean'"),
+    ("finetune.mix_l2", 0.001, "mix_l2=0.001 and mix_layer_norm=False shape the scalar mix: "
+                               "set --config.finetune.features=weighted_sum"),
+    ("finetune.mix_layer_norm", True, "set --config.finetune.features=weighted_sum"),
     ("optimizer.peak_lr", -1.0, "peak_lr"),
     ("train.total_steps", -1, "total_steps must be >= 0"),
     ("train.cpu_ynn_fusion", "matmul", "cpu_ynn_fusion='matmul'; give a comma-separated subset"),

@@ -85,3 +85,25 @@ def test_extractive_qa_is_run_squads_mean_of_start_and_end():
 def test_unknown_kind_names_the_choices():
   with pytest.raises(ConfigError, match="extractive_qa"):
     losses.task_loss("ranking", np.zeros((1, 2)), {})
+
+
+def test_the_mix_penalty_is_lambda_times_the_squared_weights():
+  """finetune.mix_l2 (bilm-tf weight_layers' l2_coef): loss + λ·Σ w² of the scalar mix's
+  weights, gradient 2λw on them and nothing on the rest; λ = 0 leaves the loss as it is."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from bertfam_jax.finetune import run  # pylint: disable=import-outside-toplevel
+  weights = jnp.asarray([0.5, -1.0, 2.0])
+  params = {"params": {"scalar_mix": {"weights": weights, "gamma": jnp.asarray(1.3)},
+                       "token_head": {"classifier": {"bias": jnp.ones(2)}}}}
+  task = lambda model, p, batch, rng, config, deterministic=False: (  # noqa: E731
+      jnp.sum(p["params"]["token_head"]["classifier"]["bias"]), {})
+  penalised = run.with_mix_penalty(task, 0.1)
+  loss, metrics = penalised(None, params, None, None, None)
+  np.testing.assert_allclose(loss, 2.0 + 0.1 * 5.25, **TOL)
+  np.testing.assert_allclose(metrics["mix_penalty"][0], 0.525, **TOL)
+  grads = jax.grad(lambda p: penalised(None, p, None, None, None)[0])(params)["params"]
+  np.testing.assert_allclose(grads["scalar_mix"]["weights"], 0.2 * np.asarray(weights), **TOL)
+  assert float(grads["scalar_mix"]["gamma"]) == 0.0
+  np.testing.assert_array_equal(grads["token_head"]["classifier"]["bias"], np.ones(2))
+  assert run.with_mix_penalty(task, 0.0) is task

@@ -3,6 +3,7 @@ the model's own hidden states (against a forward pass written here), a text's ve
 depend on what it is batched with (padding, left for XLNet), word pooling equals a word-by-word
 loop, and the CLI writes its files or one line."""
 
+import copy
 import os
 import subprocess
 import sys
@@ -157,6 +158,32 @@ def test_every_layer_equals_the_encoder_forward_pass(bert_run):
   np.testing.assert_allclose(mean, (expected[:, 0] + expected[:, 2]) / 2, rtol=1e-5, atol=1e-5)
   with pytest.raises(ConfigError, match="finetune.features=weighted_sum"):
     represent.represent(r, TEXTS, layers="all", mix="learned")
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_the_learned_mix_is_the_trained_scalar_mix(bert_run, layer_norm):
+  """mix='learned': γ·Σ softmax(w)_j·h_j with the run's weights; after finetune.mix_layer_norm
+  each layer is first normalised as in training (bilm-tf's _do_ln over the batch's real
+  tokens, [CLS] and [SEP] included)."""
+  _, _, trained_run = bert_run
+  r = copy.copy(trained_run)
+  r.mix_params = {"weights": np.array([0.5, -1.0, 2.0], np.float32), "gamma": np.float32(1.7)}
+  r.mix_layer_norm = layer_norm
+  ids = r.tokenizer.encode(TEXTS)
+  inputs, starts = r.rows(ids, 64)
+  states = r.hidden_states(inputs).astype(np.float64)      # [3, texts, 64, hidden]
+  if layer_norm:
+    mask = inputs["input_mask"][..., None].astype(np.float64)
+    count = mask.sum() * states.shape[-1]
+    means = [(h * mask).sum() / count for h in states]
+    states = np.stack([(h - m) / np.sqrt((((h * mask - m) * mask) ** 2).sum() / count + 1e-12)
+                       for h, m in zip(states, means)])
+  w = np.exp(r.mix_params["weights"]) / np.exp(r.mix_params["weights"]).sum()
+  mixed = 1.7 * np.einsum("n,nbld->bld", w, states)
+  got = represent.represent(r, TEXTS, unit="token", layers="all", mix="learned", max_tokens=64)
+  for text, (vectors, start) in enumerate(zip(got, starts)):
+    np.testing.assert_allclose(vectors, mixed[text, start:start + len(ids[text])], rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_elmo_gives_its_token_layer_and_both_lstm_layers(tmp_path_factory):

@@ -176,12 +176,19 @@ def test_methods_update_only_what_they_train(pretrained, tmp_path):
   assert 0 < adapters["trained_fraction"] < 0.5
 
   frozen = finetune_run.run(small("wordnet_supersense", pretrained, finetune__freeze_layers=1,
-                                  finetune__features="weighted_sum", finetune__layer_decay=0.8),
+                                  finetune__features="weighted_sum", finetune__layer_decay=0.8,
+                                  finetune__mix_layer_norm=True, finetune__mix_l2=0.5),
                             str(tmp_path / "z"))
   after = flat_encoder(str(tmp_path / "z"))
   for key in before:
     assert np.array_equal(after[key], before[key]) == (not key.startswith("layer_1/")), key
   assert adapters["trained_fraction"] < frozen["trained_fraction"] < 1.0
+  mix = workdir_lib.restore_params(str(tmp_path / "z"))["scalar_mix"]
+  penalties = [r["mix_penalty"] for r in read_lines(os.path.join(tmp_path, "z", "metrics.jsonl"))
+               if "mix_penalty" in r]
+  # The last log's penalty is of the weights before the last update: near, not equal.
+  assert penalties and penalties[-1] > 0
+  assert penalties[-1] == pytest.approx(0.5 * np.sum(np.square(mix["weights"])), rel=0.5)
 
 
 def test_magnitude_pruning_fine_tunes_the_kept_weights_and_keeps_the_zeros(pretrained, tmp_path):

@@ -280,6 +280,36 @@ def test_weighted_sum_is_elmo_scalar_mix(scan):
   assert float(fresh["scalar_mix"]["gamma"]) == 1.0
 
 
+def bilm_tf_do_ln(x_BLD, mask_BL):
+  """bilm-tf elmo.py weight_layers' _do_ln in numpy (float64): one mean and variance over the
+  batch's real tokens and every feature, no scale, ε 1e-12."""
+  mask = np.asarray(mask_BL, np.float64)[..., None]
+  x_masked = x_BLD * mask
+  count = mask.sum() * x_BLD.shape[-1]
+  mean = x_masked.sum() / count
+  variance = (((x_masked - mean) * mask) ** 2).sum() / count
+  return (x_BLD - mean) / np.sqrt(variance + 1e-12)
+
+
+def test_scalar_mix_with_layer_norm_is_bilm_tfs():
+  """finetune.mix_layer_norm: each layer normalised over the real tokens only (the padding's
+  huge values change nothing), then γ·Σ softmax(w)_j·h_j; without it the same mix unnormalised."""
+  rng = np.random.default_rng(0)
+  hidden = rng.normal(2.0, 3.0, size=(3, 2, 5, 4)) * np.array([1.0, 5.0, 0.2])[:, None, None,
+                                                                                  None]
+  mask = np.array([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+  hidden[:, mask == 0] = 1e6
+  params = {"weights": np.array([0.5, -1.0, 2.0], np.float32), "gamma": np.float32(1.7)}
+  softmax = np.exp(params["weights"]) / np.exp(params["weights"]).sum()
+  for layer_norm in (True, False):
+    got = heads.ScalarMix(3, layer_norm).apply({"params": params}, jnp.asarray(hidden, jnp.float32),
+                                               jnp.asarray(mask))
+    layers_ = [bilm_tf_do_ln(h, mask) if layer_norm else h for h in hidden]
+    expected = 1.7 * sum(w * h for w, h in zip(softmax, layers_))
+    np.testing.assert_allclose(np.asarray(got)[mask > 0], expected[mask > 0], rtol=1e-5,
+                               atol=1e-5)
+
+
 @pytest.mark.parametrize("head, dropped", [
     (lambda c: heads.ClassificationHead(c, 3), True),      # run_classifier.py: on the pooled output
     (lambda c: heads.TokenClassificationHead(c, 3), True),
