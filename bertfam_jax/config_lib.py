@@ -454,14 +454,18 @@ def gpt_model(size: str, version: int = 1, **overrides) -> ml_collections.Config
   `Encoder` with causal self-attention, learned positions, no token types and no embedding
   LayerNorm, LayerNorm ε 1e-5, the tanh GELU, dropout 0.1 on embeddings, attention and residuals,
   output tied to the token embedding. version 1: post-LN, 512 positions, 40,478 tokens
-  (40,000 BPE merges); version 2 (GPT-2, Radford et al. 2019): `pre_layer_norm` with a final
-  LayerNorm, 1,024 positions, 50,257 tokens."""
+  (40,000 BPE merges), the embedding dropout on the tables themselves, the tied logits reading
+  the dropped table (train.py's `we = dropout(we, embd_pdrop)`, `embedding_dropout='table'`);
+  version 2 (GPT-2, Radford et al. 2019): `pre_layer_norm` with a final LayerNorm, 1,024
+  positions, 50,257 tokens, dropout on the summed embeddings (HF GPT2Model's placement; GPT-2's
+  released code is inference only)."""
   if version not in (1, 2):
     raise ConfigError(f"GPT version {version!r}; choose 1 or 2.")
   m = encoder(size, sizes=GPT_SIZES, vocab_size=40478 if version == 1 else 50257,
               max_positions=512 if version == 1 else 1024, type_vocab_size=0,
               layer_norm_eps=1e-5, activation="gelu_tanh")
-  m.update(causal=True, pre_layer_norm=version == 2, embedding_layer_norm=False)
+  m.update(causal=True, pre_layer_norm=version == 2, embedding_layer_norm=False,
+           embedding_dropout="table" if version == 1 else "output")
   m.update(overrides)
   return m
 
@@ -841,6 +845,7 @@ FIELD_RULES = {
     "model.causal": (False, True),
     "model.pre_layer_norm": (False, True),
     "model.embedding_layer_norm": (False, True),
+    "model.embedding_dropout": ("output", "table"),
     "model.share_encoder_decoder": (False, True),
     "model.embedding_size": AT_LEAST_0,
     "model.hidden_groups": AT_LEAST_1,
@@ -1010,6 +1015,11 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"model.scan_layers=True cannot scan share_layers={m.share_layers!r} (one "
                       "sublayer shared, the other per layer); set "
                       "--config.model.scan_layers=False.")
+  if m.get("embedding_dropout", "output") == "table" and (
+      not m.get("causal", False) or m.embedding_size or m.type_vocab_size):
+    raise ConfigError("model.embedding_dropout='table' is GPT's (a causal model with one "
+                      "hidden-wide table of tokens and positions, no token types); set "
+                      "--config.model.embedding_dropout=output.")
 
 
 def effective_mask_rate(c: ml_collections.ConfigDict) -> float:

@@ -53,8 +53,10 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 # Fields added to a family's config after runs had been saved without them, with the behaviour
 # their absence meant where `config_lib.base_config()` (an MLM's) does not hold it: MASS's
 # decoder attended to the masked inputs before `8d56e2e`, DistilBERT's student trained its
-# positions before `56b4376`. A saved config lacking the field matches only this value.
-_ABSENT_MEANS = {"objective.decoder_sees_masked": True, "objective.freeze_positions": False}
+# positions before `56b4376`, GPT dropped its summed embeddings before its table dropout. A saved
+# config lacking the field matches only this value.
+_ABSENT_MEANS = {"objective.decoder_sees_masked": True, "objective.freeze_positions": False,
+                 "model.embedding_dropout": "output"}
 
 
 # ------------------------------------------------------------------------------------- writing

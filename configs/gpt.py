@@ -4,10 +4,11 @@
 
 Constants from the paper §4.1 and openai/finetune-transformer-lm (train.py model(), opt.py;
 spec §8): 12 layers, 768 wide, 12 heads, FFN 3072, learned positions over 512 tokens, post-LN
-with ε 1e-5, the tanh GELU, dropout 0.1 on embeddings, attention and residuals, the output tied
-to the token embedding; Adam (0.9, 0.999, ε 1e-8) with decoupled L2 0.01 on weight matrices,
-clipping at 1, lr 2.5e-4 warmed up over 2,000 updates then cosine-annealed to 0; 64 rows of 512
-contiguous tokens, 100 epochs of BooksCorpus. The tokenizer is a SentencePiece BPE of the
+with ε 1e-5, the tanh GELU, dropout 0.1 on embeddings (on the tables themselves, which the tied
+logits read too: docs/gpt.md), attention and residuals, the output tied to the token embedding;
+Adam (0.9, 0.999, ε 1e-8) with decoupled L2 0.01 on weight matrices, clipping at 1, lr 2.5e-4
+warmed up over 2,000 updates then cosine-annealed to 0; 64 rows of 512 contiguous tokens, 100
+epochs of BooksCorpus. The tokenizer is a SentencePiece BPE of the
 paper's 40,000 merges' size trained on the corpus (GPT's ftfy + spaCy BPE needs a download),
 with an `<eod>` piece closing each document. Weights are initialised from a normal truncated at
 2σ (the reference's is untruncated), as every family here; GPT-2's 1/√(2·layers) scaling of the

@@ -34,6 +34,12 @@ REMAT_POLICIES = {
 }
 
 
+def drops_tables(config) -> bool:
+  """Whether dropout acts on the embedding tables (GPT's `embedding_dropout='table'`, `Encoder`)
+  rather than on the summed embeddings."""
+  return config.get("embedding_dropout", "output") == "table"
+
+
 def factorized_embedding(c) -> bool:
   """Whether the embedding tables are narrower than the layers (ALBERT): albert modeling.py adds
   `embedding_hidden_mapping_in` only when the embedding width differs from the hidden size."""
@@ -156,6 +162,13 @@ class Encoder(nn.Module):
   `attend(h [..., E])` projects onto the word-embedding table ([..., vocab]) for heads tied to the
   input embedding (E = embedding_size when factorised, else hidden).
 
+  `model.embedding_dropout`: 'output' (BERT, HF's GPT) drops the summed embeddings; 'table'
+  (GPT, finetune-transformer-lm train.py model(): `we = dropout(we, embd_pdrop)` on the one
+  table of tokens and positions) drops the word and position tables themselves, one mask per
+  table and step, and `attend(h, deterministic=False)` reads the same dropped word table, as the
+  reference's tied LM logits do. Its key is drawn once per `apply` (in `setup`), so the lookups
+  and `attend` of one step share it.
+
   `embeddings_from`: another Encoder whose embedding tables and embedding LayerNorm this one
   uses (and owns no copy of), ELECTRA's generator reading the discriminator's; `config.
   embedding_size` must then equal that encoder's embedding width (a projection to this encoder's
@@ -181,6 +194,9 @@ class Encoder(nn.Module):
       if c.get("embedding_layer_norm", True):
         self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=axis)
     self.embeddings_dropout = layers.Dropout(c.dropout, c.dropout_bits)
+    # GPT's dropout on the tables: one key per apply, shared by embed and attend.
+    self.table_dropout_rng = (self.make_rng("dropout") if drops_tables(c) and
+                              self.has_rng("dropout") else None)
     if factorized_embedding(c):
       self.embeddings_projection = nn.Dense(
           c.hidden, dtype=dtype, param_dtype=jnp.float32,
@@ -224,18 +240,20 @@ class Encoder(nn.Module):
     raise ValueError(f"model.scan_layers cannot scan share_layers={c.share_layers!r}; set "
                      "--config.model.scan_layers=False.")
 
-  def embed(self, input_ids, segment_ids=None, first_position=0):
+  def embed(self, input_ids, segment_ids=None, first_position=0, deterministic=True):
     """Word + position (+ type) embeddings after the embedding LayerNorm (none when
-    `model.embedding_layer_norm` is False: GPT), before dropout: [batch, length] → [batch,
-    length, E] (E = embedding_size when factorised, else hidden); positions count from
+    `model.embedding_layer_norm` is False: GPT), before the output's dropout: [batch, length] →
+    [batch, length, E] (E = embedding_size when factorised, else hidden), from the dropped
+    tables with `embedding_dropout='table'` unless `deterministic`; positions count from
     `first_position` (a traced scalar while decoding). `freeze_positions` in the config (set by
     objectives/distillation.build_model, never saved): the position table gets no gradient."""
     c = self.config
     positions_L = first_position + jnp.arange(input_ids.shape[1])
-    positions_LE = self.position_embeddings(positions_L)
+    positions_LE = self.position_embeddings(positions_L, self._table_dropout(deterministic, 1))
     if c.get("freeze_positions", False):   # DistilBERT's student: its teacher's table, fixed
       positions_LE = jax.lax.stop_gradient(positions_LE)
-    x_BLE = self.word_embeddings(input_ids) + positions_LE[None]
+    x_BLE = (self.word_embeddings(input_ids, self._table_dropout(deterministic, 0))
+             + positions_LE[None])
     if c.type_vocab_size:
       ids = jnp.zeros_like(input_ids) if segment_ids is None else segment_ids
       x_BLE = x_BLE + self.type_embeddings(ids)
@@ -254,8 +272,9 @@ class Encoder(nn.Module):
     if decode and not c.get("causal", False):
       raise ValueError("decode=True (a KV cache) needs a causal model (model.causal=True).")
     first = self.decode_position(input_ids.shape[1]) if decode else 0
-    x_BLE = self.embeddings_dropout(owner.embed(input_ids, segment_ids, first),
-                                    deterministic=deterministic)
+    x_BLE = owner.embed(input_ids, segment_ids, first, deterministic)
+    if not drops_tables(c):
+      x_BLE = self.embeddings_dropout(x_BLE, deterministic=deterministic)
     x_BLD = self.embeddings_projection(x_BLE) if factorized_embedding(c) else x_BLE
     x_BLD = nn.with_logical_constraint(x_BLD.astype(dtype), ("batch", "length", "act_embed"))
     mask_B11L = (layers.attention_mask_from_input_mask(input_mask) if attention_mask is None
@@ -277,9 +296,18 @@ class Encoder(nn.Module):
     all_LBLD = jnp.concatenate(hidden, axis=0)
     return x_BLD, all_LBLD.at[-1].set(x_BLD) if c.get("pre_layer_norm", False) else all_LBLD
 
-  def attend(self, h):
+  def attend(self, h, deterministic=True):
     """[..., E] → logits over the vocabulary [..., vocab] with the tied embedding table, in the
-    compute dtype (the loss upcasts to float32)."""
+    compute dtype (the loss upcasts to float32); the step's dropped table with
+    `embedding_dropout='table'` unless `deterministic`."""
     if self.embeddings_from is not None:
       return self.embeddings_from.attend(h)
-    return self.word_embeddings.attend(h)
+    return self.word_embeddings.attend(h, self._table_dropout(deterministic, 0))
+
+  def _table_dropout(self, deterministic: bool, table: int):
+    """`layers.Embedding`'s dropout argument for table 0 (words) or 1 (positions): None unless
+    the tables are dropped in this training step."""
+    if deterministic or self.table_dropout_rng is None or not self.config.dropout:
+      return None
+    return (jax.random.fold_in(self.table_dropout_rng, table), self.config.dropout,
+            self.config.dropout_bits)

@@ -157,7 +157,8 @@ class FineTuneModel(nn.Module):
                                   deterministic=deterministic)
     lm_logits = None
     if with_lm:
-      lm_logits = backbone.attend(last_BLD)   # the LM reads the last layer, whatever the head
+      # The LM reads the last layer, whatever the head, and (GPT) the step's dropped table.
+      lm_logits = backbone.attend(last_BLD, deterministic)
       lm_logits = lm_logits.reshape(input_ids.shape + lm_logits.shape[-1:])
     if causal:
       x_BLD = _extract_states(x_BLD, fold(input_mask))

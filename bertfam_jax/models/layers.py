@@ -84,16 +84,20 @@ class Embedding(nn.Module):
         "embedding", param_init(self.initializer_range, (self.rows_axis, self.features_axis)),
         (padded_rows(self.num_embeddings, self.rows_multiple), self.features), jnp.float32)
 
-  def _table(self):
-    return nn.with_logical_constraint(self.embedding, (self.rows_axis, "act_embed"))
+  def _table(self, dropout=None):
+    table = nn.with_logical_constraint(self.embedding, (self.rows_axis, "act_embed"))
+    return table if dropout is None else drop(table, *dropout)
 
-  def __call__(self, ids):
-    """ids [...] int → [..., features] in float32."""
-    return jnp.take(self._table(), ids, axis=0)
+  def __call__(self, ids, dropout=None):
+    """ids [...] int → [..., features] in float32. `dropout` (rng, rate, bits): the rows come
+    from the table after dropout on the table itself (GPT's, `Encoder`)."""
+    return jnp.take(self._table(dropout), ids, axis=0)
 
-  def attend(self, h):
-    """h [..., features] → [..., vocab] in the compute dtype (the padded rows' logits left out)."""
-    logits = jnp.einsum("...d,vd->...v", h.astype(self.dtype), self._table().astype(self.dtype))
+  def attend(self, h, dropout=None):
+    """h [..., features] → [..., vocab] in the compute dtype (the padded rows' logits left out);
+    `dropout` as in `__call__`: the same (rng, rate, bits) gives the same dropped table."""
+    table = self._table(dropout).astype(self.dtype)
+    logits = jnp.einsum("...d,vd->...v", h.astype(self.dtype), table)
     return logits[..., :self.num_embeddings]
 
 
@@ -184,17 +188,22 @@ class Dropout(nn.Module):
       return jnp.zeros_like(x)
     if self.bits not in (32, 16):
       raise ValueError(f"Dropout bits={self.bits}; model.dropout_bits takes 32 or 16.")
-    keep = 1.0 - self.rate
-    rng = self.make_rng("dropout")
-    if self.bits == 32:
-      mask = jax.random.bernoulli(rng, p=keep, shape=x.shape)
-    else:
-      width = x.shape[-1]
-      words = jax.random.bits(rng, x.shape[:-1] + ((width + 1) // 2,), jnp.uint32)
-      halves = jnp.stack([words & 0xFFFF, words >> 16], axis=-1)
-      halves = halves.reshape(x.shape[:-1] + (2 * words.shape[-1],))[..., :width]
-      mask = halves < jnp.uint32(round(keep * 2 ** 16))
-    return jax.lax.select(mask, x / keep, jnp.zeros_like(x))
+    return drop(x, self.make_rng("dropout"), self.rate, self.bits)
+
+
+def drop(x, rng, rate: float, bits: int):
+  """x with each element zeroed at `rate` and the kept ones scaled by 1 / (1 - rate), the keep
+  decisions drawn from `rng` with `bits` random bits each (`Dropout`); 0 < rate < 1."""
+  keep = 1.0 - rate
+  if bits == 32:
+    mask = jax.random.bernoulli(rng, p=keep, shape=x.shape)
+  else:
+    width = x.shape[-1]
+    words = jax.random.bits(rng, x.shape[:-1] + ((width + 1) // 2,), jnp.uint32)
+    halves = jnp.stack([words & 0xFFFF, words >> 16], axis=-1)
+    halves = halves.reshape(x.shape[:-1] + (2 * words.shape[-1],))[..., :width]
+    mask = halves < jnp.uint32(round(keep * 2 ** 16))
+  return jax.lax.select(mask, x / keep, jnp.zeros_like(x))
 
 
 class SelfAttention(nn.Module):

@@ -154,4 +154,4 @@ class CausalLM(nn.Module):
     """input_ids, input_mask: [batch, length] → next-token logits [batch, length, vocab] in the
     compute dtype; `decode`: the KV cache (encoder.Encoder)."""
     x_BLD = self.encoder(input_ids, input_mask, deterministic=deterministic, decode=decode)
-    return self.encoder.attend(x_BLD)
+    return self.encoder.attend(x_BLD, deterministic)   # GPT's logits read the dropped table

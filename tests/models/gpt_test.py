@@ -55,6 +55,36 @@ def test_no_position_sees_a_later_token(layout):
     assert not np.allclose(changed[:, t + 1:], reference[:, t + 1:])
 
 
+def test_gpt_drops_its_tables_and_its_logits_read_the_dropped_table():
+  """finetune-transformer-lm train.py model(): `we = dropout(we, embd_pdrop)` on the table of
+  tokens and positions, then the lookups and the tied logits both read that `we`. In one step:
+  the logits' table is the table with ~10% of its entries zeroed and the rest / 0.9; a token's
+  embedding is one row of it wherever the token stands (one mask per table, not per place);
+  another step draws another mask; deterministic reads the table as it is. GPT-2 drops the sum."""
+  config = tiny.gpt(dropout=0.1)
+  assert config.embedding_dropout == "table" and tiny.gpt(version=2).embedding_dropout == "output"
+  model, params = model_and_params(config)
+  table = np.asarray(params["encoder"]["word_embeddings"]["embedding"])
+  eye = jnp.eye(table.shape[1])
+
+  def step(module, ids, deterministic=False):
+    return (module.encoder.embed(ids, deterministic=deterministic),
+            module.encoder.attend(eye, deterministic).T)   # [vocab, width]: the table read
+
+  ids = jnp.asarray([[5, 7, 5, 9], [5, 5, 8, 8]])
+  apply = lambda seed, **kw: [np.asarray(a) for a in model.apply(  # noqa: E731
+      {"params": params}, ids, rngs={"dropout": jax.random.key(seed)}, method=step, **kw)]
+  embedded, dropped = apply(1)
+  zero = dropped == 0
+  assert abs(zero.mean() - 0.1) < 0.015
+  np.testing.assert_allclose(dropped[~zero], table[~zero] / 0.9, rtol=1e-6)
+  np.testing.assert_array_equal(embedded[0, 0], embedded[1, 0])   # token 5 at place 0, twice
+  np.testing.assert_allclose(embedded[0, 1] - embedded[1, 1], dropped[7] - dropped[5],
+                             rtol=1e-5, atol=1e-6)                 # one table for both reads
+  assert not np.array_equal(apply(2)[1], dropped)
+  np.testing.assert_array_equal(apply(1, deterministic=True)[1], table)
+
+
 def test_pre_ln_has_a_final_norm_and_post_ln_none():
   _, gpt1 = model_and_params(tiny.gpt())
   _, gpt2 = model_and_params(tiny.gpt(version=2))

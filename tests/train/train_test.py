@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -118,25 +119,29 @@ def test_a_workdir_from_before_a_new_field_resumes_while_it_holds_its_default(tm
     workdir_lib.check_or_write_config(str(tmp_path), config)
 
 
-@pytest.mark.parametrize("objective, field, now, then", [
-    ("configs/mass.py", "decoder_sees_masked", False, True),     # before 8d56e2e
-    ("configs/distilbert.py", "freeze_positions", True, False),   # before 56b4376
+@pytest.mark.parametrize("family, key, now, then", [
+    ("mass", "objective.decoder_sees_masked", False, True),     # before 8d56e2e
+    ("distilbert", "objective.freeze_positions", True, False),   # before 56b4376
+    ("gpt", "model.embedding_dropout", "table", "output"),       # before GPT's table dropout
 ])
 def test_a_field_whose_absence_meant_another_value_names_the_flag_that_resumes(
-    tmp_path, objective, field, now, then):
-  """A MASS or DistilBERT run saved before its objective's field existed behaved as the field's
-  other value, which base_config (an MLM's) does not hold: the refusal names the flag that
-  restores that behaviour, and the flag resumes."""
+    tmp_path, family, key, now, then):
+  """A MASS, DistilBERT or GPT run saved before its field existed behaved as the field's other
+  value, which base_config (an MLM's) does not hold: the refusal names the flag that restores
+  that behaviour, and the flag resumes."""
   config = cl.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__)))), objective), "runlocal")
-  assert config.objective[field] is now
+      os.path.abspath(__file__)))), "configs", f"{family}.py"), "runlocal")
+  section, field = key.split(".")
+  assert config[section][field] == now
   saved = json.loads(config.to_json())
-  del saved["objective"][field]
+  del saved[section][field]
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  with pytest.raises(ConfigError, match=rf"objective.{field}: absent \({then}: the run predates "
-                     rf"the field\) → {now}.*\(--config.objective.{field}={then}\)"):
+  flag = str(then)
+  with pytest.raises(ConfigError, match=re.escape(
+      f"{key}: absent ({then!r}: the run predates the field) → {now!r}") + ".*" + re.escape(
+          f"(--config.{key}={flag})")):
     workdir_lib.check_or_write_config(str(tmp_path), config)
-  config.objective[field] = then
+  config[section][field] = then
   workdir_lib.check_or_write_config(str(tmp_path), config)
 
 
