@@ -166,8 +166,10 @@ class FineTuneModel(nn.Module):
       x_BLD = jnp.sum(x_BLD.reshape((-1, 2) + x_BLD.shape[1:]), axis=1)
       batch_shape = batch_shape[:-1]
     name, head, _ = KINDS[self.kind]
+    # GPT's classifier dropout: one mask per example, shared by its choices (train.py).
+    shared = dict(choices=batch_shape[-1]) if causal and self.kind == "multiple_choice" else {}
     out = head(self.config, width, SUMMARY_POSITION[self.backbone], name=name)(
-        x_BLD, deterministic=deterministic)
+        x_BLD, deterministic=deterministic, **shared)
     out = out.reshape(batch_shape + out.shape[1:])  # multiple choice: [batch, choices]
     if with_layers:
       return out, hidden_NBLD

@@ -137,18 +137,26 @@ class ClassificationHead(nn.Module):
   pooler can be copied in), dropout (`config.dropout`, run_classifier's keep_prob 0.9), dense →
   `num_outputs` ('classifier'). Returns [batch, num_outputs].
   A causal model's (GPT: `model.causal`) has no pooler: dropout and the linear layer on the
-  extract token's state (finetune-transformer-lm train.py `clf`)."""
+  extract token's state (finetune-transformer-lm train.py `clf`). `choices` > 1: the rows are
+  an example's choices, consecutive, and share one dropout mask (train.py drops `clf_h` of shape
+  [batch, 2, n_embd] with noise_shape [batch, 1, n_embd])."""
   config: Any  # the `config.model` section
   num_outputs: int
   summary_position: int = 0
 
   @nn.compact
-  def __call__(self, x_BLD, *, deterministic: bool):
+  def __call__(self, x_BLD, *, deterministic: bool, choices: int = 1):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     summary_BD = x_BLD[:, self.summary_position]
     pooled_BD = summary_BD if c.get("causal", False) else nn.tanh(_pooler(c, dtype)(summary_BD))
-    pooled_BD = layers.Dropout(c.dropout, c.dropout_bits)(pooled_BD, deterministic=deterministic)
+    dropout = layers.Dropout(c.dropout, c.dropout_bits)
+    if choices > 1:
+      rows, width = pooled_BD.shape
+      keep_E1D = dropout(jnp.ones((rows // choices, 1, width), pooled_BD.dtype), deterministic)
+      pooled_BD = (pooled_BD.reshape(-1, choices, width) * keep_E1D).reshape(rows, width)
+    else:
+      pooled_BD = dropout(pooled_BD, deterministic=deterministic)
     return _classifier(c, dtype, self.num_outputs, "embed_out")(pooled_BD)
 
 
@@ -159,8 +167,8 @@ class MultipleChoiceHead(ClassificationHead):
   [batch, choices] by the caller; regression (HF's num_labels=1) reads [batch] values."""
   num_outputs: int = 1
 
-  def __call__(self, x_BLD, *, deterministic: bool):
-    return super().__call__(x_BLD, deterministic=deterministic)[:, 0]
+  def __call__(self, x_BLD, *, deterministic: bool, choices: int = 1):
+    return super().__call__(x_BLD, deterministic=deterministic, choices=choices)[:, 0]
 
 
 class TokenClassificationHead(nn.Module):

@@ -1,6 +1,7 @@
 """GPT fine-tuning (models/finetune.FineTuneModel on a causal backbone): the head reads each
 row's extract token (its last real one) through no pooler; padding after it changes nothing;
-pair_orders=2 sums the two orders' extract states; with_lm gives the backbone's LM logits."""
+pair_orders=2 sums the two orders' extract states; with_lm gives the backbone's LM logits; an
+example's choices share the classifier's dropout mask."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ from flax import linen as nn
 
 from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.models import finetune as finetune_models
-from bertfam_jax.models import pretraining
+from bertfam_jax.models import heads, layers, pretraining
 
 from helpers import tiny
 
@@ -50,6 +51,35 @@ def test_the_head_reads_the_extract_token_without_a_pooler():
   noisy = ids.at[:, -1].set(7)   # past every row's extract token
   np.testing.assert_array_equal(model.apply({"params": params}, noisy, mask, types,
                                             deterministic=True), logits)
+
+
+def test_an_examples_choices_share_the_classifier_dropout():
+  """train.py: clf_h [batch, 2, n_embd] dropped with noise_shape [batch, 1, n_embd], so an
+  example's choices keep the same features. Equal choices score equally in training with the
+  shared mask (and not with a mask per row, BERT's); FineTuneModel draws the shared mask, one
+  [examples, 1, hidden], for GPT's multiple choice only."""
+  config = ml_collections.FrozenConfigDict(tiny.gpt(dropout=0.5))
+  head = heads.MultipleChoiceHead(config, 1)
+  states = np.random.default_rng(0).normal(size=(4, 1, 32)).astype(np.float32)
+  x = jnp.asarray(np.repeat(states, 2, axis=0))        # 4 examples × 2 equal choices
+  params = head.init(jax.random.key(0), x, deterministic=True)
+  score = lambda **kw: np.asarray(head.apply(  # noqa: E731
+      params, x, deterministic=False, rngs={"dropout": jax.random.key(1)}, **kw)).reshape(4, 2)
+  np.testing.assert_array_equal(score(choices=2)[:, 0], score(choices=2)[:, 1])
+  assert not np.allclose(score()[:, 0], score()[:, 1])
+
+  ids, mask, types = rows()
+  stacked = [jnp.stack([t, t], axis=1) for t in (ids, mask, types)]
+  for backbone, kernel, shape in (("causal", config, (3, 1, 32)),
+                                  ("encoder", tiny.encoder(dropout=0.5), (6, 32))):
+    model = finetune_models.FineTuneModel(ml_collections.FrozenConfigDict(kernel),
+                                          "multiple_choice", backbone=backbone)
+    _, state = model.apply({"params": init(model, *stacked)}, *stacked, deterministic=False,
+                           rngs={"dropout": jax.random.key(1)},
+                           capture_intermediates=lambda m, _: isinstance(m, layers.Dropout)
+                           and m.scope.path[0] == "choice_head")
+    dropped, = jax.tree.leaves(state["intermediates"])
+    assert dropped.shape == shape, backbone
 
 
 def test_both_orders_sum_their_extract_states_and_lm_logits_come_along():
