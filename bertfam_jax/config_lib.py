@@ -1138,7 +1138,8 @@ def finetune_config() -> ml_collections.ConfigDict:
 # <= 64 tokens, lr 3e-5, 2 epochs), BERT's NER setting for token classification. T5 (Raffel et
 # al. §3.1.4; t5x finetune.gin): Adafactor at a constant 0.001, 512 input tokens.
 # ELECTRA (configure_finetuning.py; the paper's Table 7): layer-wise decay 0.8 (large 0.9), lr by
-# size (small 3e-4, base 1e-4, large 5e-5), 3 epochs at 128 tokens, SQuAD 2 epochs at 512.
+# size (small 3e-4 as Table 7, where configure_finetuning.py's default is 1e-4; base 1e-4, large
+# 5e-5), 3 epochs at 128 tokens, 10 for RTE and STS-B, SQuAD 2 epochs at 512.
 # GPT (Radford et al. 2018 §4.1; finetune-transformer-lm train.py): lr 6.25e-5, batch 32, 3
 # epochs, warmup over 0.2% of the steps then linear decay, weight decay 0.01, clip 1, the
 # auxiliary LM loss at λ = 0.5.
@@ -1174,6 +1175,10 @@ FINETUNE_DEFAULTS = {
 ELECTRA_FINETUNE_BY_WIDTH = {256: dict(optimizer=dict(peak_lr=3e-4)),
                              1024: dict(optimizer=dict(peak_lr=5e-5),
                                         finetune=dict(layer_decay=0.9))}
+# configure_finetuning.py: "rte" and "sts" train 10 epochs (the small datasets), every other
+# GLUE task 3 (Table 7 alike).
+ELECTRA_FINETUNE_BY_TASK = {task: dict(finetune=dict(epochs=10.0))
+                            for task in ("glue/rte", "glue/stsb")}
 # The rest of the optimizer by its name, whichever recipe: BERT's AdamWeightDecay (10% warmup,
 # decay 0.01, clip 1.0) and T5's Adafactor (constant rate, no decay, update clipping only).
 FINETUNE_SCHEDULES = ("linear", "slanted_triangular")
@@ -1229,13 +1234,15 @@ def resolve_finetune(config: ml_collections.ConfigDict, recipe: str,
                      hidden: int = 0) -> ml_collections.ConfigDict:
   """A copy of the fine-tuning `config` with every field left None set from the `recipe`'s
   defaults (`finetune_recipe`; FINETUNE_RUNLOCAL's first with finetune.runlocal; an ELECTRA
-  recipe's by the encoder's width `hidden`, ELECTRA_FINETUNE_BY_WIDTH), the optimizer's other
+  recipe's by the encoder's width `hidden`, ELECTRA_FINETUNE_BY_WIDTH, and by the task,
+  ELECTRA_FINETUNE_BY_TASK), the optimizer's other
   fields from its name's (FINETUNE_OPTIMIZERS_DEFAULTS: an AdamW asked of a T5 gets AdamW's),
   then validated. A field given a value keeps it."""
   resolved = ml_collections.ConfigDict(config.to_dict())
   layers = [FINETUNE_RUNLOCAL[recipe]] if config.finetune.runlocal else []
   if recipe.startswith("electra"):
     layers.append(ELECTRA_FINETUNE_BY_WIDTH.get(hidden, {}))
+    layers.append(ELECTRA_FINETUNE_BY_TASK.get(config.finetune.task, {}))
   layers.append(FINETUNE_DEFAULTS[recipe])
   for layer in layers:
     for section, values in layer.items():

@@ -14,8 +14,9 @@ pretrain/pretrain_helpers.py, model/optimization.py, build_pretraining_dataset.p
   data           ExampleBuilder segments (`data.packing='electra_segments'`), no NSP.
   optimizer      AdamW without bias correction, wd 0.01 (not on LayerNorm / bias), ε 1e-6,
                  clip 1.0, lr × (1 − step/T) × min(1, step/W).
-  small          batch 128 × 128, lr 5e-4, 10k warmup, 1M steps (the paper trains it on
-                 OpenWebText: --config.data.source=text --config.data.text_files=...).
+  small          batch 128 × 128, lr 5e-4, 10k warmup, 1M steps (the paper trains it on BERT's
+                 Wikipedia + BooksCorpus, §3.1; the README's ELECTRA-Small-OWT on OpenWebText:
+                 --config.data.source=text --config.data.text_files=...).
   base / large   512 tokens, lr 2e-4; batch 256 / 2048, 766k / 400k steps (paper Table 6).
 
 The paper's efficiency analysis (§3.5) is `--config.objective.variant=electra_15 | replace_mlm |

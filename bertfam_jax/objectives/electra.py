@@ -140,11 +140,13 @@ def discriminator_inputs(masked_ids_BL, positions_BP, targets_BP, weights_BP, sa
 def sample_replacements(logits_BPV, targets_BP, rng, *, temperature: float,
                         disallow_correct: bool):
   """x̂ ~ softmax(logits / T) at each slot by Gumbel-max (run_pretraining.py `sample_from_
-  softmax`), in float32, without gradient. Returns [batch, predictions] int32."""
-  logits = jax.lax.stop_gradient(logits_BPV).astype(jnp.float32)
+  softmax`), in float32, without gradient; `disallow_correct` subtracts 1000 from the target's
+  tempered logit, as run_pretraining.py does after dividing by T. Returns [batch, predictions]
+  int32."""
+  logits = jax.lax.stop_gradient(logits_BPV).astype(jnp.float32) / temperature
   if disallow_correct:
     logits -= DISALLOW_CORRECT_PENALTY * jax.nn.one_hot(targets_BP, logits.shape[-1])
-  return jax.random.categorical(rng, logits / temperature, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
 
 
 def _ratio(metrics, name, numerator, denominator):

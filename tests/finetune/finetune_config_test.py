@@ -63,6 +63,16 @@ def test_an_electra_init_gets_electras_recipe(hidden, task_kind, expected):
   assert cl.resolve_finetune(given, recipe, hidden=hidden).finetune.layer_decay == 1.0
 
 
+@pytest.mark.parametrize("task, epochs", [("glue/rte", 10.0), ("glue/stsb", 10.0),
+                                          ("glue/mrpc", 3.0), ("glue/mnli", 3.0)])
+def test_electra_trains_rte_and_stsb_ten_epochs(task, epochs):
+  """configure_finetuning.py: `if task_name in ["rte", "sts"]: num_train_epochs = 10.0`; BERT's
+  recipe keeps 3 for every task."""
+  config = load(f"task={task},init=x")
+  assert cl.resolve_finetune(config, "electra", hidden=256).finetune.epochs == epochs
+  assert cl.resolve_finetune(config, "encoder").finetune.epochs == 3.0
+
+
 def test_runlocal_comes_first_and_given_values_are_kept():
   config = load("task=wordnet_supersense_t2t,init=x,runlocal")
   config.finetune.max_train_examples = 100

@@ -153,19 +153,21 @@ def test_masking_draws_positions_with_replacement_85_mask_15_kept():
 # -- sampling and the discriminator's input --------------------------------------------------
 
 
-def test_gumbel_max_samples_follow_the_generator_softmax():
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_gumbel_max_samples_follow_the_generator_softmax(temperature):
+  """x̂ ~ softmax(logits / T); with disallow_correct the target's tempered logit loses 1000
+  (run_pretraining.py subtracts after dividing: at T = 1000 a penalty divided by T would leave
+  the target a likely draw)."""
   logits = jnp.array([2.0, 1.0, 0.0, -1.0, 0.5])
   draws = 40_000
-  sampled = electra.sample_replacements(
+  sample = lambda t, disallow: np.asarray(electra.sample_replacements(  # noqa: E731
       jnp.broadcast_to(logits, (1, draws, 5)), jnp.zeros((1, draws), jnp.int32),
-      jax.random.key(0), temperature=1.0, disallow_correct=False)
-  frequencies = np.bincount(np.asarray(sampled).ravel(), minlength=5) / draws
-  p = np.asarray(jax.nn.softmax(logits))
+      jax.random.key(0), temperature=t, disallow_correct=disallow))
+  frequencies = np.bincount(sample(temperature, False).ravel(), minlength=5) / draws
+  p = np.asarray(jax.nn.softmax(logits / temperature))
   np.testing.assert_array_less(np.abs(frequencies - p), 5 * np.sqrt(p * (1 - p) / draws))
-  hot = electra.sample_replacements(
-      jnp.broadcast_to(logits, (1, draws, 5)), jnp.zeros((1, draws), jnp.int32),
-      jax.random.key(0), temperature=0.25, disallow_correct=True)
-  assert not np.any(np.asarray(hot) == 0)  # the true token (id 0) is never drawn
+  for t in (0.25, 1000.0):
+    assert not np.any(sample(t, True) == 0)  # the true token (id 0) is never drawn
 
 
 def test_discriminator_input_holds_samples_and_labels_compare_with_the_original():
@@ -276,12 +278,37 @@ def test_all_tokens_mlm_loss_is_the_copy_mixture_cross_entropy():
   np.testing.assert_allclose(ratio(metrics, "mlm_accuracy"), accuracy, rtol=1e-6)
 
 
+def test_a_sample_equal_to_the_original_is_labelled_original(monkeypatch):
+  """run_pretraining.py `_get_fake_data`: labels = fake != original, so a generator that samples
+  every original back leaves nothing replaced, and the detector's loss is its sigmoid
+  cross-entropy against all-zero labels over the real tokens."""
+  config = tiny_config()
+  model, params, batch = init(config)
+  monkeypatch.setattr(electra, "sample_replacements",
+                      lambda logits, targets, rng, **kw: targets)
+  _, metrics = loss_and_metrics(config, model, params, batch)
+  assert ratio(metrics, "replaced_fraction") == 0.0 and ratio(metrics, "sampled_original") == 1.0
+  originals = electra.scatter_positions(batch["input_ids"], batch["mlm_positions"],
+                                        batch["mlm_targets"], batch["mlm_weights"])
+  logits = model.apply(params, originals, batch["input_mask"], batch["segment_ids"],
+                       batch["mlm_positions"], deterministic=True,
+                       method="discriminate")["rtd_logits"]
+  real = np.asarray(batch["input_mask"], np.float64)
+  expected = np.sum(np.logaddexp(0.0, np.asarray(logits, np.float64)) * real)   # −log(1 − σ)
+  total, count = metrics["discriminator_loss"]
+  np.testing.assert_allclose([float(total), float(count)], [expected, real.sum()], rtol=1e-5)
+
+
 def test_detection_metrics_count_replaced_tokens():
+  """The loss Σ w·[y·softplus(−x) + (1 − y)·softplus(x)] / (Σ w + 1e-6), and the metrics."""
   logits = jnp.array([[3.0, -2.0, 1.0, -1.0, 5.0]])
   replaced = jnp.array([[True, True, False, False, True]])
   weights = jnp.array([[1, 1, 1, 1, 0]])
   metrics = {}
-  electra._detection_loss(logits, replaced, weights, metrics)
+  loss = electra._detection_loss(logits, replaced, weights, metrics)
+  x, y, w = (np.asarray(a, np.float64) for a in (logits, replaced, weights))
+  expected = np.sum(w * (y * np.logaddexp(0, -x) + (1 - y) * np.logaddexp(0, x)))
+  np.testing.assert_allclose(float(loss), expected / (4 + 1e-6), rtol=1e-6)
   assert ratio(metrics, "discriminator_accuracy") == 0.5     # right on tokens 0 and 3
   assert ratio(metrics, "discriminator_precision") == 0.5    # predicted 0, 2; replaced 0
   assert ratio(metrics, "discriminator_recall") == 0.5       # replaced 0, 1; found 0
