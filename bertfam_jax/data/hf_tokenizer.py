@@ -107,7 +107,10 @@ class HFTokenizer:
     self.num_pieces = self.vocab_size - self.extra_ids
     self.word_start = self._word_start_table()
 
-  def _word_start_table(self) -> np.ndarray:
+  def _word_start_table(self, punctuation_starts: bool = True) -> np.ndarray:
+    """[vocab_size] bool: a WordPiece not prefixed with its continuation mark, else a piece
+    with the word marker ('Ġ', '▁') or the unknown token; with `punctuation_starts` a piece of
+    punctuation characters too; special tokens always."""
     model = json.loads(self._tokenizer.to_str())["model"]
     continuation = model.get("continuing_subword_prefix") if model["type"] == "WordPiece" else None
     starts = np.zeros(self.vocab_size, bool)
@@ -116,15 +119,16 @@ class HFTokenizer:
         starts[i] = not piece.startswith(continuation)
       else:
         starts[i] = piece.startswith(("Ġ", "▁")) or i == self.unk_id
-      starts[i] |= all(ch in _PUNCTUATION for ch in piece)
+      starts[i] |= punctuation_starts and all(ch in _PUNCTUATION for ch in piece)
     starts[self.special_ids] = True
     return starts
 
   def word_start_for(self, rule: str) -> np.ndarray:
-    """`word_start` whatever the rule: ALBERT's and XLNet's rules are rules of SentencePiece
-    pieces, and an imported tokenizer's own word marker is the one its model was trained with."""
-    del rule
-    return self.word_start
+    """`word_start`, whatever the rule but 'bart': ALBERT's and XLNet's rules are rules of
+    SentencePiece pieces, and an imported tokenizer's own word marker is the one its model was
+    trained with; 'bart' (fairseq's GPT-2 `is_beginning_of_word`) drops the punctuation clause,
+    so that ',' joined to a word continues it."""
+    return self._word_start_table(punctuation_starts=False) if rule == "bart" else self.word_start
 
   def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
     """One [len_i] int32 array of ids per text; no special tokens are added."""

@@ -42,11 +42,13 @@ _RECIPE_VERSION = 1
 # a Python 3 piece).
 _REFERENCE_PUNCTUATION = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
 _ENGLISH_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyz")
-WORD_START_RULES = ("bert", "albert", "xlnet")
+WORD_START_RULES = ("bert", "albert", "xlnet", "bart")
 
 
 def starts_word(piece: str, rule: str) -> bool:
   """Whether SentencePiece `piece` begins a word by the reference rule `rule`:
+  - 'bart' (fairseq's GPT-2 BPE `is_beginning_of_word`: the piece decodes with a leading
+    space): it starts with '▁' or '<'; punctuation joined to a word ('▁Hello' ',') continues it;
   - 'xlnet' (xlnet/data_utils.py `_is_start_piece`): it starts with '▁' or '<', or is one
     punctuation character;
   - 'albert' (albert/create_pretraining_data.py `_is_start_piece_sp`): the same, or any of its
@@ -55,7 +57,11 @@ def starts_word(piece: str, rule: str) -> bool:
     while a piece of several punctuation characters ('...', '),') continues one.
   ('bert', `Tokenizer.word_start`, is a table, not a rule of one piece: it marks special pieces.)
   """
-  if piece.startswith(("▁", "<")) or piece in _REFERENCE_PUNCTUATION:
+  if piece.startswith(("▁", "<")):
+    return True
+  if rule == "bart":
+    return False
+  if piece in _REFERENCE_PUNCTUATION:
     return True
   if rule == "xlnet":
     return False
@@ -80,7 +86,7 @@ class Tokenizer:
     word_start: [vocab_size] bool, True where a piece begins a word by BERT's rule (a WordPiece
       not prefixed with ##, punctuation always its own word): it starts with '▁', or is a
       special piece, or is punctuation; whole-word, span and n-gram masking use it.
-      `word_start_for(rule)` gives ALBERT's and XLNet's rules.
+      `word_start_for(rule)` gives ALBERT's, XLNet's and BART's rules.
     pair_separator_ids: what separates the two segments of a pair, (sep_id,) as in BERT's
       `[CLS] A [SEP] B [SEP]` (RoBERTa's `</s></s>` tokenizers have two).
   """
@@ -157,8 +163,8 @@ class Tokenizer:
 
   def word_start_for(self, rule: str) -> np.ndarray:
     """[vocab_size] bool: the pieces that begin a word by `rule` (WORD_START_RULES): 'bert' is
-    `word_start`; 'albert' and 'xlnet' are `starts_word` of each piece, special pieces and
-    sentinels included."""
+    `word_start`; 'albert', 'xlnet' and 'bart' are `starts_word` of each piece, special pieces
+    and sentinels included."""
     if rule == "bert":
       return self.word_start
     starts = np.zeros(self.vocab_size, bool)

@@ -84,9 +84,11 @@ def validate(config) -> None:
   if o.noise_mask == "random_prefix" and o.noise_density > 0.5:
     raise ConfigError("objective.noise_mask='random_prefix' needs noise_density <= 0.5 (the "
                       "reference's random_prefix_noise_mask raises above it).")
-  if o.permute_sentences and o.targets_encoding != "original":
-    raise ConfigError("objective.permute_sentences shuffles the inputs' sentences; the target must "
-                      "be the document in order: set --config.objective.targets_encoding=original.")
+  if (o.permute_sentences or o.noise_mask == "bart_infilling") and o.targets_encoding != "original":
+    raise ConfigError(f"objective.permute_sentences={o.permute_sentences} / noise_mask="
+                      f"{o.noise_mask!r}: BART's target is the segment in its order, not "
+                      f"{o.targets_encoding!r}: set --config.objective.targets_encoding=original "
+                      f"(BART writes its own inputs; inputs_encoding is not read).")
   if config.tokenizer.kind == "sentencepiece" and config.tokenizer.extra_ids < 1 and (
       "sentinel" in o.inputs_encoding + o.targets_encoding):
     raise ConfigError("Sentinel encodings need sentinel ids: set --config.tokenizer.extra_ids=100.")
@@ -188,7 +190,7 @@ def make_features(config, tokenizer):
 def _noise_ids(tokenizer) -> dict:
   """The ids `noise_segments` reads from the tokenizer."""
   return dict(sentinel_start=tokenizer.sentinel_start, vocab_size=tokenizer.vocab_size,
-              mask_id=tokenizer.mask_id, word_start_table=tokenizer.word_start,
+              mask_id=tokenizer.mask_id, word_start_table=tokenizer.word_start_for("bart"),
               num_reserved_tokens=reserved_ids(tokenizer))
 
 

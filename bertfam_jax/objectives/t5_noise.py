@@ -507,9 +507,11 @@ def bart_permute_sentences(tokens: np.ndarray, lengths: np.ndarray, sentence_sta
                            rng: np.random.Generator, *, ratio: float = 1.0) -> np.ndarray:
   """BART sentence permutation (DenoisingDataset.permute_sentences, spec objectives.md §8).
 
-  A sentence runs from a `sentence_start` token to the next one (the last to the row's end);
-  tokens before the row's first sentence start stay in place (fairseq keeps `<s>` first; it finds
-  sentences at full stops, closing the last one artificially, where packing gives them here).
+  A sentence runs from a `sentence_start` token to the next one (the last to the row's end), and
+  the row's first token always begins one: a segment cut mid-sentence permutes its leading
+  fragment as a sentence, as fairseq's first sentence runs from after `<s>` to the first full
+  stop (fairseq finds sentences at full stops, closing the last one artificially, where packing
+  gives them here; its `<s>` is not in our segments).
   ceil(#sentences · ratio) sentences chosen uniformly are permuted uniformly among their slots
   (`ordering[subs] = subs[randperm(k)]`); ratio 1.0 shuffles all. Draws 2 · n · S uniforms
   (S = most sentences in a row).
@@ -527,6 +529,7 @@ def bart_permute_sentences(tokens: np.ndarray, lengths: np.ndarray, sentence_sta
   n, width = tokens.shape
   valid = _valid(lengths, width)
   starts = sentence_start & valid
+  starts[:, 0] = valid[:, 0]
   num_sentences = np.count_nonzero(starts, axis=1)
   max_sentences = max(int(num_sentences.max(initial=0)), 1)
   sentence = np.cumsum(starts, axis=1) - 1                     # -1 before the first start
@@ -611,7 +614,10 @@ def bart_text_infilling(tokens: np.ndarray, lengths: np.ndarray, word_start: np.
   """BART text infilling (DenoisingDataset.add_whole_word_mask with `--mask-length span-poisson
   --replace-length 1`, then add_insertion_noise for the zero-length spans; spec §8).
 
-  Per row (the row's first and last token, fairseq's `<s>` and `</s>`, are never word starts):
+  fairseq frames each row `<s> text </s>` and never masks, deletes or inserts before `<s>` or
+  after `</s>`; our segments are bare text, so each row is framed here with a placeholder on
+  either side, noised, and unframed: the text's own first and last words can be masked, and an
+  insertion can open or close it. Per framed row (its first and last token never word starts):
     1. budget = ceil(#word starts · mask_ratio), in float32 as fairseq's tensor product;
     2. span lengths (in words) ~ `poisson_span_distribution`, drawn until their sum reaches the
        budget, the last trimmed; zero-length spans become insertions;
@@ -640,8 +646,24 @@ def bart_text_infilling(tokens: np.ndarray, lengths: np.ndarray, word_start: np.
   Returns:
     ([n, L'] int32 noised rows, 0-padded, L' >= L; [n] int32 lengths).
   """
-  n, width = tokens.shape
   lengths = np.asarray(lengths, np.int64)
+  framed = np.pad(np.where(_valid(lengths, tokens.shape[1]), tokens, 0), ((0, 0), (1, 1)))
+  framed_starts = np.pad(word_start, ((0, 0), (1, 1)))    # the frame is never a word start
+  out, out_lengths = _infill_framed(
+      framed, np.where(lengths > 0, lengths + 2, 0), framed_starts, rng, mask_ratio=mask_ratio,
+      poisson_lambda=poisson_lambda, mask_id=mask_id, random_ratio=random_ratio,
+      vocab_size=vocab_size)
+  out_lengths = np.maximum(out_lengths - 2, 0)
+  out = out[:, 1:-1]
+  return (np.where(_valid(out_lengths, out.shape[1]), out, 0).astype(np.int32),
+          out_lengths.astype(np.int32))
+
+
+def _infill_framed(tokens, lengths, word_start, rng, *, mask_ratio, poisson_lambda, mask_id,
+                   random_ratio, vocab_size):
+  """`bart_text_infilling` of rows framed as fairseq's (steps 1-4 of its docstring): the first
+  and last token of each row are the frame."""
+  n, width = tokens.shape
   rows = np.arange(n)
   valid = _valid(lengths, width)
   starts = word_start & valid

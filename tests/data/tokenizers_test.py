@@ -63,15 +63,18 @@ def test_word_start(tokenizer):
 ])
 def test_albert_and_xlnet_word_starts_follow_the_references(piece, albert, xlnet):
   """albert/create_pretraining_data.py `_is_start_piece_sp`, xlnet/data_utils.py
-  `_is_start_piece`, piece by piece."""
+  `_is_start_piece`, piece by piece; BART's (fairseq's GPT-2 `is_beginning_of_word`: a piece
+  that decodes with a leading space) only at the word marker, so ',' joined to a word, digits
+  and '...' continue it."""
   assert tokenizers.starts_word(piece, "albert") is albert
   assert tokenizers.starts_word(piece, "xlnet") is xlnet
+  assert tokenizers.starts_word(piece, "bart") is piece.startswith(("▁", "<"))
 
 
 def test_word_start_tables_by_rule(tokenizer):
   pieces = [tokenizer._sp.id_to_piece(i) for i in range(tokenizer.num_pieces)]
   np.testing.assert_array_equal(tokenizer.word_start_for("bert"), tokenizer.word_start)
-  for rule in ("albert", "xlnet"):
+  for rule in ("albert", "xlnet", "bart"):
     table = tokenizer.word_start_for(rule)
     assert table[tokenizer.special_ids].all()
     ordinary = np.setdiff1d(np.arange(tokenizer.num_pieces), tokenizer.special_ids)
@@ -82,6 +85,9 @@ def test_word_start_tables_by_rule(tokenizer):
   assert digits and tokenizer.word_start_for("albert")[digits].all()
   assert not tokenizer.word_start_for("xlnet")[digits].any()
   assert not tokenizer.word_start[digits].any()
+  punctuation = [i for i, p in enumerate(pieces) if p in (",", ".")]
+  assert len(punctuation) == 2 and tokenizer.word_start[punctuation].all()
+  assert not tokenizer.word_start_for("bart")[punctuation].any()
 
 
 def test_albert_masks_with_albert_word_starts(config, tokenizer):

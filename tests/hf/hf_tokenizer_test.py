@@ -137,6 +137,14 @@ def test_special_ids_word_starts_and_pair_separators(layouts):
   assert (roberta.cls_id, roberta.pad_id, roberta.sep_id, roberta.unk_id, roberta.mask_id) == (
       0, 1, 2, 3, 4)
   assert roberta.pair_separator_ids == (2, 2)
+  # fairseq's BART (GPT-2 `is_beginning_of_word`): a byte-level piece begins a word only with
+  # its space marker 'Ġ'; ',' is its own word for the BERT rule only. WordPiece keeps its rule.
+  vocab = roberta._tokenizer.get_vocab()  # pylint: disable=protected-access
+  comma, word = vocab[","], next(i for p, i in vocab.items() if p.startswith("Ġ") and len(p) > 2)
+  bart = roberta.word_start_for("bart")
+  assert roberta.word_start[comma] and not bart[comma] and bart[word]
+  assert bart[roberta.special_ids].all()
+  np.testing.assert_array_equal(bert.word_start_for("bart"), bert.word_start)
   albert = tokenizer_lib.from_dir(str(layouts["spiece"]))
   assert (albert.pad_id, albert.unk_id, albert.cls_id, albert.sep_id, albert.mask_id) == (
       0, 1, 2, 3, 4)

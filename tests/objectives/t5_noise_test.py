@@ -425,26 +425,24 @@ def _infill(tokens, lengths, word_start, seed, **overrides):
 
 
 def test_text_infilling_masks_whole_words_within_budget():
-  # Random word boundaries, unique ids; the first and last token play fairseq's <s> and </s>.
+  # Bare segments (fairseq's <s> and </s> are outside them), random word boundaries, unique ids.
   rng = np.random.default_rng(0)
   n, width = 300, 40
-  lengths = rng.integers(2, width + 1, n)
+  lengths = rng.integers(1, width + 1, n)
   tokens = np.where(np.arange(width)[None, :] < lengths[:, None], np.arange(width) + 10, 0)
   word_start = rng.random((n, width)) < 0.5
+  word_start[:, 0] = True
   out, out_lengths = _infill(tokens, lengths, word_start, seed=1)
   for i in range(n):
     row, length = out[i, :out_lengths[i]], lengths[i]
-    assert row[0] == tokens[i, 0] and row[-1] == tokens[i, length - 1]   # never first / last
     kept = row[row != 4]
     assert (np.diff(kept) > 0).all()                                    # order preserved
-    starts = word_start[i, :length].copy()
-    starts[[0, length - 1]] = [True, True]
-    word = np.cumsum(starts) - 1
+    word = np.cumsum(word_start[i, :length]) - 1
     present = np.isin(tokens[i, :length], kept)
     for w in range(word[-1] + 1):         # each word entirely kept or entirely removed
       assert present[word == w].all() or not present[word == w].any()
     removed_words = len(set(word[~present].tolist()))
-    num_word_starts = starts[1:length - 1].sum()
+    num_word_starts = word_start[i, :length].sum()
     assert removed_words <= math.ceil(np.float32(num_word_starts) * np.float32(0.3))
 
 
@@ -452,28 +450,32 @@ def test_text_infilling_budget_is_float32_like_fairseq():
   # 50 word starts: fairseq's float32 tensor product 50 * 0.3 rounds to 15.000001, so the budget
   # is 16 words (a float64 product would give 15; checked against torch for 1..1999 words).
   n = 1000
-  tokens = np.tile(np.arange(10, 62), (n, 1))
-  out, out_lengths = _infill(tokens, np.full(n, 52), np.ones((n, 52), bool), seed=2)
-  removed = np.array([52 - np.isin(tokens[0], out[i, :out_lengths[i]]).sum() for i in range(n)])
+  tokens = np.tile(np.arange(10, 60), (n, 1))
+  out, out_lengths = _infill(tokens, np.full(n, 50), np.ones((n, 50), bool), seed=2)
+  removed = np.array([50 - np.isin(tokens[0], out[i, :out_lengths[i]]).sum() for i in range(n)])
   assert removed.max() == 16
 
 
 def test_text_infilling_single_word_budget_and_insertions():
-  # 3 inner words -> budget ceil(0.9) = 1: zero-length draws are insertions (geometric count,
-  # P(0 insertions) = 1 - P(0)), then one 1-word span becomes one <mask>.
-  n = 5000
-  tokens = np.tile([1, 10, 11, 12, 2], (n, 1))
-  out, out_lengths = _infill(tokens, np.full(n, 5), np.ones((n, 5), bool), seed=3)
-  inserts = out_lengths - 5
+  # A bare segment of 3 words -> budget ceil(0.9) = 1: zero-length draws are insertions
+  # (geometric count, P(0 insertions) = 1 - P(0)), then one 1-word span becomes one <mask>. The
+  # segment's first and last words are maskable, and insertions may open or close it: fairseq's
+  # frame <s> ... </s> lies outside the segment.
+  n = 6000
+  tokens = np.tile([10, 11, 12], (n, 1))
+  out, out_lengths = _infill(tokens, np.full(n, 3), np.ones((n, 3), bool), seed=3)
+  inserts = out_lengths - 3
   assert ((out == 4).sum(axis=1) == 1 + inserts).all()
-  assert (out[:, 0] == 1).all() and (out[np.arange(n), out_lengths - 1] == 2).all()
   p_zero = t5_noise.poisson_span_distribution(3.0)[0]
   assert within(np.count_nonzero(inserts == 0), n * (1 - p_zero), n)
-  masked_word = [sorted({10, 11, 12} - set(row.tolist()))[0] for row in out]
+  masked_word = np.array([sorted({10, 11, 12} - set(row.tolist()))[0] for row in out])
   for w in (10, 11, 12):                                   # the span start is uniform
-    assert within(masked_word.count(w), n / 3, n)
+    assert within(np.count_nonzero(masked_word == w), n / 3, n)
+  last = out[np.arange(n), out_lengths - 1]
+  assert np.any((out[:, 0] == 4) & (masked_word != 10))    # an insertion opens the segment
+  assert np.any((last == 4) & (masked_word != 12))          # one closes it
   # random_ratio 1 (same draws): every mask and insertion becomes a random id in [1, vocab).
-  rand, rand_lengths = _infill(tokens, np.full(n, 5), np.ones((n, 5), bool), seed=3,
+  rand, rand_lengths = _infill(tokens, np.full(n, 3), np.ones((n, 3), bool), seed=3,
                                random_ratio=1.0)
   np.testing.assert_array_equal(rand_lengths, out_lengths)
   np.testing.assert_array_equal(rand[out != 4], out[out != 4])
@@ -481,27 +483,57 @@ def test_text_infilling_single_word_budget_and_insertions():
   assert np.mean(rand[out == 4] != 4) > 0.99
 
 
+def test_text_infilling_masks_one_token_per_span_and_draws_random_spans_at_the_ratio():
+  """replace_length 1: a span of several tokens becomes one <mask> (the rest deleted), not one
+  per token; each span is random with probability random_ratio (a coin per span)."""
+  n = 4000
+  text = np.arange(10, 22)
+  tokens = np.tile(text, (n, 1))                       # 4 words of 3 tokens: budget 2 words
+  word_start = np.tile(np.arange(12) % 3 == 0, (n, 1))
+  # λ = 6: a zero length (an insertion) is rare, the first length almost always covers 2 words.
+  out, out_lengths = _infill(tokens, np.full(n, 12), word_start, seed=4, poisson_lambda=6.0)
+  kept = np.array([np.isin(text, row[:k]).sum() for row, k in zip(out, out_lengths)])
+  one_span = ((out == 4).sum(axis=1) == 1) & (out_lengths == kept + 1)
+  # 2 words (the last one alone where a span starts there): 6 or 3 tokens → one <mask>.
+  assert one_span.mean() > 0.9 and set(kept[one_span].tolist()) == {6, 9}
+  rand, _ = _infill(tokens, np.full(n, 12), word_start, seed=4, poisson_lambda=6.0,
+                    random_ratio=0.1)
+  span_tokens = rand[one_span][out[one_span] == 4]
+  assert within(np.count_nonzero(span_tokens != 4), 0.1 * span_tokens.size, span_tokens.size)
+
+
 def test_permute_sentences():
   n = 6000
-  # A prefix token (not a sentence start) and three sentences of 1, 2 and 3 tokens.
-  tokens = np.tile([1, 10, 20, 21, 30, 31, 32, 0], (n, 1))
-  starts = np.zeros((n, 8), bool)
-  starts[:, [1, 2, 4]] = True
-  out = t5_noise.bart_permute_sentences(tokens, np.full(n, 7), starts, np.random.default_rng(0))
-  assert (out[:, 0] == 1).all() and (out[:, 7] == 0).all()
+  # Three sentences of 1, 2 and 3 tokens.
+  tokens = np.tile([10, 20, 21, 30, 31, 32, 0], (n, 1))
+  starts = np.zeros((n, 7), bool)
+  starts[:, [0, 1, 3]] = True
+  out = t5_noise.bart_permute_sentences(tokens, np.full(n, 6), starts, np.random.default_rng(0))
+  assert (out[:, 6] == 0).all()
   orders, counts = np.unique(out, axis=0, return_counts=True)
   sentences = [[10], [20, 21], [30, 31, 32]]
-  expected_rows = {tuple([1] + sum((sentences[j] for j in p), []) + [0])
+  expected_rows = {tuple(sum((sentences[j] for j in p), []) + [0])
                    for p in [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)]}
   assert {tuple(r) for r in orders.tolist()} == expected_rows       # whole sentences move
   assert all(within(c, n / 6, n) for c in counts)                    # uniformly
-  # ratio 0.5 of 4 sentences: ceil(4 * 2 * 0.5 / 2) = 2 are permuted: identity or one swap.
+  # A segment cut mid-sentence: its leading fragment (not marked as a start) moves as a sentence,
+  # as fairseq's first sentence runs from after <s> to the first full stop.
+  starts[:, 0] = False
+  out = t5_noise.bart_permute_sentences(tokens, np.full(n, 6), starts, np.random.default_rng(0))
+  slot = np.argmax(out == 10, axis=1)                               # 0, 2 or 5
+  for place in (0, 2, 3, 5):
+    expected = n / 3 if place in (0, 5) else n / 6                  # 2 of 6 orders each at 0 / 5
+    assert within(np.count_nonzero(slot == place), expected, n), place
+  # ratio 0.5 of 4 sentences: ceil(4 * 2 * 0.5 / 2) = 2 are permuted, a uniform pair swapped.
   tokens = np.tile([10, 20, 30, 40], (n, 1))
   out = t5_noise.bart_permute_sentences(tokens, np.full(n, 4), np.ones((n, 4), bool),
                                         np.random.default_rng(1), ratio=0.5)
   moved = (out != tokens).sum(axis=1)
   assert set(moved.tolist()) == {0, 2}
   assert within(np.count_nonzero(moved == 0), n / 2, n)
+  pairs = [tuple(np.flatnonzero(row)) for row in (out != tokens)[moved == 2]]
+  for pair in ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)):     # a random subset, not a prefix
+    assert within(pairs.count(pair), len(pairs) / 6, len(pairs)), pair
 
 
 def test_gathered_token_comes_from_the_same_row():
@@ -571,3 +603,44 @@ def test_mass_inputs_are_80_masked_10_kept_10_random():
   shares = np.array([masked.mean(), kept.mean(), other.mean()])
   np.testing.assert_allclose(shares, [0.8, 0.1, 0.1], atol=0.01)
   assert inputs[noise][other].min() >= 5
+
+
+def test_bart_noising_of_packed_segments_reaches_their_edges_and_keeps_the_target():
+  """objectives/t5.noise_segments with BART's settings, on segments as packing cuts them (bare
+  text, most starting mid-sentence): the inputs can open and close with <mask> and with any
+  sentence of the segment, the leading fragment included; the target is the segment as it was."""
+  from bertfam_jax.objectives import t5  # pylint: disable=g-import-not-at-top
+  n = 3000
+  tokens = np.tile(np.arange(10, 22), (n, 1))
+  lengths = np.full(n, 12)
+  sentence_start = np.zeros((n, 12), bool)
+  sentence_start[:, [4, 8]] = True                      # a fragment, then two sentences of 4
+  config = config_lib.t5_objective(noise_mask="bart_infilling", noise_density=0.3,
+                                   poisson_lambda=3.0, permute_sentences=1.0,
+                                   targets_encoding="original")
+  (inputs, input_lengths), (targets, target_lengths) = t5.noise_segments(
+      tokens, lengths, sentence_start, np.random.default_rng(0), config=config,
+      sentinel_start=VOCAB - 1, vocab_size=VOCAB, mask_id=4,
+      word_start_table=np.ones(VOCAB, bool))
+  np.testing.assert_array_equal(targets, tokens)
+  np.testing.assert_array_equal(target_lengths, lengths)
+  first = inputs[:, 0]
+  last = inputs[np.arange(n), input_lengths - 1]
+  assert 0.1 < np.mean(first == 4) < 0.5 and 0.1 < np.mean(last == 4) < 0.5
+  for opening in (10, 14, 18):                          # each sentence can open the inputs
+    assert np.mean(first == opening) > 0.1, opening
+
+
+@pytest.mark.parametrize("objective", [dict(noise_mask="bart_infilling"),
+                                       dict(permute_sentences=1.0)])
+def test_bart_noising_needs_the_original_target(objective):
+  """BART's target is the segment in order: another targets encoding would be silently unread."""
+  import os  # pylint: disable=g-import-not-at-top
+  from bertfam_jax.objectives import t5  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  config = config_lib.load_config(os.path.join(root, "configs", "t5.py"), "runlocal")
+  config.objective.update(objective)
+  with pytest.raises(config_lib.ConfigError, match="targets_encoding=original"):
+    t5.validate(config)
+  config.objective.targets_encoding = "original"
+  t5.validate(config)
