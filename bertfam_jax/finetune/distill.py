@@ -77,7 +77,8 @@ def build_model(student: finetune_models.FineTuneModel, teacher_config
                 ) -> finetune_models.TaskDistiller:
   return finetune_models.TaskDistiller(
       student, ml_collections.FrozenConfigDict(teacher_config.model),
-      teacher_features=teacher_config.finetune.get("features", "last"))
+      teacher_features=teacher_config.finetune.get("features", "last"),
+      teacher_mix_layer_norm=teacher_config.finetune.get("mix_layer_norm", False))
 
 
 def teacher_variables(teacher_params) -> dict:

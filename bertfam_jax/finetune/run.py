@@ -452,12 +452,13 @@ def with_mix_penalty(loss_fn: Callable, coef: float) -> Callable:
     return loss_fn
 
   def penalised(model, params, batch, rng, config, *, deterministic=False):
-    loss, metrics = loss_fn(model, params, batch, rng, config, deterministic=deterministic)
-    mixes = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    loss, metrics, *rest = loss_fn(model, params, batch, rng, config, deterministic=deterministic)
+    # The trained mix only: a distillation teacher's sits in another collection, fixed.
+    mixes = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params["params"])[0]
              if [getattr(k, "key", None) for k in path[-2:]] == ["scalar_mix", "weights"]]
     penalty = coef * sum(jnp.sum(jnp.square(w)) for w in mixes)
     metrics["mix_penalty"] = (penalty, jnp.ones((), jnp.float32))
-    return loss + penalty, metrics
+    return (loss + penalty, metrics, *rest)   # QAT's loss also returns its range updates
 
   return penalised
 

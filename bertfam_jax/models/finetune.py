@@ -188,6 +188,7 @@ class TaskDistiller(nn.Module):
   student: FineTuneModel
   teacher_config: Any          # the teacher's `config.model`
   teacher_features: str = "last"
+  teacher_mix_layer_norm: bool = False   # the teacher's finetune.mix_layer_norm
 
   def setup(self):
     nn.share_scope(self, self.student)
@@ -195,7 +196,8 @@ class TaskDistiller(nn.Module):
     self.fit_dense = pretraining.fit_dense(self.student.config, self.teacher_config.hidden)
     self.teacher = pretraining.teacher_module(FineTuneModel, self.is_initializing())(
         self.teacher_config, self.student.kind, self.student.num_outputs,
-        features=self.teacher_features, backbone=backbone_for(self.teacher_config))
+        features=self.teacher_features, backbone=backbone_for(self.teacher_config),
+        mix_layer_norm=self.teacher_mix_layer_norm)
 
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool):
     if self.is_initializing():   # create every parameter, the teacher's and fit_dense too

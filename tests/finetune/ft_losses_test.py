@@ -107,3 +107,11 @@ def test_the_mix_penalty_is_lambda_times_the_squared_weights():
   assert float(grads["scalar_mix"]["gamma"]) == 0.0
   np.testing.assert_array_equal(grads["token_head"]["classifier"]["bias"], np.ones(2))
   assert run.with_mix_penalty(task, 0.0) is task
+  # QAT's loss (finetune/quantize.py) also returns its range updates: they pass through.
+  qat = lambda *a, **kw: (*task(*a, **kw), {"ranges": 1})  # noqa: E731
+  loss, _, updates = run.with_mix_penalty(qat, 0.1)(None, params, None, None, None)
+  np.testing.assert_allclose(loss, 2.0 + 0.1 * 5.25, **TOL)
+  assert updates == {"ranges": 1}
+  # A distillation teacher's mix (another collection, fixed) is not penalised.
+  with_teacher = dict(params, teacher={"scalar_mix": {"weights": jnp.ones(3)}})
+  np.testing.assert_allclose(penalised(None, with_teacher, None, None, None)[0], loss, **TOL)

@@ -22,9 +22,32 @@ def test_soft_cross_entropy_is_the_references_mean_over_batch_and_classes():
                              np.mean(-p * log_q), rtol=1e-6)
 
 
-def _teacher_config(kind_features="last"):
+def _teacher_config(kind_features="last", **finetune):
   return ml_collections.ConfigDict(dict(model=tiny.encoder(dropout=0.0, attention_dropout=0.0),
-                                        finetune=dict(features=kind_features)))
+                                        finetune=dict(features=kind_features, **finetune)))
+
+
+def test_a_teacher_with_a_normalised_mix_is_rebuilt_with_it():
+  """A teacher fine-tuned with finetune.features=weighted_sum and mix_layer_norm=True predicts
+  through the normalised mix it was trained with: a student equal to it matches its logits."""
+  teacher = _teacher_config("weighted_sum", mix_layer_norm=True)
+  student = finetune_models.FineTuneModel(ml_collections.FrozenConfigDict(teacher.model),
+                                          "classification", 3, "weighted_sum",
+                                          mix_layer_norm=True)
+  model = distill.build_model(student, teacher)
+  ids = (np.arange(32, dtype=np.int32).reshape(2, 16) * 7) % tiny.VOCAB
+  mask = np.ones_like(ids)
+  variables = nn.meta.unbox(jax.device_get(model.init(
+      jax.random.key(0), ids, mask, 0 * ids, deterministic=True)))
+  rng = np.random.default_rng(0)   # LayerNorm scales and biases away from 1 and 0: the layers'
+  trained = jax.tree.map(           # batch statistics are then not already 0 and 1
+      lambda x: (x + 0.3 * rng.normal(size=x.shape)).astype(np.float32),
+      variables["teacher"]["teacher"])
+  same = {"params": dict(trained, fit_dense=variables["params"]["fit_dense"]),
+          **distill.teacher_variables(trained)}
+  out = model.apply(same, ids, mask, 0 * ids, deterministic=True,
+                    method=finetune_models.TaskDistiller.distill, layers=False)
+  np.testing.assert_allclose(out["student"], out["teacher"], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind, shape, outputs", [

@@ -10,7 +10,9 @@ import pytest
 from flax import linen as nn
 
 from bertfam_jax import generate
-from bertfam_jax.models import pretraining
+from bertfam_jax.models import encoder as encoder_lib
+from bertfam_jax.models import finetune as finetune_models
+from bertfam_jax.models import layers, pretraining
 
 from helpers import tiny
 
@@ -83,6 +85,47 @@ def test_gpt_drops_its_tables_and_its_logits_read_the_dropped_table():
                              rtol=1e-5, atol=1e-6)                 # one table for both reads
   assert not np.array_equal(apply(2)[1], dropped)
   np.testing.assert_array_equal(apply(1, deterministic=True)[1], table)
+
+  # The model's own step: its logits are the last layer times that dropped table, and its
+  # embedding output is the lookups with no second dropout on their sum.
+  def forward(module, ids):
+    logits = module(ids, jnp.ones_like(ids), deterministic=False)
+    _, layers_ = module.encoder(ids, jnp.ones_like(ids), deterministic=False,
+                                return_all_layers=True)
+    return (logits, module.encoder.attend(eye, False).T, layers_[0],
+            module.encoder.embed(ids, deterministic=False))
+
+  (logits, dropped, embedding_output, looked_up), state = model.apply(
+      {"params": params}, ids, rngs={"dropout": jax.random.key(1)}, method=forward,
+      capture_intermediates=lambda m, name: isinstance(m, encoder_lib.Encoder) and
+      name == "__call__", mutable=["intermediates"])
+  last = np.asarray(state["intermediates"]["encoder"]["__call__"][0])
+  np.testing.assert_allclose(logits, last @ np.asarray(dropped).T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(embedding_output, looked_up)
+
+
+def test_gpt_fine_tunings_auxiliary_lm_reads_the_dropped_table():
+  """finetune-transformer-lm train.py: the fine-tuning LM's logits multiply by the dropped `we`:
+  at the ids a row holds, the training logits are its last layer times those dropped rows (the
+  rows its own lookups read), not the table's."""
+  config = ml_collections.FrozenConfigDict(tiny.gpt(dropout=0.1))
+  model = finetune_models.FineTuneModel(config, "classification", 2, backbone="causal")
+  ids = jnp.asarray([[5, 7, 9, 11, 13, 15]])
+  mask = jnp.ones_like(ids)
+  params = nn.meta.unbox(model.init(jax.random.key(0), ids, mask, 0 * ids,
+                                    deterministic=True))["params"]
+  (_, lm), state = model.apply(
+      {"params": params}, ids, mask, 0 * ids, deterministic=False, with_lm=True,
+      rngs={"dropout": jax.random.key(1)}, mutable=["intermediates"],
+      capture_intermediates=lambda m, name: isinstance(m, (encoder_lib.Encoder, layers.Embedding))
+      and name == "__call__")
+  captured = state["intermediates"]["encoder"]
+  last = np.asarray(captured["__call__"][0])[0]                     # [length, hidden]
+  rows = np.asarray(captured["word_embeddings"]["__call__"][0])[0]  # the dropped rows of ids
+  np.testing.assert_allclose(np.asarray(lm)[0][:, np.asarray(ids[0])], last @ rows.T,
+                             rtol=1e-5, atol=1e-5)
+  table = np.asarray(params["encoder"]["word_embeddings"]["embedding"])[np.asarray(ids[0])]
+  assert not np.allclose(rows, table)
 
 
 def test_pre_ln_has_a_final_norm_and_post_ln_none():
