@@ -1098,8 +1098,9 @@ def finetune_config() -> ml_collections.ConfigDict:
       # similarity's input transformation: 2 = both orders of a pair, their extract states summed.
       lm_coef=_DEFAULT(float),
       pair_orders=1,
-      # UniLM's seq2seq fine-tuning on a text task (finetune/unilm_seq2seq.py): the share of
-      # target tokens masked (the paper's 0.7) and the label smoothing of their loss.
+      # UniLM's seq2seq fine-tuning on a text task (finetune/unilm_seq2seq.py): each row masks
+      # max(1, round(mask_prob · its target tokens)) (the paper's 0.7), and the label smoothing
+      # of their loss.
       mask_prob=0.7,
       label_smoothing=0.1,
       # Text-to-text fine-tuning of a T5 init (finetune/seq2seq.py):

@@ -11,9 +11,10 @@ n the target's tokens before its [SEP] (the paper's 0.7; Python's round, on the 
 uniformly among the target tokens and the final [SEP] (so that the model learns to stop),
 80/10/10 as in pre-training; the draw is on the device from the step's key (new masks every
 step), and the loss is the cross-entropy of the masked tokens with label smoothing
-`finetune.label_smoothing` (0.1). The reference's `--max_pred` cap is not built: its README's
-commands set it at or above 0.7 × `--max_len_b` (64 / 48 / 140 for targets of 64 / 64 / 200
-tokens), where it never binds. Decoding is greedy: at step t the row gets [MASK] after its
+`finetune.label_smoothing` (0.1). The reference's `--max_pred` cap is not built: three of its
+README's four commands set it at or above 0.7 × `--max_len_b` (64 / 48 / 140 for targets of 64 /
+64 / 200 tokens), where it never binds; its question generation's 48 with no `--max_len_b`
+would bind on targets of more than 68 tokens. Decoding is greedy: at step t the row gets [MASK] after its
 source and t generated tokens, the seq2seq mask lets it see the source and them, and its
 prediction replaces the [MASK], until [SEP]. `finetune.beam_size` > 1 decodes with beams instead
 (decode_seq2seq.py's --beam_size; the paper's summarisation used 5), with `finetune.alpha` the

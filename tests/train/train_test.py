@@ -145,6 +145,17 @@ def test_a_field_whose_absence_meant_another_value_names_the_flag_that_resumes(
   workdir_lib.check_or_write_config(str(tmp_path), config)
 
 
+def test_a_field_the_codebase_dropped_is_refused_without_a_flag(tmp_path):
+  """A saved field the current config lacks cannot be set by a flag: the refusal offers none."""
+  config = tiny_config()
+  saved = json.loads(config.to_json())
+  saved["model"]["retired_field"] = True
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(ConfigError, match=r"model.retired_field: True → None") as refusal:
+    workdir_lib.check_or_write_config(str(tmp_path), config)
+  assert "--config." not in str(refusal.value)
+
+
 def test_non_finite_loss_stops_without_checkpointing_it_nor_blocking_the_fix(tmp_path):
   """A run that fails before its first checkpoint (here: diverging at step 1) leaves its files
   provisional: the corrected re-run, even of another model, starts afresh in the same workdir."""
