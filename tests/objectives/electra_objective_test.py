@@ -79,14 +79,19 @@ def ratio(metrics, name):
 CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "electra.py")
 
 
-@pytest.mark.parametrize("size, seq_len, rate, slots, batch, lr, fraction", [
-    ("small", 128, 0.15, 19, 128, 5e-4, 0.25),
-    ("base", 512, 0.15, 79, 256, 2e-4, 1 / 3),
-    ("large", 512, 0.25, 130, 2048, 2e-4, 0.25),
+@pytest.mark.parametrize("size, seq_len, rate, slots, batch, lr, fraction, steps", [
+    ("small", 128, 0.15, 19, 128, 5e-4, 0.25, 1_000_000),
+    ("base", 512, 0.15, 79, 256, 2e-4, 1 / 3, 766_000),
+    ("large", 512, 0.25, 130, 2048, 2e-4, 0.25, 400_000),
 ])
-def test_paper_recipes(size, seq_len, rate, slots, batch, lr, fraction):
+def test_paper_recipes(size, seq_len, rate, slots, batch, lr, fraction, steps):
   """configure_pretraining.py's constants, per size (spec §5; 25% masking for large only)."""
   c = cl.load_config(CONFIG, f"size={size}")
+  assert (c.train.total_steps, c.optimizer.warmup_steps) == (steps, 10_000)
+  assert (c.optimizer.weight_decay, c.optimizer.clip_norm, c.optimizer.b1, c.optimizer.b2) == (
+      0.01, 1.0, 0.9, 0.999)
+  assert (c.objective.mask_style, c.objective.masking, c.objective.disallow_correct,
+          c.objective.generator_layers_fraction) == ("bert", "dynamic", False, 1.0)
   objectives.validate(c)
   o = c.objective
   assert (c.data.seq_len, o.mask_rate, o.max_predictions) == (seq_len, rate, slots)
@@ -148,6 +153,26 @@ def test_masking_draws_positions_with_replacement_85_mask_15_kept():
   untouched = np.ones_like(ex["input_ids"], bool)
   untouched[rows_idx, positions] &= ~real
   np.testing.assert_array_equal(batch["input_ids"][untouched], ex["input_ids"][untouched])
+
+
+def test_a_short_row_draws_its_own_budget_of_positions():
+  """pretrain_helpers.mask: a row of n real tokens draws k = max(1, min(N, round(0.15·n)))
+  positions with replacement ([CLS] and [SEP] counted in n), not always N: 40 real tokens of 128
+  draw round(6.0) = 6 of the 19 slots, so E[distinct] = c·(1 − (1 − 1/c)^6) over its c = 37
+  candidates."""
+  config = tiny_config()
+  config.data.seq_len = 128
+  config.objective.max_predictions = cl.electra_max_predictions(128, 0.15)
+  rows = 4000
+  ex = examples(rows, 128)
+  ex["input_mask"][:, 40:] = 0
+  ex["input_ids"] *= ex["input_mask"]
+  ex["input_ids"][:, 39] = 3
+  batch = electra.make_features(config, TOKENIZER)(ex, np.random.default_rng(100))
+  distinct = (batch["mlm_weights"] > 0).sum(1)
+  candidates = 40 - 3          # [CLS] and two [SEP]
+  expected = candidates * (1 - (1 - 1 / candidates) ** 6)
+  assert distinct.max() == 6 and abs(distinct.mean() - expected) < 0.05, distinct.mean()
 
 
 # -- sampling and the discriminator's input --------------------------------------------------
