@@ -458,7 +458,9 @@ def gpt_model(size: str, version: int = 1, **overrides) -> ml_collections.Config
   the dropped table (train.py's `we = dropout(we, embd_pdrop)`, `embedding_dropout='table'`);
   version 2 (GPT-2, Radford et al. 2019): `pre_layer_norm` with a final LayerNorm, 1,024
   positions, 50,257 tokens, dropout on the summed embeddings (HF GPT2Model's placement; GPT-2's
-  released code is inference only)."""
+  released code is inference only), positions initialised at σ 0.01 (model.py's `wpe`) and the
+  residual projections at 0.02/√(2 · layers) (§2.3, as HF's GPT2 `c_proj`; model.py keeps
+  0.02)."""
   if version not in (1, 2):
     raise ConfigError(f"GPT version {version!r}; choose 1 or 2.")
   m = encoder(size, sizes=GPT_SIZES, vocab_size=40478 if version == 1 else 50257,
@@ -466,6 +468,8 @@ def gpt_model(size: str, version: int = 1, **overrides) -> ml_collections.Config
               layer_norm_eps=1e-5, activation="gelu_tanh")
   m.update(causal=True, pre_layer_norm=version == 2, embedding_layer_norm=False,
            embedding_dropout="table" if version == 1 else "output")
+  if version == 2:   # GPT-2's initialisation: model.py's wpe N(0, 0.01); §2.3's 1/√N residuals
+    m.update(position_initializer_range=0.01, scale_residual_init=True)
   m.update(overrides)
   return m
 
@@ -846,6 +850,8 @@ FIELD_RULES = {
     "model.pre_layer_norm": (False, True),
     "model.embedding_layer_norm": (False, True),
     "model.embedding_dropout": ("output", "table"),
+    "model.position_initializer_range": AT_LEAST_0,
+    "model.scale_residual_init": (False, True),
     "model.share_encoder_decoder": (False, True),
     "model.embedding_size": AT_LEAST_0,
     "model.hidden_groups": AT_LEAST_1,

@@ -53,12 +53,15 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 # Fields added to a family's config after runs had been saved without them, with the behaviour
 # their absence meant where `config_lib.base_config()` (an MLM's) does not hold it: MASS's
 # decoder attended to the masked inputs before `8d56e2e`, DistilBERT's student trained its
-# positions before `56b4376`, GPT dropped its summed embeddings before its table dropout. A saved
+# positions before `56b4376`, GPT dropped its summed embeddings before its table dropout, GPT-2
+# was initialised as every model before its own initialisation (these two touch only a fresh
+# start, but the model section is compared whole). A saved
 # config lacking the field matches only this value. (DistilBERT runs saved in the hour between
 # `56b4376` and `a6cc996` hold `model.freeze_positions`, a field gone since: they are refused
 # with no flag to offer, rightly, as the freezing now lives in the objective.)
 _ABSENT_MEANS = {"objective.decoder_sees_masked": True, "objective.freeze_positions": False,
-                 "model.embedding_dropout": "output"}
+                 "model.embedding_dropout": "output", "model.position_initializer_range": 0.0,
+                 "model.scale_residual_init": False}
 
 
 # ------------------------------------------------------------------------------------- writing

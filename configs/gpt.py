@@ -11,8 +11,8 @@ warmed up over 2,000 updates then cosine-annealed to 0; 64 rows of 512 contiguou
 epochs of BooksCorpus. The tokenizer is a SentencePiece BPE of the
 paper's 40,000 merges' size trained on the corpus (GPT's ftfy + spaCy BPE needs a download),
 with an `<eod>` piece closing each document. Weights are initialised from a normal truncated at
-2σ (the reference's is untruncated), as every family here; GPT-2's 1/√(2·layers) scaling of the
-residual projections at initialisation is not applied.
+2σ (the reference's is untruncated), as every family here; GPT-2's positions at σ 0.01 and its
+residual projections at 0.02/√(2·layers) (docs/gpt.md).
 
   # The paper's model and optimizer on C4 (a prepared TFDS data_dir; see README "Data"), for
   # 100k steps (3.3 B tokens, the cosine over those): a deviation in length, since the paper's

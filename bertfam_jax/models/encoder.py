@@ -19,6 +19,7 @@ so shared layers share their adapters too). 0 adds no parameters and changes not
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -38,6 +39,15 @@ def drops_tables(config) -> bool:
   """Whether dropout acts on the embedding tables (GPT's `embedding_dropout='table'`, `Encoder`)
   rather than on the summed embeddings."""
   return config.get("embedding_dropout", "output") == "table"
+
+
+def residual_initializer_range(config) -> float:
+  """The init std of the projections that write into the residual stream (attention output, FFN
+  output): `initializer_range`, over √(2 · layers) with `model.scale_residual_init` (GPT-2,
+  Radford et al. 2019 §2.3; HF GPT2's `c_proj` init; the released model.py leaves them at
+  0.02)."""
+  scale = math.sqrt(2 * config.layers) if config.get("scale_residual_init", False) else 1.0
+  return config.initializer_range / scale
 
 
 def factorized_embedding(c) -> bool:
@@ -116,12 +126,13 @@ class TransformerLayer(nn.Module):
               initializer_range=c.initializer_range, attention_impl=c.attention_impl,
               dtype=dtype, dropout_bits=c.dropout_bits, causal=c.get("causal", False),
               fused_qkv=c.get("fused_qkv", False), fp8_matmuls=c.get("fp8_matmuls", False),
+              output_initializer_range=residual_initializer_range(c),
               name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
           deterministic)
     if self.sublayers != "attention":
       x_BLD = _residual(c, x_BLD, "output_ln", "ffn_adapter", layers.MLP(
           c.mlp, c.activation, c.initializer_range, dtype, c.get("fp8_matmuls", False),
-          name="mlp"), deterministic)
+          output_initializer_range=residual_initializer_range(c), name="mlp"), deterministic)
     return x_BLD
 
 
@@ -186,7 +197,9 @@ class Encoder(nn.Module):
       self.word_embeddings = layers.Embedding(c.vocab_size, width, c.initializer_range, dtype,
                                               features_axis=axis,
                                               rows_multiple=c.get("vocab_multiple", 1))
-      self.position_embeddings = layers.Embedding(c.max_positions, width, c.initializer_range,
+      self.position_embeddings = layers.Embedding(c.max_positions, width,
+                                                  c.get("position_initializer_range", 0.0)
+                                                  or c.initializer_range,
                                                   rows_axis="positions", features_axis=axis)
       if c.type_vocab_size:
         self.type_embeddings = layers.Embedding(c.type_vocab_size, width, c.initializer_range,

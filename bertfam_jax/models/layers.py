@@ -228,6 +228,7 @@ class SelfAttention(nn.Module):
   causal: bool = False  # query i attends keys j <= i only (GPT); cuDNN's `is_causal`
   fused_qkv: bool = False  # Q, K and V in one matmul (`project_together`): the same values
   fp8_matmuls: bool = False  # the four projections in FP8 (models/fp8.py)
+  output_initializer_range: float = 0.0  # the output projection's (0: initializer_range; GPT-2)
 
   @nn.compact
   def __call__(self, x_BLD, mask_B11L, *, deterministic: bool, decode: bool = False):
@@ -277,7 +278,8 @@ class SelfAttention(nn.Module):
                                               implementation=impl)
     out_BLNH = nn.with_logical_constraint(out_BLNH, axes)
     return HeadProjection("blnh,nhd->bld", (self.heads, self.head_dim, embed),
-                          ("heads", "kv", "embed"), (embed,), ("embed",), self.initializer_range,
+                          ("heads", "kv", "embed"), (embed,), ("embed",),
+                          self.output_initializer_range or self.initializer_range,
                           self.dtype, self.fp8_matmuls, name="output")(out_BLNH)
 
   def _create_cache(self, k_BLNH, v_BLNH):
@@ -334,6 +336,7 @@ class MLP(nn.Module):
   initializer_range: float
   dtype: Dtype = jnp.float32
   fp8_matmuls: bool = False  # both matmuls in FP8 (models/fp8.py)
+  output_initializer_range: float = 0.0  # the output dense's (0: initializer_range; GPT-2)
 
   @nn.compact
   def __call__(self, x_BLD):
@@ -347,7 +350,8 @@ class MLP(nn.Module):
                                        ("batch", "length", "act_mlp"))
     return dense(
         x_BLD.shape[-1],
-        kernel_init=param_init(self.initializer_range, ("mlp", "embed")),
+        kernel_init=param_init(self.output_initializer_range or self.initializer_range,
+                               ("mlp", "embed")),
         bias_init=zeros_init(("embed",)), name="output")(h_BLF)
 
 

@@ -128,6 +128,26 @@ def test_gpt_fine_tunings_auxiliary_lm_reads_the_dropped_table():
   assert not np.allclose(rows, table)
 
 
+def test_gpt2_initialises_positions_and_residual_projections_smaller():
+  """GPT-2: wpe ~ N(0, 0.01) (model.py) and the attention and FFN output projections at
+  0.02/√(2·layers) (§2.3, HF's c_proj); GPT-1 draws every one at 0.02. Measured as the ratio
+  of standard deviations to the word table's / the query kernel's, over the draws."""
+  for version, positions, residual in ((1, 1.0, 1.0), (2, 0.5, 1 / np.sqrt(2 * 2))):
+    config = tiny.gpt(version=version, max_positions=512, mlp=256)
+    assert config.layers == 2
+    _, params = model_and_params(config)
+    encoder = params["encoder"]
+    std = lambda x: float(np.std(np.asarray(x)))  # noqa: E731
+    assert std(encoder["position_embeddings"]["embedding"]) / std(
+        encoder["word_embeddings"]["embedding"]) == pytest.approx(positions, rel=0.05)
+    layer = encoder["layer_0"]
+    query = std(layer["attention"]["query"]["kernel"])
+    for kernel in (layer["attention"]["output"]["kernel"], layer["mlp"]["output"]["kernel"],
+                   encoder["layer_1"]["mlp"]["output"]["kernel"]):
+      assert std(kernel) / query == pytest.approx(residual, rel=0.1), version
+    assert std(layer["mlp"]["intermediate"]["kernel"]) / query == pytest.approx(1.0, rel=0.1)
+
+
 def test_pre_ln_has_a_final_norm_and_post_ln_none():
   _, gpt1 = model_and_params(tiny.gpt())
   _, gpt2 = model_and_params(tiny.gpt(version=2))
