@@ -1042,6 +1042,7 @@ def effective_mask_rate(c: ml_collections.ConfigDict) -> float:
 
 FINETUNE_METHODS = ("full", "adapters")
 FINETUNE_FEATURES = ("last", "weighted_sum")
+LAYER_DECAY_STYLES = ("electra", "ulmfit")
 FINETUNE_OPTIMIZERS = ("adamw", "adafactor")
 
 _DEFAULT = config_dict.placeholder  # a typed field left None: resolved when the run starts
@@ -1081,6 +1082,7 @@ def finetune_config() -> ml_collections.ConfigDict:
       mix_l2=0.0,              # weighted_sum: λ·Σ w² on the mix's weights (bilm-tf l2_coef)
       layer_decay=_DEFAULT(float),  # layer-wise lr decay (ELECTRA: 0.8, large 0.9; ULMFiT's
                                     # discriminative rates 1/2.6); 1 = off
+      layer_decay_style="electra",  # electra (the head d^2 above the top layer) | ulmfit (d)
       freeze_layers=0,         # embeddings + the lowest N layers get no update
       prune_sparsity=0.0,      # global magnitude pruning of the encoder layers' weight matrices
                                # before fine-tuning, held at 0 (finetune/prune.py); 0 = off
@@ -1186,6 +1188,10 @@ ELECTRA_FINETUNE_BY_WIDTH = {256: dict(optimizer=dict(peak_lr=3e-4)),
 # GLUE task 3 (Table 7 alike).
 ELECTRA_FINETUNE_BY_TASK = {task: dict(finetune=dict(epochs=10.0))
                             for task in ("glue/rte", "glue/stsb")}
+# Houlsby adapters (google-research/adapter-bert README's run_classifier.py command for
+# BERT-base): lr 3e-4, 5 epochs, whatever the recipe (a field given keeps its value).
+FINETUNE_METHOD_DEFAULTS = {"adapters": dict(optimizer=dict(peak_lr=3e-4),
+                                             finetune=dict(epochs=5.0))}
 # The rest of the optimizer by its name, whichever recipe: BERT's AdamWeightDecay (10% warmup,
 # decay 0.01, clip 1.0) and T5's Adafactor (constant rate, no decay, update clipping only).
 FINETUNE_SCHEDULES = ("linear", "slanted_triangular")
@@ -1242,7 +1248,7 @@ def resolve_finetune(config: ml_collections.ConfigDict, recipe: str,
   """A copy of the fine-tuning `config` with every field left None set from the `recipe`'s
   defaults (`finetune_recipe`; FINETUNE_RUNLOCAL's first with finetune.runlocal; an ELECTRA
   recipe's by the encoder's width `hidden`, ELECTRA_FINETUNE_BY_WIDTH, and by the task,
-  ELECTRA_FINETUNE_BY_TASK), the optimizer's other
+  ELECTRA_FINETUNE_BY_TASK; the method's, FINETUNE_METHOD_DEFAULTS), the optimizer's other
   fields from its name's (FINETUNE_OPTIMIZERS_DEFAULTS: an AdamW asked of a T5 gets AdamW's),
   then validated. A field given a value keeps it."""
   resolved = ml_collections.ConfigDict(config.to_dict())
@@ -1250,6 +1256,7 @@ def resolve_finetune(config: ml_collections.ConfigDict, recipe: str,
   if recipe.startswith("electra"):
     layers.append(ELECTRA_FINETUNE_BY_WIDTH.get(hidden, {}))
     layers.append(ELECTRA_FINETUNE_BY_TASK.get(config.finetune.task, {}))
+  layers.append(FINETUNE_METHOD_DEFAULTS.get(config.finetune.method, {}))
   layers.append(FINETUNE_DEFAULTS[recipe])
   for layer in layers:
     for section, values in layer.items():
@@ -1325,6 +1332,11 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   if f.get("unfreeze_every", 0) < 0:
     raise ConfigError(f"finetune.unfreeze_every={f.unfreeze_every} must be >= 0 (0 = off; "
                       f"ULMFiT: one epoch's steps).")
+  if f.get("unfreeze_every", 0) and (o.name != "adamw" or o.get("adam", "bert") != "bert"):
+    raise ConfigError(f"finetune.unfreeze_every={f.unfreeze_every} needs an optimizer without "
+                      f"bias correction (a layer unfrozen late would take the global step's "
+                      f"correction over its fresh moments): set --config.optimizer.name=adamw "
+                      f"and --config.optimizer.adam=bert (got {o.name!r}, {o.get('adam')!r}).")
   if o.name == "adafactor" and o.warmup_fraction:
     raise ConfigError(f"optimizer.warmup_fraction={o.warmup_fraction}: Adafactor fine-tunes at a "
                       f"constant rate (T5); set --config.optimizer.warmup_fraction=0.")

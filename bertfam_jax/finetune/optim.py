@@ -20,8 +20,11 @@ layer_decay, freeze_layers, method) and the encoder's `config.model`.
   "task_specific/" (its pooler has no weights). A scanned stack ('layers', [L, ...]) gets one
   multiplier per slice. Layers that share parameters (ALBERT) have no single depth, so d < 1
   is refused for them, as ELECTRA raises for a variable no key matches.
-- ULMFiT (Howard & Ruder 2018): discriminative rates are `layer_decay` 1/2.6 (its η^(l−1) =
-  η^l / 2.6); `optimizer.schedule='slanted_triangular'` its slanted triangular rates
+- ULMFiT (Howard & Ruder 2018): discriminative rates are `layer_decay` 1/2.6 with
+  `layer_decay_style='ulmfit'` (its η^(l−1) = η^l / 2.6 from the head down: fastai v0.7's
+  train_clas.py `lrs = [lr/lrm**4, ..., lr/lrm, lr]`, the head at lr, the top layer at lr/2.6,
+  the embeddings at lr·d^(L+1); ELECTRA's style leaves a factor d² between the head and the top
+  layer); `optimizer.schedule='slanted_triangular'` its slanted triangular rates
   (`train.optimizer.learning_rate_schedule`); `unfreeze_every` S its gradual unfreezing: the
   head alone for S steps, then one more layer from the top every S steps, the embeddings last
   (`unfrozen_depth`; ULMFiT's S is an epoch). Frozen depths get neither gradients into the
@@ -88,6 +91,8 @@ def _positions(config_model, params):
     module = names[names.index("encoder") + 1]
     if module == "layers":
       return STACK
+    if module == "final_ln":   # GPT-2's, after the last layer: that layer's depth
+      return Layers((config_model.layers - 1,))
     return Layers(tuple(modules[module])) if module in modules else EMBEDDINGS
 
   return jax.tree_util.tree_map_with_path(position, params)
@@ -104,6 +109,9 @@ def _check(ft, config_model) -> None:
                       f"{config_lib.FINETUNE_METHODS}.")
   if not 0 < ft.layer_decay <= 1:
     raise ConfigError(f"finetune.layer_decay={ft.layer_decay} must be in (0, 1] (1 = off).")
+  if ft.get("layer_decay_style", "electra") not in config_lib.LAYER_DECAY_STYLES:
+    raise ConfigError(f"finetune.layer_decay_style={ft.layer_decay_style!r}; choose one of "
+                      f"{config_lib.LAYER_DECAY_STYLES}.")
   if not 0 <= ft.freeze_layers <= config_model.layers:
     raise ConfigError(f"finetune.freeze_layers={ft.freeze_layers} must be in [0, model.layers="
                       f"{config_model.layers}].")
@@ -136,12 +144,15 @@ def layer_depths(ft, config_model, params, what: str = "finetune.layer_decay"):
 
 
 def layer_multipliers(ft, config_model, params):
-  """ELECTRA's per-parameter learning-rate factor d^(L + 2 − depth) (`layer_depths`)."""
+  """The per-parameter learning-rate factor of `layer_depths`' depth k: ELECTRA's d^(L + 2 − k)
+  (`layer_decay_style='electra'`), or ULMFiT's d^max(L + 1 − k, 0) ('ulmfit': the head at
+  lr, layer L − 1 at lr·d)."""
   n, decay = config_model.layers, ft.layer_decay
   if decay == 1:
     _check(ft, config_model)
     return jax.tree.map(lambda _: np.float32(1), params)
-  return jax.tree.map(lambda k: np.float32(decay) ** (n + 2 - k),
+  top = n + 1 if ft.get("layer_decay_style", "electra") == "ulmfit" else n + 2
+  return jax.tree.map(lambda k: np.float32(decay) ** np.maximum(top - k, 0),
                       layer_depths(ft, config_model, params))
 
 

@@ -101,10 +101,12 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
     lr·step/W for step <= W (lr itself at W, as `x <= warmup` there), then lr·½(1 + cos(π·step/T)),
     the cosine over the whole run as in that code (so it resumes just below lr after W), to 0
     whatever end_lr says.
-  slanted_triangular (ULMFiT, Howard & Ruder 2018 eq. 3): cut = ⌊T·cut_frac⌋; p = step/cut
-    before it, else 1 − (step − cut)/(cut·(1/cut_frac − 1)); lr·(1 + p·(ratio − 1))/ratio, from
-    lr/ratio up to lr at cut and back down to lr/ratio at T (`optimizer.cut_frac` 0.1,
-    `optimizer.ratio` 32, the paper's).
+  slanted_triangular (ULMFiT, Howard & Ruder 2018 eq. 3; fastai v0.7 `CircularLR`): cut =
+    ⌊T·cut_frac⌋; p = step/cut before it, else 1 − (step − cut)/(T − cut);
+    lr·(1 + p·(ratio − 1))/ratio, from lr/ratio up to lr at cut and back down to lr/ratio at T
+    (`optimizer.cut_frac` 0.1, `optimizer.ratio` 32, the paper's). Eq. 3 divides by
+    cut·(1/cut_frac − 1), which is T − cut when T·cut_frac is whole and otherwise would reach
+    lr/ratio before T; fastai's T − cut never does.
   """
   lr, warmup = o.peak_lr, o.warmup_steps
   end_lr = o.min_lr_ratio * lr if o.get("min_lr_ratio") else o.end_lr
@@ -145,8 +147,8 @@ def learning_rate_schedule(o, total_steps: int) -> optax.Schedule:
     step = jnp.minimum(jnp.asarray(step, jnp.float32), total)
     cut_frac, ratio = o.cut_frac, o.ratio
     cut = max(int(total * cut_frac), 1)
-    p = jnp.where(step < cut, step / cut, 1.0 - (step - cut) / (cut * (1.0 / cut_frac - 1.0)))
-    return lr * (1.0 + jnp.maximum(p, 0.0) * (ratio - 1.0)) / ratio
+    p = jnp.where(step < cut, step / cut, 1.0 - (step - cut) / max(total - cut, 1.0))
+    return lr * (1.0 + p * (ratio - 1.0)) / ratio
 
   schedules = {"linear_from_zero": linear_from_zero, "linear_after_warmup": linear_after_warmup,
                "warmup_times_linear": warmup_times_linear, "rsqrt": rsqrt, "constant": constant,

@@ -63,6 +63,31 @@ def test_an_electra_init_gets_electras_recipe(hidden, task_kind, expected):
   assert cl.resolve_finetune(given, recipe, hidden=hidden).finetune.layer_decay == 1.0
 
 
+def test_gradual_unfreezing_is_refused_with_a_bias_corrected_or_another_optimizer():
+  """A layer unfrozen at step s starts from zero moments; a bias correction counted from step 0
+  would scale its first updates wrongly (GPT's Adam), and Adafactor is not that optimizer."""
+  config = load("task=glue/mrpc,init=x")
+  config.finetune.unfreeze_every = 10
+  cl.resolve_finetune(config, "encoder")          # BERT's AdamWeightDecay: no bias correction
+  for recipe in ("gpt", "text_to_text"):
+    with pytest.raises(ConfigError, match="unfreeze_every=10 needs an optimizer without bias "
+                                          "correction"):
+      cl.resolve_finetune(config, recipe)
+
+
+def test_adapters_default_to_adapter_berts_rate_and_epochs():
+  """adapter-bert's README command: --learning_rate=3e-4 --num_train_epochs=5.0, whatever the
+  init's recipe; values given keep theirs."""
+  config = load("task=glue/mrpc,init=x")
+  config.finetune.method = "adapters"
+  for recipe in ("encoder", "electra"):
+    resolved = cl.resolve_finetune(config, recipe, hidden=768)
+    assert (resolved.optimizer.peak_lr, resolved.finetune.epochs) == (3e-4, 5.0), recipe
+  config.optimizer.peak_lr = 1e-3
+  assert cl.resolve_finetune(config, "encoder").optimizer.peak_lr == 1e-3
+  assert cl.resolve_finetune(load("task=glue/mrpc,init=x"), "encoder").optimizer.peak_lr == 5e-5
+
+
 @pytest.mark.parametrize("task, epochs", [("glue/rte", 10.0), ("glue/stsb", 10.0),
                                           ("glue/mrpc", 3.0), ("glue/mnli", 3.0)])
 def test_electra_trains_rte_and_stsb_ten_epochs(task, epochs):

@@ -252,20 +252,25 @@ def test_settings_that_cannot_apply_are_refused():
       optim.make_finetune_optimizer(run_config(ft(**bad), config), abstract_params(config), TOTAL)
 
 
-def test_slanted_triangular_rates_are_ulmfits():
-  """Howard & Ruder (2018) eq. 3 at T = 1,000, cut_frac 0.1, ratio 32: lr/32 at 0, lr at the
-  cut (step 100), back to lr/32 at T, linear in between."""
+@pytest.mark.parametrize("total", [1000, 1005, 15])
+def test_slanted_triangular_rates_are_ulmfits(total):
+  """Howard & Ruder (2018) eq. 3, cut_frac 0.1, ratio 32: lr/32 at 0, lr at the cut, back to
+  lr/32 at T, linear in between; where T·cut_frac is not whole, fastai v0.7's CircularLR
+  (`pct = 1 - (iter - cut_pt)/(nb - cut_pt)`), which reaches lr/32 at T and not before."""
   section = optim.base_optimizer(ml_collections.ConfigDict(dict(
       name="adamw", peak_lr=0.01, weight_decay=0.0, clip_norm=1.0, warmup_fraction=0.1,
-      schedule="slanted_triangular", cut_frac=0.1, ratio=32.0)), 1000)
+      schedule="slanted_triangular", cut_frac=0.1, ratio=32.0)), total)
   _, schedule = optimizer.make_optimizer(section)
-  def stlr(t, total=1000, cut_frac=0.1, ratio=32, lr=0.01):
+  def circular_lr(t, cut_frac=0.1, ratio=32, lr=0.01):
     cut = math.floor(total * cut_frac)
-    p = t / cut if t < cut else 1 - (t - cut) / (cut * (1 / cut_frac - 1))
+    p = t / cut if t <= cut else 1 - (t - cut) / (total - cut)
     return lr * (1 + p * (ratio - 1)) / ratio
-  for t in (0, 1, 50, 99, 100, 101, 550, 999, 1000):
-    np.testing.assert_allclose(float(schedule(t)), stlr(t), rtol=1e-6, err_msg=str(t))
-  assert float(schedule(0)) == pytest.approx(0.01 / 32)
+  cut = math.floor(total * 0.1)
+  for t in sorted({0, 1, cut // 2, cut - 1, cut, cut + 1, (cut + total) // 2, total - 1, total}):
+    np.testing.assert_allclose(float(schedule(t)), circular_lr(t), rtol=1e-6, err_msg=str(t))
+  rates = np.asarray([float(schedule(t)) for t in range(total + 1)])
+  assert rates[0] == pytest.approx(0.01 / 32) and rates[-1] == pytest.approx(0.01 / 32)
+  assert (rates[1:-1] > 0.01 / 32).all() and rates.max() == pytest.approx(0.01)
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
@@ -306,3 +311,36 @@ def test_gradual_unfreezing_trains_the_head_then_one_layer_more_each_stage(scan)
   moments = [np.abs(leaf).max() for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
              if "word_embeddings" in jax.tree_util.keystr(path)]
   assert len(moments) == 2 and max(moments) == 0
+
+
+def test_ulmfit_rates_fall_by_the_factor_from_the_head_down():
+  """layer_decay_style='ulmfit' (fastai v0.7 train_clas.py, lrs = [lr/2.6**3, lr/2.6**2,
+  lr/2.6, lr] over the embeddings, layer 0, layer 1 and the head of this 2-layer encoder);
+  ELECTRA's style puts d² between the head and the top layer."""
+  config = tiny_config()
+  shapes = abstract_params(config)
+  by_name = lambda tree: {k: float(np.max(v)) for k, v in flat(tree).items()}  # noqa: E731
+  d = 1 / 2.6
+  for style, expected in (("ulmfit", (d ** 3, d ** 2, d, 1.0)),
+                          ("electra", (d ** 4, d ** 3, d ** 2, 1.0))):
+    rates = by_name(optim.layer_multipliers(ft(layer_decay=d, layer_decay_style=style), config,
+                                            shapes))
+    got = (rates["encoder/word_embeddings/embedding"],
+           rates["encoder/layer_0/attention/query/kernel"],
+           rates["encoder/layer_1/mlp/output/kernel"], rates["classification_head/classifier/kernel"])
+    np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg=style)
+
+
+def test_gpt2s_final_layer_norm_sits_with_the_top_layer():
+  """GPT-2's `final_ln` follows the last layer: it shares that layer's depth (rate, freezing,
+  unfreezing stage), not the embeddings'."""
+  config = tiny.gpt(version=2)
+  model = finetune.FineTuneModel(config, "classification", 3, backbone="causal")
+  shapes = jax.eval_shape(lambda: nn.meta.unbox(model.init(
+      jax.random.key(0), IDS, IDS, IDS, deterministic=True))["params"])
+  depths = {k: float(v) for k, v in flat(optim.layer_depths(ft(layer_decay=0.5), config,
+                                                            shapes)).items()}
+  assert depths["encoder/final_ln/norm/scale"] == depths["encoder/layer_1/mlp/output/kernel"] == 2.0
+  assert depths["encoder/word_embeddings/embedding"] == 0.0
+  frozen = flat(optim.trainable_mask(ft(freeze_layers=1), config, shapes))
+  assert frozen["encoder/final_ln/norm/scale"] and not frozen["encoder/layer_0/mlp/output/kernel"]
