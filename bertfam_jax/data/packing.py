@@ -13,6 +13,7 @@ and, for sentence pairs, sentence_label [n] int32.
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -769,6 +770,23 @@ def eod_id(tokenizer) -> int:
   its rank and is never predicted)."""
   eod = getattr(tokenizer, "eod_id", None)
   return tokenizer.sep_id if eod is None else eod
+
+
+def check_xlnet_rows(row_length: int, num_rows: int, num_docs: int, docs_per_chunk: int,
+                     seq_len: int) -> None:
+  """Refuses a full chunk (`num_docs` >= docs_per_chunk documents) whose `num_rows` parallel
+  rows (`xlnet_streams`) hold fewer than one `seq_len` window each: every chunk would then
+  yield nothing, found only after an epoch of tokenizing. (The reference's rows are its whole
+  corpus; ours are a chunk's, so the memory carries real context W − 1 steps in W.)"""
+  if num_docs < docs_per_chunk or row_length >= seq_len:
+    return
+  needed = math.ceil(docs_per_chunk * 4 * seq_len / max(row_length, 1))
+  raise ConfigError(
+      f"XLNet cuts each chunk of data.docs_per_chunk={docs_per_chunk} documents into {num_rows} "
+      f"parallel rows (the batch per data shard); a full chunk's rows hold {row_length} tokens, "
+      f"fewer than one {seq_len}-token window, so no chunk yields an example. Raise "
+      f"--config.data.docs_per_chunk (about {needed} gives rows of four windows) or lower the "
+      f"batch per data shard.")
 
 
 def xlnet_streams(docs: Sequence[Sequence[np.ndarray]], num_rows: int, *, bi_data: bool,

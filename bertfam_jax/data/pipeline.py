@@ -318,8 +318,11 @@ class Pipeline:
                                         "concat_documents", True))
     if data.packing == "xlnet_streams":
       objective = self._config.objective
-      return packing.xlnet_streams(docs, self._batch_size, bi_data=objective.bi_data,
-                                   eod_id=packing.eod_id(tok), use_eod=objective.use_eod)
+      streams = packing.xlnet_streams(docs, self._batch_size, bi_data=objective.bi_data,
+                                      eod_id=packing.eod_id(tok), use_eod=objective.use_eod)
+      packing.check_xlnet_rows(streams["input_ids"].shape[1], self._batch_size, len(docs),
+                               data.docs_per_chunk, data.seq_len)
+      return streams
     if data.packing == "lm_stream":
       return packing.lm_stream(docs, data.seq_len, eod_id=packing.eod_id(tok), pad_id=tok.pad_id)
     if data.packing == "electra_segments":

@@ -469,6 +469,21 @@ def test_unidirectional_chunk_and_too_small_chunk():
   assert empty["input_ids"].shape == (0, SEQ) and empty["target_weights"].shape == (0, PREDICT)
 
 
+def test_a_full_chunk_too_small_for_its_rows_is_refused():
+  """A chunk of data.docs_per_chunk documents cut into R rows shorter than one window yields no
+  example in any chunk: refused at the first chunk, naming docs_per_chunk and a size that fills
+  four windows; a short last chunk (fewer documents) is not."""
+  docs = synthetic_docs(40, np.random.default_rng(0))
+  streams = packing.xlnet_streams(docs, 128, bi_data=True, eod_id=7)
+  row = streams["input_ids"].shape[1]
+  assert row < SEQ
+  with pytest.raises(cl.ConfigError, match=r"data.docs_per_chunk=40 .* 128 parallel rows.*hold "
+                     rf"{row} tokens.*about \d+ gives rows of four windows"):
+    packing.check_xlnet_rows(row, 128, 40, 40, SEQ)
+  packing.check_xlnet_rows(row, 128, 39, 40, SEQ)    # the epoch's last, partial chunk
+  packing.check_xlnet_rows(SEQ, 128, 40, 40, SEQ)
+
+
 def test_config_errors():
   tok = tokenizer()
   for fix, kwargs in [("perm_size", dict(perm_size=5)), ("num_predict", dict(num_predict=40)),
