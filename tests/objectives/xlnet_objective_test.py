@@ -469,6 +469,22 @@ def test_unidirectional_chunk_and_too_small_chunk():
   assert empty["input_ids"].shape == (0, SEQ) and empty["target_weights"].shape == (0, PREDICT)
 
 
+def test_the_reused_half_gets_the_larger_target_goal(monkeypatch):
+  """data_utils.py create_tfrecords: `num_predict_0 = num_predict // 2; num_predict_1 =
+  num_predict - num_predict_0`, the first (the reused half, sampled first) the larger: 43 and 42
+  of the paper's 85; at 9, 5 and 4."""
+  goals = []
+  real = xlnet.sample_targets
+  monkeypatch.setattr(xlnet, "sample_targets",
+                      lambda starts, goal, **kw: goals.append(goal) or real(starts, goal, **kw))
+  config = tiny_config()
+  config.objective.num_predict = 9
+  streams = packing.xlnet_streams(synthetic_docs(40, np.random.default_rng(0)), 2, bi_data=False,
+                                  eod_id=7)
+  xlnet.make_features(config, tokenizer())(streams, np.random.default_rng(1))
+  assert goals and goals[:2] == [5, 4] and set(goals[0::2]) == {5} and set(goals[1::2]) == {4}
+
+
 def test_a_full_chunk_too_small_for_its_rows_is_refused():
   """A chunk of data.docs_per_chunk documents cut into R rows shorter than one window yields no
   example in any chunk: refused at the first chunk, naming docs_per_chunk and a size that fills
