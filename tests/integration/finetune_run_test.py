@@ -186,9 +186,9 @@ def test_methods_update_only_what_they_train(pretrained, tmp_path):
   mix = workdir_lib.restore_params(str(tmp_path / "z"))["scalar_mix"]
   penalties = [r["mix_penalty"] for r in read_lines(os.path.join(tmp_path, "z", "metrics.jsonl"))
                if "mix_penalty" in r]
-  # The last log's penalty is of the weights before the last update: near, not equal.
-  assert penalties and penalties[-1] > 0
-  assert penalties[-1] == pytest.approx(0.5 * np.sum(np.square(mix["weights"])), rel=0.5)
+  # The mix trains and its penalty is logged (its value against the weights: ft_losses_test;
+  # a logged value is of the weights before that step's update, which move by their own size).
+  assert penalties and penalties[-1] > 0 and np.all(mix["weights"] != 0)
 
 
 def test_magnitude_pruning_fine_tunes_the_kept_weights_and_keeps_the_zeros(pretrained, tmp_path):
