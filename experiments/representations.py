@@ -378,7 +378,13 @@ def layers_plot(results: list[dict], constant: float, path: str) -> None:
   plt.close(fig)
 
 
-def write_summary(results: list[dict], out: str, scale_name: str, items: dict) -> str:
+def write_summary(results: list[dict], out: str, scale_name: str,
+                  items: dict | None = None) -> str:
+  """Writes OUT/table.md, meta.json, plot.png, curves.png and layers.png from `results`; returns
+  the markdown. `items`: the scale's probe examples (`task_items`; built when not given, as
+  `python -m experiments.launch summary` calls it)."""
+  if items is None:
+    items = task_items(dict(SCALES[scale_name], name=scale_name))
   setup = (f"Scale `{scale_name}`: {SCALES[scale_name]}; probes trained on "
            f"{len(items[SUPERSENSE]['train'])} supersense and {len(items[WIC]['train'])} wic "
            f"training examples (a seed's {SCALES[scale_name]['train_fraction']:.0%} of them), "

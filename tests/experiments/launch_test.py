@@ -2,6 +2,7 @@
 that trains nothing), resume and summary; the SLURM and TPU jobs (--dry_run); the real sweeps'
 interface."""
 
+import inspect
 import json
 import os
 import re
@@ -191,6 +192,10 @@ def test_the_experiments_are_sweeps(tmp_path, capsys):
   modules = {name: launch.load_sweep(name) for name in launch.SWEEPS}
   for module in modules.values():
     launch.select_jobs(module.ROWS, [n for n, _ in module.ROWS], [0])
+  # `summary` calls write_summary(results, out, scale) of any experiment (representations' once
+  # needed a fourth argument, a TypeError).
+  for name in (*launch.SWEEPS, "t5_architectures", "compression", "representations"):
+    inspect.signature(launch.load_sweep(name).write_summary).bind([], str(tmp_path), "cpu")
   out = tmp_path / "masking"
   for seed in (0, 1):
     job = out / "rows" / f"whole_words-seed{seed}"
