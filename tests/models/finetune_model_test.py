@@ -342,3 +342,32 @@ def test_xlnet_classification_reads_the_last_position():
   out = head.apply(params, x, deterministic=True)
   np.testing.assert_allclose(head.apply(params, x.at[:, :-1].set(0.0), deterministic=True), out)
   assert not jnp.allclose(head.apply(params, x.at[:, -1].set(0.0), deterministic=True), out)
+
+
+def test_the_adapter_reads_the_dropped_sublayer_output_in_training():
+  """adapter-bert transformer_model: x = LN(x + Adapter(Drop(sublayer(x)))). With a sublayer that
+  outputs 0, zero adapter kernels and an `up` bias c, a training step gives LN(x + c) whatever
+  the dropout key; an adapter before the dropout would give LN(x + Drop(c))."""
+  from typing import Any  # pylint: disable=import-outside-toplevel
+
+  class Block(nn.Module):
+    config: Any
+
+    @nn.compact
+    def __call__(self, x, deterministic):
+      return encoder._residual(self.config, x, "ln", "adapter",  # pylint: disable=protected-access
+                               jnp.zeros_like, deterministic)
+
+  config = tiny_config(adapter_size=4, dropout=0.5)
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5, 32)), jnp.float32)
+  block = Block(config)
+  params = nn.meta.unbox(block.init(jax.random.key(0), x, True))["params"]
+  params = jax.tree_util.tree_map_with_path(   # every weight 0, LayerNorm scales 1
+      lambda path, v: jnp.ones_like(v) if path[-1].key == "scale" else jnp.zeros_like(v), params)
+  c = np.linspace(-1.0, 1.0, 32)
+  params["adapter"]["up"]["bias"] = jnp.asarray(c, jnp.float32)
+  expected = layer_norm(np.asarray(x, np.float64) + c[None, None],
+                        {"norm": {"scale": 1.0, "bias": 0.0}}, config.layer_norm_eps)
+  for key in (1, 2):
+    out = block.apply({"params": params}, x, False, rngs={"dropout": jax.random.key(key)})
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

@@ -501,3 +501,29 @@ def test_invalid_config_names_the_field(overrides, message):
   with pytest.raises(ConfigError, match=message):
     xlnet.XLNet(tiny_config(**overrides)).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32),
                                                deterministic=True)
+
+
+def test_initialisation_is_the_references():
+  """modeling.py with init='normal', init_std 0.02: every weight N(0, 0.02²), not truncated
+  (some |w| beyond 2σ and 3σ), biases 0, LayerNorm 1 / 0; `mask_emb` from TF's default
+  Glorot-uniform for [1, 1, d]: U(±√(6 / (1 + d))), whose std is that limit / √3."""
+  config = tiny_config(hidden=512, head_dim=256, mlp=1024, layers=1)
+  params = nn.unbox(xlnet.XLNet(config).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32),
+      target_mapping=jnp.zeros((1, 1, 4)), deterministic=True))["params"]
+  weights = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    names, value = [p.key for p in path], np.asarray(leaf)
+    if names[-1] == "mask_emb":
+      limit = math.sqrt(6 / (1 + value.shape[-1]))
+      assert np.abs(value).max() <= limit
+      assert np.std(value) == pytest.approx(limit / math.sqrt(3), rel=0.1)
+    elif names[-1] == "scale":
+      np.testing.assert_array_equal(value, 1.0)
+    elif names[-1] == "bias" and "rel_attn" not in names and "r_w_bias" not in names:
+      np.testing.assert_array_equal(value, 0.0, err_msg="/".join(names))
+    elif value.size > 1000:
+      weights.append(value.ravel())
+  weights = np.concatenate(weights)
+  assert np.std(weights) == pytest.approx(0.02, rel=0.02)
+  assert np.mean(np.abs(weights) > 0.06) > 1e-3   # a truncated draw has none beyond 2σ
