@@ -191,9 +191,8 @@ def check_config(workdir: str, saved: dict, config, compare_tokenizer_path: bool
 
 def _flag_value(value) -> str | None:
   """How a --config override spells a saved scalar (None: no flag can restore it)."""
-  if isinstance(value, bool):
-    return str(value)
-  if isinstance(value, (int, float)) or (isinstance(value, str) and value and " " not in value):
+  if isinstance(value, (bool, int, float)) or (isinstance(value, str) and value
+                                               and " " not in value):
     return str(value)
   return None
 

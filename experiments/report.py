@@ -258,17 +258,8 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
            " wider than the t-intervals, which hold the examples fixed; a difference's interval "
            "is conservative, covering about 98-99.5% at 5 to 2 seeds by simulation).", "",
            "## The floor", "",
-           (f"**Valid:** {subject[0]} above the floor on the primary metric "
-            f"({comparison.primary.label}) with non-overlapping 95% intervals, and the floor "
-            + ("above the constant output." if above_constant else
-               "against the constant output: not checked (no constant for this column).")
-            if valid else
-            f"**Not valid at this scale:** the floor's interval is not above the constant "
-            f"output on the primary metric ({comparison.primary.label}): the scale does not "
-            f"learn the task." if not failing and checked and above_constant is False else
-            f"**Not valid at this scale:** {subject[1]} not above the floor on the "
-            f"primary metric ({comparison.primary.label}) with non-overlapping 95% intervals; "
-            "the rankings below rank noise where they rank those rows."), "",
+           _verdict(valid, subject, comparison.primary.label, failing, checked, above_constant),
+           "",
            *floor_lines,
            "- Constant output (the most common training target, on the same examples; for a "
            "log-likelihood, the training targets' frequencies where given): " +
@@ -282,6 +273,23 @@ def markdown(results: Sequence[dict], comparison: Comparison, *, setup: str,
   lines += _tracking_lines(results, comparison, rows)
   lines += _seen_table(results, comparison, rows)
   return "\n".join(lines) + "\n"
+
+
+def _verdict(valid: bool, subject: tuple[str, str], primary: str, failing: list[str],
+             checked: list[str], above_constant: bool | None) -> str:
+  """The floor check's sentence (`floor_check`); `subject`: the rows that must clear the floor,
+  as the valid and the failing sentence name them."""
+  if valid:
+    constant = ("above the constant output." if above_constant else
+                "against the constant output: not checked (no constant for this column).")
+    return (f"**Valid:** {subject[0]} above the floor on the primary metric ({primary}) with "
+            f"non-overlapping 95% intervals, and the floor {constant}")
+  if checked and not failing and above_constant is False:
+    return (f"**Not valid at this scale:** the floor's interval is not above the constant output "
+            f"on the primary metric ({primary}): the scale does not learn the task.")
+  return (f"**Not valid at this scale:** {subject[1]} not above the floor on the primary metric "
+          f"({primary}) with non-overlapping 95% intervals; the rankings below rank noise where "
+          "they rank those rows.")
 
 
 def _results_table(results, table, comparison: Comparison, degenerate) -> list[str]:
