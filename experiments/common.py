@@ -240,18 +240,27 @@ def pretrain_record(workdir: str, eval_keys: Sequence[str]) -> dict:
                          eval_accuracy=[round(r[f"eval_{key}"], 4) for r in evals]))
 
 
+def unigram_nll(train: Sequence[Sequence[int]], evaluation: Sequence[Sequence[int]],
+                vocab_size: int) -> float:
+  """The log-likelihood of a constant output: the mean over `evaluation`'s examples of their
+  tokens' mean negative log-probability (nats) under one distribution, the add-one smoothed
+  frequencies of every token in `train` over `vocab_size` ids (a class label is one token).
+  Each example weighs the same, as a row's per-example `target_nll`."""
+  counts = np.bincount(np.concatenate([np.asarray(t, np.int64) for t in train]),
+                       minlength=vocab_size)
+  log_prior = np.log((counts + 1) / (counts.sum() + vocab_size))
+  return float(np.mean([-log_prior[np.asarray(t, np.int64)].mean() for t in evaluation]))
+
+
 def constant_scores(task: wordnet.ClassificationTask) -> dict[str, float]:
   """The best constant outputs on the validation examples: {SUPERSENSE, PROBE: the majority
-  training class's accuracy; SUPERSENSE/target_nll, PROBE/target_nll: the mean negative
-  log-probability of the gold label under the training classes' frequencies (add-one
-  smoothed)}."""
-  counts = collections.Counter(task.train.labels)
-  majority = counts.most_common(1)[0][0]
+  training class's accuracy; SUPERSENSE/target_nll, PROBE/target_nll: the gold label's loss
+  under the training classes' add-one smoothed frequencies (`unigram_nll`)}."""
+  majority = collections.Counter(task.train.labels).most_common(1)[0][0]
   validation = np.asarray(task.validation.labels)
   accuracy = float(np.mean(validation == majority))
-  prior = {label: (counts[label] + 1) / (len(task.train.labels) + len(task.label_names))
-           for label in range(len(task.label_names))}
-  nll = float(np.mean([-np.log(prior[label]) for label in validation.tolist()]))
+  nll = unigram_nll([[label] for label in task.train.labels],
+                    [[label] for label in validation.tolist()], len(task.label_names))
   return {SUPERSENSE: accuracy, PROBE: accuracy, f"{SUPERSENSE}/target_nll": nll,
           f"{PROBE}/target_nll": nll}
 

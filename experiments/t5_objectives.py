@@ -36,6 +36,7 @@ from bertfam_jax import config_lib, objectives
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.data import sources, tokenizers
 from bertfam_jax.finetune import run as finetune_run
+from bertfam_jax.finetune import seq2seq
 from bertfam_jax.finetune import text_tasks
 from bertfam_jax.objectives import t5 as t5_objective
 from bertfam_jax.train import metrics as metrics_lib
@@ -377,19 +378,36 @@ COMPARISON = report.Comparison(
                  "Definition QA for SQuAD, Define for CNNDM")
 
 
-def constant_scores(scale: dict) -> dict[str, float]:
-  """{task: score in [0, 1]} of the best-known constant output on the scale's evaluation
-  examples: the most common target of its training examples (supersense: the majority class)."""
+def constant_scores(scale: dict, tokenizer=None) -> dict[str, float]:
+  """The best-known constant outputs on the scale's evaluation examples: {task: score in [0, 1]
+  of the most common target of its training examples (supersense: the majority class),
+  task/target_nll: the gold targets' loss under one distribution, their training targets'
+  token frequencies (`common.unigram_nll`; tokenized as fine-tuning does: cut at its targets
+  length, EOS included)}. `tokenizer`: default the floor's (`floor_tokenizer`)."""
+  tokenizer = tokenizer or floor_tokenizer(scale)
   scores = {}
   for _, task_name, metric, _ in TASKS:
     task = text_tasks.get(task_name)
-    counts = collections.Counter(e["targets"] for e in task.load(
-        task.train_split, max_examples=scale["finetune_train"]))
+    train_examples = task.load(task.train_split, max_examples=scale["finetune_train"])
+    counts = collections.Counter(e["targets"] for e in train_examples)
     constant = max(counts.items(), key=lambda item: (item[1], item[0]))[0]
     evaluation = task.load(task.eval_split, max_examples=scale["finetune_eval"])
     scores[task_name] = float(np.mean(text_tasks.example_scores(
         task, evaluation, [constant] * len(evaluation))[metric]))
+    length = min(task.max_target_tokens, scale["finetune_targets"])
+    train_ids, eval_ids = (seq2seq.encode_texts(tokenizer, [e["targets"] for e in examples],
+                                                length)
+                           for examples in (train_examples, evaluation))
+    scores[f"{task_name}/target_nll"] = common.unigram_nll(
+        [row[row != 0] for row in train_ids], [row[row != 0] for row in eval_ids],
+        tokenizer.vocab_size)
   return scores
+
+
+def floor_tokenizer(scale: dict) -> tokenizers.Tokenizer:
+  """The tokenizer of the scale's floor, the ★ row's (trained once and cached)."""
+  config = pretrain_config(scale, dict(ROWS)[BASELINE], seed=0)
+  return tokenizers.load_or_train(config, sources.get_documents(config.data, "train"))
 
 
 def setup_text(scale_name: str, scale: dict) -> str:

@@ -1,10 +1,11 @@
 """experiments/common.py's command-line checks and config_lib.apply_overrides, which every sweep
 row and benchmark row goes through: a bad override stops the sweep before any row runs, with
-one message that names the field."""
+one message that names the field; and the constant output's log-likelihood."""
 
 import os
 import sys
 
+import numpy as np
 import pytest
 from absl import app
 
@@ -43,3 +44,13 @@ def test_a_bad_override_stops_the_sweep_before_any_row():
   with pytest.raises(app.UsageError, match="Unknown rows"):
     common.check_rows(["Whole Word"], masking_schemes.ROWS, lambda spec: None)
   common.check_rows([common.NO_PRETRAINING], masking_schemes.ROWS, lambda spec: 1 / 0)  # no config
+
+
+def test_unigram_nll_weighs_examples_equally_under_add_one_frequencies():
+  # Training tokens 1, 1, 2 over 4 ids: add-one frequencies (1, 3, 2, 1) / 7.
+  p = np.array([1, 3, 2, 1]) / 7
+  expected = np.mean([-np.log(p[1]), np.mean([-np.log(p[2]), -np.log(p[3])])])
+  assert common.unigram_nll([[1, 1], [2]], [[1], [2, 3]], 4) == pytest.approx(expected)
+  # Not the token-weighted mean (each example weighs the same, as a row's target_nll).
+  assert common.unigram_nll([[1, 1], [2]], [[1], [2, 3]], 4) != pytest.approx(
+      -np.log(p[[1, 2, 3]]).mean())

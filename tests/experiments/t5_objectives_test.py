@@ -166,3 +166,20 @@ def test_floor_check_passes_when_every_row_is_clear_of_the_floor():
   table = report.summarise(results, t5x.COMPARISON)
   valid, lines, *_ = report.floor_check(table, t5x.COMPARISON)
   assert valid and all("intervals apart" in line for line in lines), lines
+
+
+def test_constant_outputs_include_a_constant_distributions_log_likelihood():
+  """Every log-likelihood column's floor is checked against a constant distribution: the
+  training targets' token frequencies, scored on the evaluation targets as fine-tuning cuts
+  them. A 45-label task is easier for it than free definitions, and both beat uniform."""
+  scale = dict(SCALE, finetune_train=500, finetune_eval=200)
+  tokenizer = t5x.floor_tokenizer(scale)
+  constants = t5x.constant_scores(scale, tokenizer)
+  for column in t5x.COMPARISON.columns:
+    assert report.constant_output(constants, column) is not None, column.label
+  nll = {task: constants[f"{task}/target_nll"] for _, task, _, _ in t5x.TASKS}
+  assert 0 < nll["wordnet_supersense_t2t"] < nll["wordnet_define"] < np.log(tokenizer.vocab_size)
+  # Cut as fine-tuning cuts: Define's glosses are longer than its targets length.
+  longer = dict(scale, finetune_targets=4 * scale["finetune_targets"])
+  assert t5x.constant_scores(longer, tokenizer)["wordnet_define/target_nll"] != pytest.approx(
+      nll["wordnet_define"])
