@@ -186,6 +186,8 @@ def task_scores(task: str, predictions: list[dict]) -> tuple[dict, dict]:
   supersense: accuracy and the gold label's negative log-probability per example;
   tagging: per example with a tagged word, the share of its tagged words (gold tag not O)
   whose predicted tag is the gold one (the same examples for every row: the gold tags decide).
+  `distinct`: the labels the model emitted; a tagger's over all its words, since tag sequences
+  of different lengths differ even when every tag is O (the constant output).
   """
   if task == SUPERSENSE:
     correct = [float(p["prediction"] == p["label"]) for p in predictions]
@@ -199,7 +201,7 @@ def task_scores(task: str, predictions: list[dict]) -> tuple[dict, dict]:
     tagged = [i for i, tag in enumerate(p["label"]) if tag != 0]
     if tagged:
       shares.append(float(np.mean([p["prediction"][i] == p["label"][i] for i in tagged])))
-  distinct = len({tuple(p["prediction"]) for p in predictions})
+  distinct = len({tag for p in predictions for tag in p["prediction"]})
   return ({f"{task}/accuracy": float(np.mean(shares)), f"{task}/distinct": distinct},
           {"accuracy": shares})
 

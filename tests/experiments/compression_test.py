@@ -15,7 +15,7 @@ if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
 from bertfam_jax import workdir as workdir_lib  # noqa: E402
-from experiments import compression  # noqa: E402
+from experiments import common, compression  # noqa: E402
 from helpers import teachers  # noqa: E402
 
 TINY = dict(compression.SCALES["cpu"], name="tiny", finetune_train=64, finetune_epochs=1,
@@ -52,7 +52,11 @@ def test_task_scores():
              dict(prediction=[9, 0], label=[9, 0])]
   metrics, examples = compression.task_scores(compression.TAGGING, tagging)
   assert examples == {"accuracy": [0.5, 1.0]}
-  assert metrics["wordnet_tagging/accuracy"] == 0.75 and metrics["wordnet_tagging/distinct"] == 3
+  assert metrics["wordnet_tagging/accuracy"] == 0.75 and metrics["wordnet_tagging/distinct"] == 5
+  # Every word O (the constant output), on sentences of different lengths: one label, degenerate.
+  all_o = [dict(prediction=[0] * len(p["label"]), label=p["label"]) for p in tagging]
+  metrics, _ = compression.task_scores(compression.TAGGING, all_o)
+  assert metrics["wordnet_tagging/distinct"] == 1 <= common.DEGENERATE
 
 
 def test_a_quantized_row_takes_a_byte_per_matrix_entry(teacher, tmp_path):
