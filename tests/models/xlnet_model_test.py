@@ -527,3 +527,34 @@ def test_initialisation_is_the_references():
   weights = np.concatenate(weights)
   assert np.std(weights) == pytest.approx(0.02, rel=0.02)
   assert np.mean(np.abs(weights) > 0.06) > 1e-3   # a truncated draw has none beyond 2σ
+
+
+def test_dropout_acts_where_the_reference_drops():
+  """modeling.py's sites, each at its rate and on its tensor (batch 2, L 10, 3 targets, memory
+  4, so K = 14 keys and R = 24 relative positions): the word embeddings, the mask_emb rows and
+  the relative encoding (`dropout`); per layer and stream the attention probabilities
+  (`dropatt`), the attention output before its residual (post_attention) and the FFN's two
+  (positionwise_ffn); the returned streams. Nothing else."""
+  config = tiny_config(dropout=0.1, attention_dropout=0.2)
+  batch = _pretraining_batch(15)
+  calls = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, xlnet.layers.Dropout) and context.method_name == "__call__":
+      path = [p for p in context.module.path if not p.startswith("layer_")]
+      calls.append(("/".join(path[:-1]), context.module.rate, tuple(args[0].shape)))
+    return next_fun(*args, **kwargs)
+
+  params = random_params(config, seed=16)
+  keys = ("input_ids", "segment_ids", "input_mask", "perm_mask", "target_mapping", "mems",
+          "direction")
+  with nn.intercept_methods(record):
+    xlnet.XLNet(config).apply(params, *(batch[k] for k in keys), deterministic=False,
+                              rngs={"dropout": jax.random.key(0)})
+  stream_sites = lambda n: [  # noqa: E731  (per layer; n: the stream's length)
+      ("rel_attn", 0.2, (2, HEADS, n, 14)), ("rel_attn", 0.1, (2, n, HIDDEN)),
+      ("ff", 0.1, (2, n, MLP)), ("ff", 0.1, (2, n, HIDDEN))]
+  expected = [("", 0.1, (2, 24, HIDDEN)), ("", 0.1, (2, 10, HIDDEN)), ("", 0.1, (2, 3, HIDDEN)),
+              ("", 0.1, (2, 10, HIDDEN)), ("", 0.1, (2, 3, HIDDEN)),
+              *(stream_sites(10) + stream_sites(3)) * LAYERS]
+  assert sorted(calls) == sorted(expected)
