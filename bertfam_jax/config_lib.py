@@ -182,6 +182,9 @@ def base_config() -> ml_collections.ConfigDict:
                                   # document_blocks (SpanBERT) | electra_segments (ELECTRA)
                                   # | t5_segments (T5) | xlnet_streams (XLNet)
                                   # | lm_stream (GPT)
+      # full_sentences: a lone [SEP] after each document, RoBERTa's "extra separator token
+      # between documents" (ELMo's sentences have none).
+      document_separator=False,
       short_seq_prob=0.1,
       docs_per_chunk=2000,
       # Independent data streams (data/pipeline.py); 0 = one per process. Fixed, the batches do
@@ -418,6 +421,12 @@ def t5_model(size: str, version: str = "1.0", **overrides) -> ml_collections.Con
       layer_norm_eps=1e-6,
       relative_buckets=32,
       relative_max_distance=128,
+      # The bucket tables' init: mesh-tf's default Glorot-uniform (t5x: variance_scaling(1,
+      # fan_avg, uniform)), or "normal": HF's N(0, hidden^-1).
+      relpos_bias_init="glorot_uniform",
+      # A prefix LM's buckets: "bidirectional" as mesh-tf with input_full_attention (the paper's
+      # lm_v1_ifa.gin), or "causal" as t5x's decoder-only network.
+      prefix_lm_buckets="bidirectional",
       tie_embeddings=not v11,
       architecture="encoder_decoder",
       share_encoder_decoder=False,  # Table 2's "Enc-dec, shared": one layer stack for both
@@ -827,6 +836,7 @@ FIELD_RULES = {
     "data.eval_fraction": RATE,
     "data.seq_len": Range(8),
     "data.packing": PACKINGS,
+    "data.document_separator": (False, True),
     "data.short_seq_prob": PROBABILITY,
     "data.docs_per_chunk": AT_LEAST_1,
     "data.num_shards": AT_LEAST_0,
@@ -853,6 +863,8 @@ FIELD_RULES = {
     "model.position_initializer_range": AT_LEAST_0,
     "model.scale_residual_init": (False, True),
     "model.share_encoder_decoder": (False, True),
+    "model.relpos_bias_init": ("glorot_uniform", "normal"),
+    "model.prefix_lm_buckets": ("bidirectional", "causal"),
     "model.embedding_size": AT_LEAST_0,
     "model.hidden_groups": AT_LEAST_1,
     "model.adapter_size": AT_LEAST_0,

@@ -61,7 +61,8 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 # with no flag to offer, rightly, as the freezing now lives in the objective.)
 _ABSENT_MEANS = {"objective.decoder_sees_masked": True, "objective.freeze_positions": False,
                  "model.embedding_dropout": "output", "model.position_initializer_range": 0.0,
-                 "model.scale_residual_init": False}
+                 "model.scale_residual_init": False, "model.relpos_bias_init": "normal",
+                 "model.prefix_lm_buckets": "causal"}
 
 
 # ------------------------------------------------------------------------------------- writing

@@ -30,7 +30,8 @@ def get_config(arg=None):
   config.objective = cl.mlm_objective(mask_style="fairseq", masking="dynamic", sentence_task="",
                                       max_predictions=80)
   config.data.update(source="tfds", tfds_name="c4/en:3.1.0", train_split="train",
-                     eval_split="validation", seq_len=512, packing="full_sentences")
+                     eval_split="validation", seq_len=512, packing="full_sentences",
+                     document_separator=True)
   config.tokenizer.model_type = "bpe"
   config.optimizer = cl.fairseq_adam(peak_lr=5e-4, b2=0.98, warmup_steps=10_000)
   config.train.update(batch_size=2048, total_steps=125_000)

@@ -308,12 +308,16 @@ def _empty_blocks(seq_len: int) -> dict[str, np.ndarray]:
 
 
 def full_sentences(docs: list[Document], seq_len: int, *, cls_id: int, sep_id: int,
-                   pad_id: int) -> dict[str, np.ndarray]:
+                   pad_id: int, document_separator: bool = False) -> dict[str, np.ndarray]:
   """RoBERTa FULL-SENTENCES: `<s>` + complete sentences, across document boundaries.
 
   fairseq (masked_lm task, TokenBlockDataset with break_mode='complete', then a prepended BOS):
-  every sentence is followed by `</s>` (our [SEP]); blocks greedily take whole sentences while
-  they fit in L - 1 tokens, crossing document boundaries; then `<s>` (our [CLS]) is prepended.
+  every sentence is followed by `</s>` (our [SEP]), and with `document_separator` every document
+  by one more, a lone `</s>` (the paper's "extra separator token between documents": the
+  tutorial's blank line between documents, kept by `--keep-empty`, which `Dictionary.encode_line`
+  makes `[eos]`; ELMo's sentence stream has none); blocks greedily
+  take whole sentences (the lone `</s>` as one) while they fit in L - 1 tokens, crossing document
+  boundaries; then `<s>` (our [CLS]) is prepended.
   A sentence (with its `</s>`) longer than L - 1 is cut into L - 1 pieces, which fairseq would
   have left over-long. Deterministic: no randomness is involved.
 
@@ -326,11 +330,15 @@ def full_sentences(docs: list[Document], seq_len: int, *, cls_id: int, sep_id: i
     input_ids [n, L] int32, segment_ids [n, L] int32 (all 0), input_mask [n, L] int32.
   """
   block_len = seq_len - 1
-  sentences = [s for doc in docs for s in doc if len(s)]
+  # Each document's sentences, then (document_separator) an empty one: its lone </s>.
+  separator = [np.zeros(0, np.int32)] if document_separator else []
+  sentences = [s for doc in docs if any(len(s) for s in doc)
+               for s in [*(s for s in doc if len(s)), *separator]]
   if not sentences:
     return _empty_blocks(seq_len)
   lengths = np.fromiter((len(s) for s in sentences), np.int64, len(sentences))
-  # Insert </s> after every sentence in one vectorised call.
+  # Insert </s> after every sentence in one vectorised call (the empty one's lone </s> directly
+  # after its document's last).
   stream = np.insert(np.concatenate(sentences).astype(np.int32), np.cumsum(lengths), sep_id)
   breaks = _break_points(np.cumsum(lengths + 1), block_len).tolist()
   ends = _greedy_blocks(breaks, block_len, [len(stream)])

@@ -328,10 +328,13 @@ class Pipeline:
     if data.packing == "electra_segments":
       return packing.electra_segments(docs, data.seq_len, rng, cls_id=tok.cls_id,
                                       sep_id=tok.sep_id, pad_id=tok.pad_id)
-    blocks = {"full_sentences": packing.full_sentences, "document_blocks": packing.document_blocks}
-    if data.packing in blocks:
-      return blocks[data.packing](docs, data.seq_len, cls_id=tok.cls_id, sep_id=tok.sep_id,
-                                  pad_id=tok.pad_id)
+    if data.packing == "full_sentences":
+      return packing.full_sentences(docs, data.seq_len, cls_id=tok.cls_id, sep_id=tok.sep_id,
+                                    pad_id=tok.pad_id,
+                                    document_separator=data.get("document_separator", False))
+    if data.packing == "document_blocks":
+      return packing.document_blocks(docs, data.seq_len, cls_id=tok.cls_id, sep_id=tok.sep_id,
+                                     pad_id=tok.pad_id)
     raise config_lib.ConfigError(f"data.packing={data.packing!r}; choose one of "
                                  f"{config_lib.PACKINGS}.")
 

@@ -102,7 +102,8 @@ class Family:
   config defaults beyond the network's. Read by the ENCODER network only: model_from_hf(hf) /
   model_to_hf(model), the family's own config fields; encoder(model, hf), the encoder's mapping
   entries; objective, our objective fields for a checkpoint of this family (the paper's recipe);
-  packing, data.packing without a sentence task; position_offset(hf), the first position row a
+  packing, data.packing without a sentence task, and document_separator its
+  data.document_separator; position_offset(hf), the first position row a
   real token uses (RoBERTa)."""
   model_type: str
   network: Network
@@ -115,6 +116,7 @@ class Family:
   encoder: Callable = None
   objective: dict = dataclasses.field(default_factory=dict)
   packing: str = "full_sentences"
+  document_separator: bool = False   # data.document_separator (RoBERTa's)
   position_offset: Callable[[dict], int] = lambda hf: 0
 
   def architecture(self, name: str) -> Architecture:
@@ -217,7 +219,7 @@ def _encoder_recipe(family: Family, arch: Architecture, config) -> None:
     # most every token.
     config.objective.max_predictions = min(config.objective.max_predictions, config.data.seq_len)
   if not arch.sentence_task:
-    config.data.packing = family.packing
+    config.data.update(packing=family.packing, document_separator=family.document_separator)
 
 
 def _encoder_names(family: Family, hf: dict, state_dict: dict) -> dict:
@@ -642,6 +644,7 @@ FAMILIES = {
         defaults=dict(pad_token_id=1, bos_token_id=0, eos_token_id=2),
         encoder=_bert_encoder("roberta"),
         objective=dict(mask_style="fairseq", masking="dynamic"),
+        document_separator=True,
         position_offset=_roberta_offset),
     "albert": Family(
         "albert", ENCODER,

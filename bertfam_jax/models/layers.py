@@ -10,7 +10,7 @@ lives in `bertfam_jax.train.sharding.LOGICAL_AXIS_RULES`; no module here names a
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -178,6 +178,7 @@ class Dropout(nn.Module):
   """
   rate: float
   bits: int = 32
+  broadcast_dims: Sequence[int] = ()  # axes sharing one decision (T5's sequence axis), not last
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
@@ -188,22 +189,28 @@ class Dropout(nn.Module):
       return jnp.zeros_like(x)
     if self.bits not in (32, 16):
       raise ValueError(f"Dropout bits={self.bits}; model.dropout_bits takes 32 or 16.")
-    return drop(x, self.make_rng("dropout"), self.rate, self.bits)
+    return drop(x, self.make_rng("dropout"), self.rate, self.bits, self.broadcast_dims)
 
 
-def drop(x, rng, rate: float, bits: int):
+def drop(x, rng, rate: float, bits: int, broadcast_dims: Sequence[int] = ()):
   """x with each element zeroed at `rate` and the kept ones scaled by 1 / (1 - rate), the keep
-  decisions drawn from `rng` with `bits` random bits each (`Dropout`); 0 < rate < 1."""
+  decisions drawn from `rng` with `bits` random bits each (`Dropout`); 0 < rate < 1. Along
+  `broadcast_dims` (flax's `nn.Dropout` argument; never the last axis) one decision holds for
+  every index."""
   keep = 1.0 - rate
+  axes = {d % x.ndim for d in broadcast_dims}
+  if x.ndim - 1 in axes:
+    raise ValueError("Dropout broadcast_dims may not include the last axis.")
+  shape = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
   if bits == 32:
-    mask = jax.random.bernoulli(rng, p=keep, shape=x.shape)
+    mask = jax.random.bernoulli(rng, p=keep, shape=shape)
   else:
-    width = x.shape[-1]
-    words = jax.random.bits(rng, x.shape[:-1] + ((width + 1) // 2,), jnp.uint32)
+    width = shape[-1]
+    words = jax.random.bits(rng, shape[:-1] + ((width + 1) // 2,), jnp.uint32)
     halves = jnp.stack([words & 0xFFFF, words >> 16], axis=-1)
-    halves = halves.reshape(x.shape[:-1] + (2 * words.shape[-1],))[..., :width]
+    halves = halves.reshape(shape[:-1] + (2 * words.shape[-1],))[..., :width]
     mask = halves < jnp.uint32(round(keep * 2 ** 16))
-  return jax.lax.select(mask, x / keep, jnp.zeros_like(x))
+  return jax.lax.select(jnp.broadcast_to(mask, x.shape), x / keep, jnp.zeros_like(x))
 
 
 class SelfAttention(nn.Module):

@@ -4,9 +4,11 @@ Faithful to t5 / mesh-tensorflow as HF modeling_t5 and t5x `examples/t5/network.
 pre-norm RMSNorm (scale only, statistics in float32, ε 1e-6), no biases anywhere, attention scores
 NOT divided by sqrt(d_kv) (absorbed in the query init), one relative position bias table
 [relpos_buckets, heads] per stack shared by all its layers (bidirectional buckets in the encoder,
-causal ones in decoder self-attention, none in cross-attention), dropout where HF T5 applies it
-(after the embedding, on attention probabilities, in the FFN after the activation, on each sublayer
-output before the residual add, after the final norm). Version differences are config fields:
+causal ones in decoder self-attention, none in cross-attention; Glorot-uniform init as mesh-tf and
+t5x, `model.relpos_bias_init`), dropout where HF T5 applies it (after the embedding, on attention
+probabilities, in the FFN after the activation, on each sublayer output before the residual add,
+after the final norm) with one mask shared along the sequence, as mesh-tf and t5x draw it (HF
+draws per element; `shared_mask_dropout`). Version differences are config fields:
   v1.0: activation='relu', gated_mlp=False, tie_embeddings=True (decoder output × hidden^-0.5
         before the tied embedding table, HF `scale_decoder_outputs`);
   v1.1: activation='gelu_tanh', gated_mlp=True (wi_0 activated × wi_1 linear), untied
@@ -17,8 +19,10 @@ Architectures (`config.architecture`), one class `T5`:
   decoder_only     one `decoder` stack without cross-attention, causal (t5x DecoderOnly).
   prefix_lm        the same stack; `decoder_causal_attention` [batch, length] = 1 marks the prefix
                    (inputs) region, whose tokens attend to each other bidirectionally (t5x
-                   `make_decoder_mask`: causal OR (both in the prefix)). As in t5x, the relative
-                   buckets stay causal, so keys to the right inside the prefix share bucket 0.
+                   `make_decoder_mask`: causal OR (both in the prefix)). Its relative buckets
+                   are bidirectional, as mesh-tf's with input_full_attention (the paper's
+                   lm_v1_ifa.gin); `model.prefix_lm_buckets='causal'` keeps t5x's causal ones,
+                   where keys to the right inside the prefix share bucket 0.
 
 `share_encoder_decoder` (Raffel et al. §3.2.2, Table 2's "Enc-dec, shared"): the encoder runs the
 decoder's layers (their self-attention, MLP and norms; not the cross-attention) with its own
@@ -89,8 +93,17 @@ ACTIVATION_AXES = ("batch", "length", "act_embed")
 
 
 def normal_init(stddev: float, axes: tuple[str | None, ...]):
-  """N(0, stddev²) (HF `_init_weights`; t5x uses the same scales) with logical axis names."""
+  """N(0, stddev²) (HF `_init_weights`; t5x uses the same scales for the dense kernels) with
+  logical axis names."""
   return nn.with_logical_partitioning(nn.initializers.normal(stddev), axes)
+
+
+def shared_mask_dropout(c) -> layers.Dropout:
+  """`model.dropout` with one decision shared along the sequence axis (-2): every position of an
+  example drops the same features of [batch, length, features], and every query the same keys of
+  the probabilities [batch, heads, queries, keys] (mesh-tf's noise_shape without the length
+  dimension, t5x's broadcast_dims=(-2,) and broadcast_dropout)."""
+  return layers.Dropout(c.dropout, c.dropout_bits, broadcast_dims=(-2,))
 
 
 def relative_position_bucket(relative_position, *, bidirectional: bool, num_buckets: int,
@@ -223,6 +236,18 @@ class TokenEmbedding(layers.Embedding):
         (self.num_embeddings, self.features), jnp.float32)
 
 
+def relpos_init(c):
+  """The bucket table's init (`model.relpos_bias_init`): 'glorot_uniform', U(±√(6 / (buckets +
+  heads))), mesh-tf's default for a variable created without an initializer and t5x's
+  variance_scaling(1, 'fan_avg', 'uniform'); or 'normal', HF's N(0, hidden^-1). A config saved
+  before the field existed meant 'normal'."""
+  if c.get("relpos_bias_init", "normal") == "normal":
+    init = nn.initializers.normal(c.hidden ** -0.5)
+  else:
+    init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+  return nn.with_logical_partitioning(init, ("relpos_buckets", "heads"))
+
+
 class RelativePositionBias(nn.Module):
   """The per-stack table [relpos_buckets, heads] → an additive score bias per head."""
   config: Any
@@ -233,8 +258,8 @@ class RelativePositionBias(nn.Module):
     """[Lq], [Lk] int → [1, heads, Lq, Lk] in the compute dtype (t5x adds the bias in it; cuDNN
     needs the queries' dtype)."""
     c = self.config
-    table = self.param("rel_embedding", normal_init(c.hidden ** -0.5, ("relpos_buckets", "heads")),
-                       (c.relative_buckets, c.heads), jnp.float32)
+    table = self.param("rel_embedding", relpos_init(c), (c.relative_buckets, c.heads),
+                       jnp.float32)
     buckets_QK = relative_position_bucket(
         key_positions[None, :] - query_positions[:, None], bidirectional=self.bidirectional,
         num_buckets=c.relative_buckets, max_distance=c.relative_max_distance)
@@ -288,7 +313,7 @@ class Attention(nn.Module):
       if bias_1NQK is not None:
         scores_BNQK = scores_BNQK + bias_1NQK
       scores_BNQK = jnp.where(masking.mask, scores_BNQK, jnp.finfo(jnp.float32).min)
-      probs_BNQK = layers.Dropout(c.dropout, c.dropout_bits)(
+      probs_BNQK = shared_mask_dropout(c)(
           jax.nn.softmax(scores_BNQK, axis=-1).astype(dtype), deterministic=False)
       out_BQNH = jnp.einsum("bnqk,bknh->bqnh", probs_BNQK, v_BKNH)
     elif c.attention_impl == "cudnn" and masking.query_lengths is not None:
@@ -335,7 +360,7 @@ class MLP(nn.Module):
     act = layers.activation_fn(c.activation)
     h_BLF = act(wi("wi_0")) * wi("wi_1") if c.gated_mlp else act(wi("wi"))
     h_BLF = nn.with_logical_constraint(h_BLF, ("batch", "length", "act_mlp"))
-    h_BLF = layers.Dropout(c.dropout, c.dropout_bits)(h_BLF, deterministic=deterministic)
+    h_BLF = shared_mask_dropout(c)(h_BLF, deterministic=deterministic)
     return dense(c.hidden, kernel_init=normal_init(c.mlp ** -0.5, ("mlp", "embed")),
                  name="wo")(h_BLF)
 
@@ -350,7 +375,7 @@ class EncoderLayer(nn.Module):
     """x: [batch, length, hidden]; bias: [1, heads, L, L]; masking: mask [batch, 1, L, L]."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    drop = functools.partial(layers.Dropout(c.dropout, c.dropout_bits),
+    drop = functools.partial(shared_mask_dropout(c),
                              deterministic=deterministic)
     h = RMSNorm(c.layer_norm_eps, dtype, name="pre_attention_layer_norm")(x_BLD)
     h = Attention(c, name="attention")(h, h, bias_1NLL, masking, deterministic=deterministic)
@@ -375,7 +400,7 @@ class DecoderLayer(nn.Module):
     layer with cross-attention: a shared encoder's call, which skips it."""
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    drop = functools.partial(layers.Dropout(c.dropout, c.dropout_bits),
+    drop = functools.partial(shared_mask_dropout(c),
                              deterministic=deterministic)
     h = RMSNorm(c.layer_norm_eps, dtype, name="pre_self_attention_layer_norm")(x_BLD)
     h = Attention(c, name="self_attention")(h, h, bias_1NLL, masking,
@@ -425,7 +450,7 @@ class Encoder(nn.Module):
     if self.layers_from is None:
       self.layers = layer_stack(c, EncoderLayer, c.layers, num_args=4, static_argnums=(4,))
     self.encoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
-    self.dropout = layers.Dropout(c.dropout, c.dropout_bits)
+    self.dropout = shared_mask_dropout(c)
 
   def __call__(self, input_ids, input_segment_ids, *, deterministic: bool):
     """[batch, L] ids and segment ids → [batch, L, hidden] in the compute dtype."""
@@ -445,6 +470,15 @@ class Encoder(nn.Module):
     return self.dropout(self.encoder_norm(x_BLD), deterministic=deterministic)
 
 
+def prefix_lm_bidirectional(c) -> bool:
+  """Whether a decoder stack's buckets are bidirectional: a prefix LM's with
+  `model.prefix_lm_buckets='bidirectional'` (mesh-tf, where input_full_attention makes the whole
+  stack bidirectional, for the targets' causal attention too; a config saved before the field
+  existed meant 'causal'); every other decoder's are causal."""
+  return (c.architecture == "prefix_lm"
+          and c.get("prefix_lm_buckets", "causal") == "bidirectional")
+
+
 class Decoder(nn.Module):
   """Embedding + `decoder_layers` DecoderLayers + final norm + logits; causal relative buckets.
 
@@ -457,13 +491,13 @@ class Decoder(nn.Module):
 
   def setup(self):
     c = self.config
-    self.relpos_bias = RelativePositionBias(c, bidirectional=False)
+    self.relpos_bias = RelativePositionBias(c, bidirectional=prefix_lm_bidirectional(c))
     # DecoderLayer args: self 0, x 1, encoded 2, bias 3, masking 4, cross masking 5,
     # deterministic 6, decode 7, cache_index 8.
     self.layers = layer_stack(c, DecoderLayer, c.decoder_layers, num_args=8,
                               static_argnums=(6, 7), cross_attention=self.cross_attention)
     self.decoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
-    self.dropout = layers.Dropout(c.dropout, c.dropout_bits)
+    self.dropout = shared_mask_dropout(c)
     self.cache_position = CachePosition()
     if not c.tie_embeddings:
       self.logits_dense = nn.Dense(

@@ -637,3 +637,21 @@ def test_lm_stream_predicts_every_token_of_the_stream_once():
   targets = rows["target_ids"][rows["loss_weights"] > 0]
   assert targets.tolist() == stream[1:]
   assert packing.lm_stream([[]], 4, eod_id=9, pad_id=0)["input_ids"].shape == (0, 4)
+
+
+def test_full_sentences_document_separator_is_a_lone_sep_after_each_document():
+  """RoBERTa's extra separator (fairseq's blank line between documents, an `[eos]` item of its
+  own): with document_separator every document's last `</s>` is followed by one more, packed as
+  a 1-token sentence; without it (ELMo) none. Empty documents get none."""
+  docs = [[np.full(3, 7, np.int32), np.full(2, 8, np.int32)], [], [np.full(4, 9, np.int32)]]
+  rows = lambda separator: [  # noqa: E731
+      row[:n].tolist() for row, n in zip(*(lambda o: (o["input_ids"], o["input_mask"].sum(1)))(
+          packing.full_sentences(docs, 32, cls_id=CLS, sep_id=SEP, pad_id=PAD,
+                                 document_separator=separator)))]
+  assert rows(True) == [[CLS, 7, 7, 7, SEP, 8, 8, SEP, SEP, 9, 9, 9, 9, SEP, SEP]]
+  assert rows(False) == [[CLS, 7, 7, 7, SEP, 8, 8, SEP, 9, 9, 9, 9, SEP]]
+  # Blocks of 8: the lone </s> is a unit of its own, kept whole (greedy as any sentence).
+  out = packing.full_sentences(docs, 9, cls_id=CLS, sep_id=SEP, pad_id=PAD,
+                               document_separator=True)
+  assert [row[1:n].tolist() for row, n in zip(out["input_ids"], out["input_mask"].sum(1))] == [
+      [7, 7, 7, SEP, 8, 8, SEP, SEP], [9, 9, 9, 9, SEP, SEP]]

@@ -277,15 +277,23 @@ def test_fused_qkv_gives_the_same_logits_and_gradients(tiny_params):
                grads)
 
 
-def test_init_scales_follow_mesh_tf():
+@pytest.mark.parametrize("relpos_bias_init", ["glorot_uniform", "normal"])
+def test_init_scales_follow_mesh_tf(relpos_bias_init):
   """N(0, σ²) with σ from HF `_init_weights` / t5x: embedding 1, query (hidden·kv)^-½,
   key/value/wi hidden^-½, out (heads·kv)^-½, wo mlp^-½, untied logits hidden^-½ (t5x);
-  norms start at 1. Tolerance: 5 standard errors of the sample std."""
+  norms start at 1. The bucket tables [32, 4]: mesh-tf's default Glorot-uniform, U(±√(6/36)),
+  σ = √(2/36) (t5x: variance_scaling(1, fan_avg, uniform)), or HF's N(0, hidden^-1).
+  Tolerance: 5 standard errors of the sample std."""
   config = tiny_config(hidden=64, heads=4, head_dim=16, mlp=128, vocab_size=256,
-                       tie_embeddings=False, layers=1, decoder_layers=1)
+                       tie_embeddings=False, layers=1, decoder_layers=1, relative_buckets=32,
+                       relpos_bias_init=relpos_bias_init)
   ids = jnp.zeros((1, 4), jnp.int32)
   params = init_params(t5.T5(config), ids, ids)["params"]
   layer = params["encoder"]["layer_0"]
+  glorot = relpos_bias_init == "glorot_uniform"
+  for stack in ("encoder", "decoder"):
+    table = np.asarray(params[stack]["relpos_bias"]["rel_embedding"])
+    assert np.abs(table).max() <= math.sqrt(6 / 36) or not glorot, stack
   expected = {
       "embedding": (params["token_embedder"]["embedding"], 1.0),
       "query": (layer["attention"]["query"], (64 * 16) ** -0.5),
@@ -295,7 +303,8 @@ def test_init_scales_follow_mesh_tf():
       "wi": (layer["mlp"]["wi"]["kernel"], 64 ** -0.5),
       "wo": (layer["mlp"]["wo"]["kernel"], 128 ** -0.5),
       "logits": (params["decoder"]["logits_dense"]["kernel"], 64 ** -0.5),
-      "relpos": (params["decoder"]["relpos_bias"]["rel_embedding"], 64 ** -0.5),
+      "relpos": (params["decoder"]["relpos_bias"]["rel_embedding"],
+                 math.sqrt(2 / 36) if glorot else 64 ** -0.5),
   }
   for name, (value, stddev) in expected.items():
     value = np.asarray(value)
@@ -334,6 +343,49 @@ def test_dropout_is_active_only_when_not_deterministic(tiny_params):
   np.testing.assert_array_equal(apply(0, True), apply(1, True))
   assert not np.allclose(apply(0, False), apply(1, False))
   np.testing.assert_array_equal(apply(0, False), apply(0, False))
+
+
+def test_dropout_masks_are_shared_along_the_sequence(tiny_params):
+  """Every dropout in training mode drops the same features at every position of an example
+  ([batch, length, features]) and the same keys for every query ([batch, heads, queries, keys]),
+  as mesh-tf and t5x: no dropout both drops and keeps one feature (key) along axis -2."""
+  ids = np.random.default_rng(6).integers(2, 50, (BATCH, TARGETS)).astype(np.int32)
+  seen = []
+
+  def record(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if isinstance(context.module, t5.layers.Dropout) and context.method_name == "__call__":
+      seen.append((np.asarray(out == 0), np.asarray(args[0] != 0)))
+    return out
+
+  with nn.intercept_methods(record):
+    t5.T5(tiny_config(dropout=0.3)).apply(tiny_params, ids, ids, deterministic=False,
+                                          rngs={"dropout": jax.random.key(3)})
+  layers_count = tiny_config().layers
+  # Embeddings and final outputs (2 per stack); per encoder layer attention probabilities, FFN
+  # hidden and 2 residuals; per decoder layer 2 attentions' probabilities, FFN hidden, 3 residuals.
+  assert len(seen) == 4 + 4 * layers_count + 6 * layers_count
+  for zero, nonzero in seen:   # (a masked key's probability is 0 whatever the decision)
+    dropped, kept = (zero & nonzero).any(-2), (~zero & nonzero).any(-2)
+    assert dropped.any() and kept.any()
+    assert not (dropped & kept).any()
+
+
+@pytest.mark.parametrize("buckets", ["bidirectional", "causal"])
+def test_prefix_lm_buckets_tell_keys_to_the_right_apart(buckets):
+  """In a 1-layer prefix LM, position 0 attends the whole prefix. With mesh-tf's bidirectional
+  buckets (`lm_v1_ifa.gin`) it tells the keys to its right apart, so reordering them changes its
+  output; with t5x's causal buckets they share bucket 0 and its output is order-blind."""
+  model = t5.T5(tiny_config(architecture="prefix_lm", decoder_layers=1,
+                            prefix_lm_buckets=buckets))
+  ids = np.random.default_rng(7).integers(2, 40, (1, TARGETS))
+  rows = np.concatenate([ids, ids]).astype(np.int32)
+  rows[1, 1:4] = ids[0, [3, 1, 2]]       # the prefix's keys right of position 0, reordered
+  call = dict(input_ids=None, decoder_input_ids=rows,
+              decoder_causal_attention=np.tile(np.arange(TARGETS) < 5, (2, 1)).astype(np.int32))
+  params = init_params(model, **call)
+  logits = np.asarray(model.apply(params, deterministic=True, **call))
+  assert np.allclose(logits[0, 0], logits[1, 0], atol=1e-6) == (buckets == "causal")
 
 
 def test_architecture_misuse_is_a_config_error():

@@ -210,6 +210,23 @@ def test_dropout_of_32_bits_is_flaxs():
   assert (Two(lambda: layers.Dropout(0.1, 16)).apply({}, x, rngs=rngs) != flax_out).any()
 
 
+@pytest.mark.parametrize("bits", [32, 16])
+def test_broadcast_dropout_shares_one_decision_along_its_axes(bits):
+  """broadcast_dims=(-2,) (T5's): every index along axis -2 keeps the same features; 32 bits
+  draw flax's nn.Dropout(broadcast_dims=(-2,)) exactly; the keep rate holds (5σ over the 2^16
+  decisions); the last axis cannot be broadcast."""
+  x, rngs = jnp.ones((64, 48, 1024)), {"dropout": jax.random.key(11)}
+  ours = np.asarray(layers.Dropout(0.1, bits, broadcast_dims=(-2,)).apply(
+      {}, x, deterministic=False, rngs=rngs))
+  np.testing.assert_array_equal(ours, np.broadcast_to(ours[:, :1], ours.shape))
+  assert abs((ours[:, 0] != 0).mean() - 0.9) < 5 * np.sqrt(0.09 / (64 * 1024))
+  if bits == 32:
+    flax_out = nn.Dropout(0.1, broadcast_dims=(-2,)).apply({}, x, deterministic=False, rngs=rngs)
+    np.testing.assert_array_equal(ours, flax_out)
+  with pytest.raises(ValueError, match="last axis"):
+    layers.Dropout(0.1, bits, broadcast_dims=(1, 2)).apply({}, x, deterministic=False, rngs=rngs)
+
+
 def test_the_configured_generator_draws_the_steps_dropout():
   """train.rng_impl reaches the step: another generator, another (valid) dropout stream, the
   same step otherwise; a run is a pure function of its seed either way."""
