@@ -7,7 +7,8 @@ over 1M steps, AdamWeightDecay (no bias correction, no decay on LayerNorm/bias),
 The paper trains 90% of the steps at 128 tokens and the rest at 512, under one schedule:
 `phase=1` (the default) stops at 90% of `train.total_steps`; `phase=2` continues that run's
 checkpoint (step, parameters and Adam moments: `train.init_state='all'`) at 512 tokens with
-`max_predictions_per_seq` 80 (the README's value at 512) until `total_steps`, the learning rate
+`max_predictions_per_seq` 80 (the README asks for about max_seq_length · masked_lm_prob, 76.8;
+the cap never binds, a row asking at most 77) until `total_steps`, the learning rate
 going on down the same linear decay. Phase 2 reads new data from the start (another length).
 `:runlocal` trains one phase over all its steps unless a phase is named.
 
