@@ -24,11 +24,12 @@ Architectures (`config.architecture`), one class `T5`:
                    lm_v1_ifa.gin); `model.prefix_lm_buckets='causal'` keeps t5x's causal ones,
                    where keys to the right inside the prefix share bucket 0.
 
-`share_encoder_decoder` (Raffel et al. §3.2.2, Table 2's "Enc-dec, shared"): the encoder runs the
-decoder's layers (their self-attention, MLP and norms; not the cross-attention) with its own
-bidirectional mask and relative buckets, so the encoder holds no layer parameters: `encoder/`
-keeps its relpos_bias and encoder_norm, each decoder layer's parameters get the gradients of
-both uses. Encoder-decoder only, with as many encoder as decoder layers.
+`share_encoder_decoder` (Raffel et al. §3.2.2, Table 2's "Enc-dec, shared"; mesh-tf's
+bi_v1_shared.gin, `encoder_name = "decoder"`, which shares every variable of the same name): the
+encoder runs the decoder's layers (their self-attention, MLP and norms; not the cross-attention),
+its bucket table (with bidirectional buckets) and its final norm, under its own bidirectional
+mask, so the encoder holds no parameter and each shared one gets the gradients of both uses.
+Encoder-decoder only, with as many encoder as decoder layers.
 
 Packing: segment ids (1..k per packed example, 0 = pad) restrict every attention to one example;
 relative positions are `arange` over the row, which inside one contiguous segment equals the
@@ -254,14 +255,16 @@ class RelativePositionBias(nn.Module):
   bidirectional: bool
 
   @nn.compact
-  def __call__(self, query_positions, key_positions):
+  def __call__(self, query_positions, key_positions, bidirectional: bool | None = None):
     """[Lq], [Lk] int → [1, heads, Lq, Lk] in the compute dtype (t5x adds the bias in it; cuDNN
-    needs the queries' dtype)."""
+    needs the queries' dtype). `bidirectional`: the stack's own unless given (a shared encoder
+    reading its decoder's table)."""
     c = self.config
     table = self.param("rel_embedding", relpos_init(c), (c.relative_buckets, c.heads),
                        jnp.float32)
+    bidirectional = self.bidirectional if bidirectional is None else bidirectional
     buckets_QK = relative_position_bucket(
-        key_positions[None, :] - query_positions[:, None], bidirectional=self.bidirectional,
+        key_positions[None, :] - query_positions[:, None], bidirectional=bidirectional,
         num_buckets=c.relative_buckets, max_distance=c.relative_max_distance)
     bias_QKN = jnp.take(table, buckets_QK, axis=0).astype(jnp.dtype(c.dtype))
     return jnp.transpose(bias_QKN, (2, 0, 1))[None]
@@ -437,19 +440,20 @@ def layer_stack(config, layer_cls, num_layers: int, *, num_args: int,
 
 class Encoder(nn.Module):
   """Embedding + `layers` EncoderLayers + final norm; bidirectional relative buckets. With
-  `layers_from` (share_encoder_decoder) the layers are that Decoder's, called without
-  cross-attention."""
+  `layers_from` (share_encoder_decoder) the layers, the bucket table and the final norm are that
+  Decoder's (mesh-tf's `encoder_name = "decoder"` shares every same-named variable), the layers
+  called without cross-attention and the buckets bidirectional: the encoder holds no parameter."""
   config: Any
   embedder: nn.Module  # the parent's shared TokenEmbedding
   layers_from: Any = None  # the Decoder whose layers this encoder runs
 
   def setup(self):
     c = self.config
-    self.relpos_bias = RelativePositionBias(c, bidirectional=True)
     # EncoderLayer args: self 0, x 1, bias 2, masking 3, deterministic 4.
     if self.layers_from is None:
+      self.relpos_bias = RelativePositionBias(c, bidirectional=True)
       self.layers = layer_stack(c, EncoderLayer, c.layers, num_args=4, static_argnums=(4,))
-    self.encoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
+      self.encoder_norm = RMSNorm(c.layer_norm_eps, jnp.dtype(c.dtype))
     self.dropout = shared_mask_dropout(c)
 
   def __call__(self, input_ids, input_segment_ids, *, deterministic: bool):
@@ -458,16 +462,19 @@ class Encoder(nn.Module):
     x_BLD = self.dropout(self.embedder(input_ids).astype(jnp.dtype(self.config.dtype)),
                          deterministic=deterministic)
     x_BLD = nn.with_logical_constraint(x_BLD, ACTIVATION_AXES)
-    bias_1NLL = self.relpos_bias(jnp.arange(length), jnp.arange(length))
+    shared = self.layers_from is not None
+    relpos_bias = self.layers_from.relpos_bias if shared else self.relpos_bias
+    bias_1NLL = relpos_bias(jnp.arange(length), jnp.arange(length), bidirectional=True)
     lengths_B = row_lengths(input_segment_ids)
     masking = Masking(segment_mask(input_segment_ids, input_segment_ids), lengths_B, lengths_B)
-    if self.layers_from is None:
+    if not shared:
       for layer in self.layers:
         x_BLD, _ = layer(x_BLD, bias_1NLL, masking, deterministic)
     else:   # the decoder's layers: no encoder output (no cross-attention), no cache
       for layer in self.layers_from.layers:
         x_BLD, _ = layer(x_BLD, None, bias_1NLL, masking, None, deterministic, False, None)
-    return self.dropout(self.encoder_norm(x_BLD), deterministic=deterministic)
+    norm = self.layers_from.decoder_norm if shared else self.encoder_norm
+    return self.dropout(norm(x_BLD), deterministic=deterministic)
 
 
 def prefix_lm_bidirectional(c) -> bool:
