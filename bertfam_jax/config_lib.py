@@ -208,6 +208,8 @@ def base_config() -> ml_collections.ConfigDict:
       vocab_size=0,           # SentencePiece pieces; 0 = model.vocab_size - extra_ids
       extra_ids=0,            # T5 sentinels appended after the pieces (100 in T5)
       user_symbols="",        # more user-defined pieces after [MASK], comma-separated (XLNet: <eod>)
+      normalize="",           # text before SentencePiece: '' as is | albert (lower-cased, NFKD,
+                              # accents stripped, whitespace runs joined: ALBERT's preprocess_text)
   ))
   c.model = encoder("base")
   c.optimizer = bert_adamw(peak_lr=1e-4, warmup_steps=10_000)
@@ -837,6 +839,7 @@ FIELD_RULES = {
     "data.seq_len": Range(8),
     "data.packing": PACKINGS,
     "data.document_separator": (False, True),
+    "tokenizer.normalize": ("", "albert"),
     "data.short_seq_prob": PROBABILITY,
     "data.docs_per_chunk": AT_LEAST_1,
     "data.num_shards": AT_LEAST_0,

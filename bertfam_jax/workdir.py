@@ -62,7 +62,7 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 _ABSENT_MEANS = {"objective.decoder_sees_masked": True, "objective.freeze_positions": False,
                  "model.embedding_dropout": "output", "model.position_initializer_range": 0.0,
                  "model.scale_residual_init": False, "model.relpos_bias_init": "normal",
-                 "model.prefix_lm_buckets": "causal"}
+                 "model.prefix_lm_buckets": "causal", "tokenizer.normalize": ""}
 
 
 # ------------------------------------------------------------------------------------- writing
@@ -387,7 +387,8 @@ def load_tokenizer(config, workdir: str, tokenizer_path: str = ""):
     from bertfam_jax.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
     tokenizer = hf_tokenizer.from_dir(path)
   else:
-    tokenizer = tokenizers.Tokenizer.from_file(path, config.tokenizer.get("extra_ids", 0))
+    tokenizer = tokenizers.Tokenizer.from_file(path, config.tokenizer.get("extra_ids", 0),
+                                               config.tokenizer.get("normalize", ""))
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(f"The tokenizer at {path} has {tokenizer.vocab_size} pieces but {workdir} "
                       f"was trained with model.vocab_size={config.model.vocab_size}; pass that "

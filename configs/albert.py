@@ -32,7 +32,10 @@ def get_config(arg=None):
   config.data.update(source="tfds", tfds_name="wikipedia/20230601.en", train_split="train[:99%]",
                      eval_split="train[99%:]", seq_len=512, packing="sentence_pairs",
                      short_seq_prob=0.1)
-  config.tokenizer.model_type = "unigram"
+  # ALBERT's text and vocabulary (README's spm_train; tokenization.py preprocess_text and
+  # encode_pieces): lower-cased, accents stripped, `( ) " - . – £ €` always pieces of their own.
+  config.tokenizer.update(model_type="unigram", normalize="albert",
+                          user_symbols='(,),",-,.,–,£,€')
   config.optimizer = cl.albert_lamb()
   config.train.update(batch_size=4096, total_steps=125_000)
   if arg.runlocal:

@@ -317,10 +317,11 @@ def _unigram(proto, sentinels: list[str]) -> tokenizers.Tokenizer:
   return tokenizer
 
 
-def sentencepiece_files(model_proto: bytes, extra_ids: int = 0) -> dict[str, bytes]:
+def sentencepiece_files(model_proto: bytes, extra_ids: int = 0,
+                        normalize: str = "") -> dict[str, bytes]:
   """One of our SentencePiece models (ALBERT's id layout, data/tokenizers.py) as the files of a
-  transformers tokenizer directory, cased and with accents, as the model was trained
-  (`from_files` reads them):
+  transformers tokenizer directory, cased and with accents as the model was trained, or, with
+  `tokenizer.normalize='albert'`, lower-cased without accents (`from_files` reads them):
     extra_ids = 0  an AlbertTokenizer: spiece.model + tokenizer_config.json;
     extra_ids > 0  T5's sentinels after the pieces (<extra_id_0> the last id): tokenizer.json
                    (_t5_spiece with EOS [SEP], our T5's) + tokenizer_config.json naming the
@@ -341,7 +342,8 @@ def sentencepiece_files(model_proto: bytes, extra_ids: int = 0) -> dict[str, byt
                   extra_ids=extra_ids, **specials)
     return {"tokenizer.json": tokenizer.to_str().encode(), "spiece.model": model_proto,
             "tokenizer_config.json": json.dumps(config, indent=2).encode()}
-  config = dict(tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True,
+  albert = normalize == "albert"
+  config = dict(tokenizer_class="AlbertTokenizer", do_lower_case=albert, keep_accents=not albert,
                 **specials, bos_token=SPIECE_SPECIALS["cls"], eos_token=SPIECE_SPECIALS["sep"])
   return {"spiece.model": model_proto,
           "tokenizer_config.json": json.dumps(config, indent=2).encode()}

@@ -17,6 +17,7 @@ import io
 import os
 import string
 import time
+import unicodedata
 from typing import Sequence
 
 from absl import logging
@@ -43,6 +44,38 @@ _RECIPE_VERSION = 1
 _REFERENCE_PUNCTUATION = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
 _ENGLISH_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyz")
 WORD_START_RULES = ("bert", "albert", "xlnet", "bart")
+# `tokenizer.normalize`: what a text goes through before SentencePiece, in training and encoding.
+NORMALIZERS = ("", "albert")
+
+
+def normalize_text(text: str, normalize: str) -> tuple[str, np.ndarray]:
+  """(`text` as the `normalize` rule gives it, [len(result)] int32: the index in `text` of the
+  character each character came from).
+
+  '': unchanged. 'albert': ALBERT's `preprocess_text(lower=True)` (tokenization.py; its
+  create_pretraining_data.py and run_classifier.py lower-case by default): whitespace runs become
+  one space and the ends are stripped, NFKD, combining marks dropped, lower-cased; character by
+  character, so that each output character knows its source (the whole string's lower() differs
+  only for a word-final Greek capital sigma).
+  """
+  if not normalize:
+    return text, np.arange(len(text), dtype=np.int32)
+  chars, sources_ = [], []
+  space = None   # where a pending run of whitespace began
+  for i, ch in enumerate(text):
+    if ch.isspace():   # str.split()'s whitespace
+      space = i if space is None else space
+      continue
+    if space is not None and chars:
+      chars.append(" ")
+      sources_.append(space)
+    space = None
+    for c in unicodedata.normalize("NFKD", ch):
+      if not unicodedata.combining(c):
+        for lowered in c.lower():
+          chars.append(lowered)
+          sources_.append(i)
+  return "".join(chars), np.asarray(sources_, np.int32)
 
 
 def starts_word(piece: str, rule: str) -> bool:
@@ -91,9 +124,13 @@ class Tokenizer:
       `[CLS] A [SEP] B [SEP]` (RoBERTa's `</s></s>` tokenizers have two).
   """
 
-  def __init__(self, model_proto: bytes, extra_ids: int = 0):
+  def __init__(self, model_proto: bytes, extra_ids: int = 0, normalize: str = ""):
+    if normalize not in NORMALIZERS:
+      raise config_lib.ConfigError(f"tokenizer.normalize={normalize!r}; choose one of "
+                                   f"{NORMALIZERS}.")
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     self.model_proto = model_proto
+    self.normalize = normalize
     self.num_pieces = self._sp.get_piece_size()
     self.extra_ids = extra_ids
     self.vocab_size = self.num_pieces + extra_ids
@@ -114,9 +151,24 @@ class Tokenizer:
         + list(range(self.num_pieces, self.vocab_size)), np.int32)
     self.word_start = self._word_start_table()
     self.pair_separator_ids = (self.sep_id,)
+    self._splits = self._digit_comma_splits() if normalize == "albert" else {}
+
+  def _digit_comma_splits(self) -> dict[int, list[tuple[int, int]]]:
+    """{id of a piece ending in a digit and ',': [(id, surface length)] of the pieces ALBERT's
+    `encode_pieces` replaces it with}: the piece without its ',' (and its '▁'), encoded again,
+    keeping the original's word start, then ','."""
+    splits = {}
+    for i in range(self.num_pieces):
+      piece = self._sp.id_to_piece(i)
+      if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
+        parts = self._sp.encode_as_pieces(piece[:-1].replace("▁", ""))
+        if piece[0] != "▁" and parts and parts[0][0] == "▁":
+          parts = parts[1:] if len(parts[0]) == 1 else [parts[0][1:], *parts[1:]]
+        splits[i] = [(self._sp.piece_to_id(q), len(q.replace("▁", ""))) for q in [*parts, ","]]
+    return splits
 
   @classmethod
-  def from_file(cls, path: str, extra_ids: int = 0) -> "Tokenizer":
+  def from_file(cls, path: str, extra_ids: int = 0, normalize: str = "") -> "Tokenizer":
     """The SentencePiece model file at `path`; a ConfigError naming it when it is not one."""
     if fileio.isdir(path):
       raise config_lib.ConfigError(f"{path} is a directory, not a SentencePiece model file; a "
@@ -132,7 +184,7 @@ class Tokenizer:
           f"{path} is not a SentencePiece model ({len(proto):,} bytes that hold no pieces); pass "
           f"a .model file that spm_train wrote, or leave tokenizer.model_path empty to train one "
           f"on the corpus.")
-    return cls(proto, extra_ids)
+    return cls(proto, extra_ids, normalize)
 
   def pieces(self) -> list[str]:
     """Every piece's text, by id ('▁' marking a word start), then '' for each extra id."""
@@ -179,6 +231,8 @@ class Tokenizer:
     Returns:
       One [len_i] int32 array of piece ids per text; no special tokens are added.
     """
+    if self.normalize:
+      return self.encode_with_offsets(texts)[0]
     ids = self._sp.encode(list(texts), out_type=int, num_threads=_NUM_THREADS)
     return [np.asarray(x, np.int32) for x in ids]
 
@@ -193,18 +247,43 @@ class Tokenizer:
       empty span where the next word begins). Normalisation is undone: a piece of a NFKC-expanded
       character ('ﬁ' -> 'f', 'i') spans the original character or nothing.
     """
-    protos = self._sp.encode(list(texts), out_type="serialized_proto", num_threads=_NUM_THREADS)
+    normalized = [normalize_text(text, self.normalize) for text in texts]
+    protos = self._sp.encode([text for text, _ in normalized], out_type="serialized_proto",
+                             num_threads=_NUM_THREADS)
     ids, offsets = [], []
-    for text, proto in zip(texts, protos):
+    for (text, source), proto in zip(normalized, protos):
       pieces = sentencepiece_pb2.SentencePieceText.FromString(proto).pieces
       byte_spans = np.asarray([(p.begin, p.end) for p in pieces], np.int64).reshape(-1, 2)
       spans = np.searchsorted(_char_byte_starts(text), byte_spans).astype(np.int32)
       for span in spans:   # SentencePiece's surface of '▁word' includes the space before it
         while span[0] < span[1] and text[span[0]].isspace():
           span[0] += 1
-      ids.append(np.asarray([p.id for p in pieces], np.int32))
+      piece_ids = np.asarray([p.id for p in pieces], np.int32)
+      if self._splits:
+        piece_ids, spans = self._split_digit_commas(piece_ids, spans)
+      if self.normalize:   # spans of the normalized text → of the original
+        ends = np.where(spans[:, 1] > spans[:, 0], source[np.maximum(spans[:, 1] - 1, 0)] + 1,
+                        0)
+        starts = source[np.minimum(spans[:, 0], len(source) - 1)] if len(source) else spans[:, 0]
+        spans = np.stack([starts, np.where(spans[:, 1] > spans[:, 0], ends, starts)], 1)
+        spans = spans.astype(np.int32).reshape(-1, 2)
+      ids.append(piece_ids)
       offsets.append(spans)
     return ids, offsets
+
+  def _split_digit_commas(self, piece_ids: np.ndarray, spans: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """ALBERT's `encode_pieces` on ids: each piece of `_splits` replaced by its parts, their
+    spans laid end to end over its surface (the ',' its last character)."""
+    if not any(int(i) in self._splits for i in piece_ids):
+      return piece_ids, spans
+    new_ids, new_spans = [], []
+    for i, (start, end) in zip(piece_ids.tolist(), spans.tolist()):
+      for part, length in self._splits.get(i, [(i, end - start)]):
+        new_ids.append(part)
+        new_spans.append((start, min(start + length, end)))
+        start = min(start + length, end)
+    return np.asarray(new_ids, np.int32), np.asarray(new_spans, np.int32).reshape(-1, 2)
 
   def decode(self, ids) -> str:
     """Detokenizes [len] ids; pad is dropped, [CLS]/[SEP]/[MASK] appear as text, sentinels as
@@ -255,8 +334,9 @@ def train_sentencepiece(sentences: Sequence[str], vocab_size: int, model_type: s
         pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
         user_defined_symbols=[CLS, SEP, MASK, *user_symbols],
         # Printable ASCII always gets a piece, so rare punctuation ('?', '~') never becomes <unk>
-        # in small corpora (character_coverage alone drops the rarest characters).
-        required_chars=_PRINTABLE_ASCII,
+        # in small corpora (character_coverage alone drops the rarest characters); a user
+        # symbol of one character (ALBERT's punctuation) has its piece already.
+        required_chars="".join(c for c in _PRINTABLE_ASCII if c not in user_symbols),
         input_sentence_size=len(sentences), shuffle_input_sentence=False,
         max_sentence_length=1 << 14, num_threads=_NUM_THREADS, minloglevel=2)
   except RuntimeError as e:
@@ -268,12 +348,14 @@ def train_sentencepiece(sentences: Sequence[str], vocab_size: int, model_type: s
 
 
 def cache_path(config: ml_collections.ConfigDict) -> str:
-  """Where a trained tokenizer for this (source, vocab, type, sample size, user symbols) is
-  cached (keys without user symbols are those of the models trained before they existed)."""
+  """Where a trained tokenizer for this (source, vocab, type, sample size, user symbols,
+  normalizer) is cached (keys without user symbols or a normalizer are those of the models
+  trained before they existed)."""
+  normalize = config.tokenizer.get("normalize", "")
   key = "|".join([sources.source_identity(config.data), config.tokenizer.kind,
                   str(num_pieces(config)), config.tokenizer.model_type,
                   str(config.tokenizer.train_max_sentences), str(_RECIPE_VERSION)]
-                 + list(user_symbols(config)))
+                 + list(user_symbols(config)) + ([f"normalize={normalize}"] if normalize else []))
   digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
   return os.path.join(sources.cache_root(config.data), "tokenizers", f"{digest}.model")
 
@@ -337,18 +419,20 @@ def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
         f"tokenizer.model_path={path!r} does not exist; fix the path or leave "
         f"--config.tokenizer.model_path empty to train one on the corpus.")
   extra_ids = config.tokenizer.get("extra_ids", 0)
+  normalize = config.tokenizer.get("normalize", "")
   if fileio.exists(path):
-    tokenizer = Tokenizer.from_file(path, extra_ids)
+    tokenizer = Tokenizer.from_file(path, extra_ids, normalize)
   else:
     start = time.time()
-    sentences = training_sentences(documents, config.tokenizer.train_max_sentences)
+    sentences = [normalize_text(s, normalize)[0] for s in
+                 training_sentences(documents, config.tokenizer.train_max_sentences)]
     proto = train_sentencepiece(sentences, num_pieces(config), config.tokenizer.model_type,
                                 user_symbols(config))
     fileio.write_atomically(path, proto)
     logging.info("Trained a %d-piece %s SentencePiece model on %d sentences in %.1f s: %s",
                  num_pieces(config), config.tokenizer.model_type, len(sentences),
                  time.time() - start, path)
-    tokenizer = Tokenizer(proto, extra_ids)
+    tokenizer = Tokenizer(proto, extra_ids, normalize)
   _check_vocab(tokenizer, config, path)
   return tokenizer
 

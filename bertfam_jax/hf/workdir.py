@@ -161,7 +161,7 @@ def _run_tokenizer(config, workdir: str):
   with fileio.open(path, "rb") as f:
     try:
       return tokenizer_lib.from_files(tokenizer_lib.sentencepiece_files(
-          f.read(), config.tokenizer.get("extra_ids", 0)))
+          f.read(), config.tokenizer.get("extra_ids", 0), config.tokenizer.get("normalize", "")))
     except ConfigError as e:
       logging.warning("Exporting the weights of %s without its tokenizer: %s", workdir, e)
       return None

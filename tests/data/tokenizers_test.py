@@ -1,5 +1,6 @@
 """Tests for bertfam_jax.data.tokenizers: layout, round trip, training cache, errors."""
 
+import json
 import os
 
 import numpy as np
@@ -223,3 +224,48 @@ def test_user_symbols_follow_mask_and_name_the_eod(config, documents, tokenizer)
   c.tokenizer.model_path = tokenizers.cache_path(config)
   with pytest.raises(config_lib.ConfigError, match="no <eod> piece.*user_symbols=''"):
     tokenizers.load_or_train(c, documents)
+
+
+def test_albert_normalizer_is_preprocess_text_with_each_characters_source():
+  """ALBERT's preprocess_text(lower=True): whitespace runs joined and the ends stripped, NFKD,
+  combining marks dropped, lower-cased; each output character maps to its source."""
+  text = "  Café\t\tDÉJÀ vu ﬁn "
+  out, source = tokenizers.normalize_text(text, "albert")
+  assert out == "cafe deja vu fin"
+  assert [text[i] for i in source] == list("Café\tDÉJÀ vu ﬁﬁn")
+  assert tokenizers.normalize_text(text, "")[0] == text
+
+
+@pytest.fixture(scope="module")
+def albert_tokenizer(config, documents):
+  """A tokenizer as configs/albert.py trains one, on the corpus with numbers written 1,000."""
+  albert = config.copy_and_resolve_references()
+  albert.tokenizer.update(normalize="albert", user_symbols='(,),",-,.,–,£,€', model_type="unigram")
+  numbers = [f"In {1000 + i} there were {i % 9 + 1},{i % 7}00 people." for i in range(3000)]
+  return tokenizers.load_or_train(albert, [" ".join(numbers)] + list(documents))
+
+
+def test_albert_tokenizer_folds_case_and_accents_and_splits_digit_commas(albert_tokenizer):
+  """ALBERT's text: 'CAFÉ' encodes as 'cafe'; its punctuation symbols are pieces of their own; a
+  piece ending in a digit and ',' (learned from 1,000-style numbers) is split as
+  tokenization.py's encode_pieces does; offsets still point into the original text."""
+  tok = albert_tokenizer
+  assert tok.normalize == "albert"
+  np.testing.assert_array_equal(tok.encode(["The CAFÉ"])[0], tok.encode(["the cafe"])[0])
+  pieces = tok.pieces()
+  assert all(tok.piece_id(s) is not None for s in '()"-.–£€')
+  assert tok._splits, "the corpus should teach a digit-comma piece"
+  text = "Then 4,300 Zürich people."
+  ids, spans = (x[0] for x in tok.encode_with_offsets([text]))
+  surfaces = [pieces[i] for i in ids]
+  assert not any(len(p) > 1 and p[-1] == "," and p[-2].isdigit() for p in surfaces)
+  assert "," in surfaces
+  for piece, (start, end) in zip(surfaces, spans):
+    original = text[start:end]
+    assert tokenizers.normalize_text(original, "albert")[0] == piece.replace("▁", "") or (
+        piece == "▁" and start == end), (piece, original)
+  # Exported for transformers: lower-cased, accents stripped.
+  from bertfam_jax.data import hf_tokenizer  # pylint: disable=import-outside-toplevel
+  config = json.loads(hf_tokenizer.sentencepiece_files(tok.model_proto, 0, "albert")[
+      "tokenizer_config.json"])
+  assert config["do_lower_case"] and not config["keep_accents"]
