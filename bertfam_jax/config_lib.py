@@ -743,6 +743,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if d.source == "tfds" and d.get("wordnet_glosses", False):
     raise ConfigError("data.wordnet_glosses adds to an embedded or text corpus, not to TFDS; set "
                       "--config.data.wordnet_glosses=False or another data.source.")
+  if d.get("document_separator", False) and d.packing != "full_sentences":
+    raise ConfigError(f"data.document_separator adds RoBERTa's separator between the documents "
+                      f"of data.packing='full_sentences', not {d.packing!r}; set it False.")
   if d.num_shards and t.batch_size % d.num_shards:
     raise ConfigError(f"data.num_shards={d.num_shards} must be 0 (one per process) or divide "
                       f"train.batch_size={t.batch_size}.")
@@ -774,6 +777,8 @@ ATTENTION_IMPLS = ("", "xla", "cudnn")
 DROPOUT_BITS = (32, 16)
 OPTIMIZERS = ("adamw", "lamb", "adafactor", "adagrad")
 SHARE_LAYERS = ("none", "all", "attention", "ffn")
+# `tokenizer.normalize` (data/tokenizers.normalize_text): '' as is, ALBERT's preprocess_text.
+NORMALIZERS = ("", "albert")
 PACKINGS = ("sentence_pairs", "full_sentences", "document_blocks", "electra_segments",
             "t5_segments", "xlnet_streams", "lm_stream")
 
@@ -839,7 +844,6 @@ FIELD_RULES = {
     "data.seq_len": Range(8),
     "data.packing": PACKINGS,
     "data.document_separator": (False, True),
-    "tokenizer.normalize": ("", "albert"),
     "data.short_seq_prob": PROBABILITY,
     "data.docs_per_chunk": AT_LEAST_1,
     "data.num_shards": AT_LEAST_0,
@@ -850,6 +854,7 @@ FIELD_RULES = {
     "tokenizer.train_max_sentences": AT_LEAST_1,
     "tokenizer.vocab_size": AT_LEAST_0,
     "tokenizer.extra_ids": AT_LEAST_0,
+    "tokenizer.normalize": NORMALIZERS,
     "model.vocab_size": AT_LEAST_1,
     "model.hidden": AT_LEAST_1,
     "model.layers": AT_LEAST_1,

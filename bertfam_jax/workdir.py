@@ -55,8 +55,12 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 # decoder attended to the masked inputs before `8d56e2e`, DistilBERT's student trained its
 # positions before `56b4376`, GPT dropped its summed embeddings before its table dropout, GPT-2
 # was initialised as every model before its own initialisation (these two touch only a fresh
-# start, but the model section is compared whole). A saved
-# config lacking the field matches only this value. (DistilBERT runs saved in the hour between
+# start, but the model section is compared whole), T5's bucket tables were HF's normal draw and a
+# prefix LM's buckets causal before `fd6e7b2`, and ALBERT's text went in cased before `d917a0d`
+# (`tokenizer.normalize`, where `read_config` fills nothing: the tokenizer reads its absence as
+# ''). A saved
+# config lacking the field matches only this value, and `read_config` gives it that value where
+# the family's defaults hold the field. (DistilBERT runs saved in the hour between
 # `56b4376` and `a6cc996` hold `model.freeze_positions`, a field gone since: they are refused
 # with no flag to offer, rightly, as the freezing now lives in the objective.)
 _ABSENT_MEANS = {"objective.decoder_sees_masked": True, "objective.freeze_positions": False,
@@ -192,9 +196,8 @@ def check_config(workdir: str, saved: dict, config, compare_tokenizer_path: bool
 
 def _flag_value(value) -> str | None:
   """How a --config override spells a saved scalar (None: no flag can restore it)."""
-  if isinstance(value, (bool, int, float)) or (isinstance(value, str) and value
-                                               and " " not in value):
-    return str(value)
+  if isinstance(value, (bool, int, float)) or (isinstance(value, str) and " " not in value):
+    return str(value) or "''"
   return None
 
 
@@ -316,7 +319,8 @@ def is_transformers_checkpoint(path: str) -> bool:
 
 def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's config.json. Model fields added to the codebase after the run was written hold
-  their defaults, the behaviour the run had (e.g. `adapter_size`)."""
+  the behaviour the run had: what their absence means (`_ABSENT_MEANS`, e.g. a T5's
+  `prefix_lm_buckets`), else their defaults (e.g. `adapter_size`)."""
   path = os.path.join(workdir, CONFIG_FILE)
   if not fileio.exists(path):
     raise ConfigError(f"{workdir} has no config.json, so it is neither a workdir of ours nor a "
@@ -330,7 +334,11 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
               else config_lib.xlnet_model("base") if kind == "xlnet"
               else config_lib.elmo_model("original") if kind == "elmo"
               else config_lib.encoder("base"))
-  saved["model"] = {**defaults.to_dict(), **model}
+  defaults = defaults.to_dict()
+  # A field the defaults hold but the run predates: what its absence meant.
+  defaults.update({key[len("model."):]: value for key, value in _ABSENT_MEANS.items()
+                   if key.startswith("model.") and key[len("model."):] in defaults})
+  saved["model"] = {**defaults, **model}
   return ml_collections.ConfigDict(saved)
 
 
@@ -420,7 +428,12 @@ def load(path: str, *, tokenizer_path: str = "") -> tuple[ml_collections.ConfigD
                       f"with `python -m bertfam_jax.hf import --hf_path={path} --workdir=DIR`, "
                       f"or fine-tune it directly (finetune.init={path}).")
   config = read_config(path)
-  return config, load_tokenizer(config, path, tokenizer_path), restore_params(path)
+  params = restore_params(path)
+  if config.model.get("share_encoder_decoder", False) and "encoder" in params:
+    raise ConfigError(f"{path} holds a shared encoder-decoder T5 from before 7990bb5, whose "
+                      f"encoder kept its own bucket table and final norm; the model now reads the "
+                      f"decoder's (mesh-tf's bi_v1_shared.gin), so pre-train it again.")
+  return config, load_tokenizer(config, path, tokenizer_path), params
 
 
 def load_encoder(path: str, *, tokenizer_path: str = "") -> tuple[ml_collections.ConfigDict,

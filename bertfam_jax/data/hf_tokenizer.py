@@ -336,6 +336,9 @@ def sentencepiece_files(model_proto: bytes, extra_ids: int = 0,
                       "BPE model would give other ids there; export a unigram tokenizer "
                       "(tokenizer.model_type=unigram) or ship the .model file for sentencepiece.")
   specials = {f"{role}_token": SPIECE_SPECIALS[role] for role in SPECIAL_ROLES[:5]}
+  if extra_ids and normalize:
+    raise ConfigError(f"tokenizer.normalize={normalize!r} with T5's sentinels: the exported "
+                      f"tokenizer would not normalize; export it with the .model file instead.")
   if extra_ids:
     tokenizer = _t5_spiece(model_proto, extra_ids, SPIECE_SPECIALS["sep"])
     config = dict(tokenizer_class="PreTrainedTokenizerFast", eos_token=SPIECE_SPECIALS["sep"],

@@ -332,8 +332,10 @@ def full_sentences(docs: list[Document], seq_len: int, *, cls_id: int, sep_id: i
   block_len = seq_len - 1
   # Each document's sentences, then (document_separator) an empty one: its lone </s>.
   separator = [np.zeros(0, np.int32)] if document_separator else []
-  sentences = [s for doc in docs if any(len(s) for s in doc)
-               for s in [*(s for s in doc if len(s)), *separator]]
+  sentences = []
+  for doc in docs:
+    nonempty = [sentence for sentence in doc if len(sentence)]
+    sentences += nonempty + separator if nonempty else []
   if not sentences:
     return _empty_blocks(seq_len)
   lengths = np.fromiter((len(s) for s in sentences), np.int64, len(sentences))

@@ -45,7 +45,7 @@ _REFERENCE_PUNCTUATION = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
 _ENGLISH_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyz")
 WORD_START_RULES = ("bert", "albert", "xlnet", "bart")
 # `tokenizer.normalize`: what a text goes through before SentencePiece, in training and encoding.
-NORMALIZERS = ("", "albert")
+NORMALIZERS = config_lib.NORMALIZERS
 
 
 def normalize_text(text: str, normalize: str) -> tuple[str, np.ndarray]:
@@ -60,7 +60,7 @@ def normalize_text(text: str, normalize: str) -> tuple[str, np.ndarray]:
   """
   if not normalize:
     return text, np.arange(len(text), dtype=np.int32)
-  chars, sources_ = [], []
+  chars, origins = [], []
   space = None   # where a pending run of whitespace began
   for i, ch in enumerate(text):
     if ch.isspace():   # str.split()'s whitespace
@@ -68,14 +68,14 @@ def normalize_text(text: str, normalize: str) -> tuple[str, np.ndarray]:
       continue
     if space is not None and chars:
       chars.append(" ")
-      sources_.append(space)
+      origins.append(space)
     space = None
     for c in unicodedata.normalize("NFKD", ch):
       if not unicodedata.combining(c):
         for lowered in c.lower():
           chars.append(lowered)
-          sources_.append(i)
-  return "".join(chars), np.asarray(sources_, np.int32)
+          origins.append(i)
+  return "".join(chars), np.asarray(origins, np.int32)
 
 
 def starts_word(piece: str, rule: str) -> bool:
@@ -232,9 +232,12 @@ class Tokenizer:
       One [len_i] int32 array of piece ids per text; no special tokens are added.
     """
     if self.normalize:
-      return self.encode_with_offsets(texts)[0]
-    ids = self._sp.encode(list(texts), out_type=int, num_threads=_NUM_THREADS)
-    return [np.asarray(x, np.int32) for x in ids]
+      texts = [normalize_text(text, self.normalize)[0] for text in texts]
+    ids = [np.asarray(x, np.int32)
+           for x in self._sp.encode(list(texts), out_type=int, num_threads=_NUM_THREADS)]
+    if self._splits:
+      ids = [self._split_digit_commas(x) for x in ids]
+    return ids
 
   def encode_with_offsets(self, texts: Sequence[str]
                           ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -271,19 +274,22 @@ class Tokenizer:
       offsets.append(spans)
     return ids, offsets
 
-  def _split_digit_commas(self, piece_ids: np.ndarray, spans: np.ndarray
-                          ) -> tuple[np.ndarray, np.ndarray]:
-    """ALBERT's `encode_pieces` on ids: each piece of `_splits` replaced by its parts, their
-    spans laid end to end over its surface (the ',' its last character)."""
-    if not any(int(i) in self._splits for i in piece_ids):
-      return piece_ids, spans
+  def _split_digit_commas(self, piece_ids: np.ndarray, spans: np.ndarray | None = None):
+    """ALBERT's `encode_pieces` on ids [n]: each piece of `_splits` replaced by its parts →
+    [n'] ids, and with `spans` [n, 2] also their [n', 2] spans, laid end to end over the piece's
+    surface (the ',' its last character)."""
+    with_spans = spans is not None
+    if not np.isin(piece_ids, list(self._splits)).any():
+      return (piece_ids, spans) if with_spans else piece_ids
     new_ids, new_spans = [], []
-    for i, (start, end) in zip(piece_ids.tolist(), spans.tolist()):
+    for i, (start, end) in zip(piece_ids.tolist(),
+                               spans.tolist() if with_spans else [(0, 0)] * len(piece_ids)):
       for part, length in self._splits.get(i, [(i, end - start)]):
         new_ids.append(part)
         new_spans.append((start, min(start + length, end)))
         start = min(start + length, end)
-    return np.asarray(new_ids, np.int32), np.asarray(new_spans, np.int32).reshape(-1, 2)
+    ids = np.asarray(new_ids, np.int32)
+    return (ids, np.asarray(new_spans, np.int32).reshape(-1, 2)) if with_spans else ids
 
   def decode(self, ids) -> str:
     """Detokenizes [len] ids; pad is dropped, [CLS]/[SEP]/[MASK] appear as text, sentinels as

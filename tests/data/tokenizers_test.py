@@ -257,6 +257,7 @@ def test_albert_tokenizer_folds_case_and_accents_and_splits_digit_commas(albert_
   assert tok._splits, "the corpus should teach a digit-comma piece"
   text = "Then 4,300 Zürich people."
   ids, spans = (x[0] for x in tok.encode_with_offsets([text]))
+  np.testing.assert_array_equal(tok.encode([text])[0], ids)
   surfaces = [pieces[i] for i in ids]
   assert not any(len(p) > 1 and p[-1] == "," and p[-2].isdigit() for p in surfaces)
   assert "," in surfaces

@@ -123,12 +123,16 @@ def test_a_workdir_from_before_a_new_field_resumes_while_it_holds_its_default(tm
     ("mass", "objective.decoder_sees_masked", False, True),     # before 8d56e2e
     ("distilbert", "objective.freeze_positions", True, False),   # before 56b4376
     ("gpt", "model.embedding_dropout", "table", "output"),       # before GPT's table dropout
+    ("t5", "model.relpos_bias_init", "glorot_uniform", "normal"),  # before fd6e7b2
+    ("t5", "model.prefix_lm_buckets", "bidirectional", "causal"),  # before fd6e7b2
+    ("albert", "tokenizer.normalize", "albert", ""),             # before d917a0d
 ])
 def test_a_field_whose_absence_meant_another_value_names_the_flag_that_resumes(
     tmp_path, family, key, now, then):
-  """A MASS, DistilBERT or GPT run saved before its field existed behaved as the field's other
-  value, which base_config (an MLM's) does not hold: the refusal names the flag that restores
-  that behaviour, and the flag resumes."""
+  """A MASS, DistilBERT, GPT, T5 or ALBERT run saved before its field existed behaved as the
+  field's other value, which base_config (an MLM's) or the family's defaults do not hold: the
+  refusal names the flag that restores that behaviour (an empty value as ''), and the flag
+  resumes; read back, the run's config holds that value."""
   config = cl.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__)))), "configs", f"{family}.py"), "runlocal")
   section, field = key.split(".")
@@ -136,11 +140,13 @@ def test_a_field_whose_absence_meant_another_value_names_the_flag_that_resumes(
   saved = json.loads(config.to_json())
   del saved[section][field]
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  flag = str(then)
+  flag = str(then) or "''"
   with pytest.raises(ConfigError, match=re.escape(
       f"{key}: absent ({then!r}: the run predates the field) → {now!r}") + ".*" + re.escape(
-          f"(--config.{key}={flag})")):
+          f"--config.{key}={flag}")):
     workdir_lib.check_or_write_config(str(tmp_path), config)
+  if section == "model":   # filled in, or left absent for the model code's own default
+    assert workdir_lib.read_config(str(tmp_path))[section].get(field, then) == then
   config[section][field] = then
   workdir_lib.check_or_write_config(str(tmp_path), config)
 
