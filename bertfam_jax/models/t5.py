@@ -46,6 +46,7 @@ LM's mask has no such form and is refused; a decoding run (KV cache) takes XLA's
 Parameter tree (t5x names; `layer_{i}` unrolled, one `layers` with a leading [layers] axis when
 `scan_layers`):
   token_embedder/embedding                      [vocab, embed]     shared by both stacks
+  encoder/...                                   none with share_encoder_decoder (the decoder's)
   encoder/relpos_bias/rel_embedding             [relpos_buckets, heads]
   encoder/layer_{i}/pre_attention_layer_norm/scale                    [embed]
   encoder/layer_{i}/attention/{query,key,value}                       [embed, heads, kv]
