@@ -307,6 +307,9 @@ def mlm_objective(**overrides) -> ml_collections.ConfigDict:
       span_max_words=10,
       span_source="",         # units: entities | noun_phrases (data/spans.py)
       unit_prob=0.5,          # units: share drawn from the units, the rest random whole words
+      # Each segment of a sentence pair budgeted and masked on its own (SpanBERT's pairs: no
+      # span across the middle [SEP]); one budget over the whole row otherwise (BERT).
+      mask_per_segment=False,
       replace_per="token",    # 80/10/10 drawn per token (BERT) or once per merged span (SpanBERT)
       mask_token_prob=0.8,    # of the predicted tokens: [MASK] (BERT 0.8, ELECTRA 0.85) ...
       random_token_prob=0.1,  # ... random token (BERT 0.1, ELECTRA 0); the rest stay unchanged

@@ -64,6 +64,7 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 # `56b4376` and `a6cc996` hold `model.freeze_positions`, a field gone since: they are refused
 # with no flag to offer, rightly, as the freezing now lives in the objective.)
 _ABSENT_MEANS = {"objective.decoder_sees_masked": True, "objective.freeze_positions": False,
+                 "objective.mask_per_segment": False,
                  "model.embedding_dropout": "output", "model.position_initializer_range": 0.0,
                  "model.scale_residual_init": False, "model.relpos_bias_init": "normal",
                  "model.prefix_lm_buckets": "causal", "tokenizer.normalize": ""}

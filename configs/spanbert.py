@@ -5,10 +5,12 @@ The official command (facebookresearch/SpanBERT pretraining/README.md): `--schem
 --span-lower 1 --span-upper 10 --geometric-p 0.2 --replacement-method span --endpoints external
 --no-nsp --pair-loss-weight 1.0 --max-pair-targets 15 --pair-positional-embedding-size 200
 --short-seq-prob 0.0 --tokens-per-sample 512`, lr 1e-4, 10k warmup, polynomial decay over 2.4M
-updates, Adam (0.9, 0.999) eps 1e-8, wd 0.01, clip 1.0, 256 × 512 per step. Spans of whole words
+updates, Adam (0.9, 0.999) eps 1e-8, wd 0.01, clip 1.0, 256 × 512 per step (eps and the clip
+act on gradients divided by the masked tokens per GPU: below, their values for the mean loss). Spans of whole words
 with lengths from a geometric distribution clipped at 10 (mean 3.8 words), budget ceil(15%) of
 the block, one 80/10/10 draw per span, random tokens by corpus frequency; blocks of whole
-sentences of one document, `[CLS] block [SEP]`. Loss = MLM + SBO. Not reproduced:
+sentences of one document, `[CLS] block [SEP]`; with sentence pairs (the paper's NSP ablation)
+each segment masked on its own. Loss = MLM + SBO. Not reproduced:
 `--clamp-attention` (raw scores clamped to ±10000, an fp16 safeguard).
 
   # The paper's recipe (Wikipedia from a prepared TFDS data_dir; the paper adds BooksCorpus):
@@ -30,12 +32,17 @@ def get_config(arg=None):
   config.objective = cl.mlm_objective(
       mask_style="spanbert", mask_scheme="span", span_p=0.2, span_max_words=10,
       replace_per="span", random_tokens="unigram", masking="dynamic", sentence_task="",
-      sbo=True, sbo_max_targets=15, sbo_position_size=200,
+      sbo=True, sbo_max_targets=15, sbo_position_size=200, mask_per_segment=True,
       max_predictions=80)  # ceil(0.15 * 510) = 77
   config.data.update(source="tfds", tfds_name="wikipedia/20230601.en", train_split="train[:99%]",
                      eval_split="train[99%:]", seq_len=512, packing="document_blocks")
-  config.optimizer = cl.fairseq_adam(peak_lr=1e-4, b2=0.999, eps=1e-8, weight_decay=0.01,
-                                     clip_norm=1.0, warmup_steps=10_000)
+  # The command's Adam eps 1e-8 and --clip-norm 1.0 act on gradients that trainer.py has divided
+  # by the masked tokens per GPU (~614 at 4,096 tokens; `span_bert_loss` already returns a
+  # mean): in the mean loss's units eps is ~6e-6 and the clip never fires. Its polynomial_decay
+  # counts the decay from step 0: lr·(1 − n/T) after warmup.
+  config.optimizer = cl.fairseq_adam(peak_lr=1e-4, b2=0.999, eps=6e-6, weight_decay=0.01,
+                                     clip_norm=0.0, warmup_steps=10_000,
+                                     schedule="linear_from_zero")
   config.train.update(batch_size=256, total_steps=2_400_000)
   if arg.runlocal:
     cl.shrink_for_local(config)

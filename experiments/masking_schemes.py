@@ -78,7 +78,12 @@ SCALES = {
     "cpu": dict(config_arg="runlocal", pretrain=dict(total_steps=1000, batch_size=32),
                 peak_lr=1e-3, warmup_steps=100, data=dict(wordnet_glosses=True),
                 finetune_train=4000, finetune_eval=2000, finetune_seq_len=32,
-                finetune_epochs=3, finetune_lr=5e-4),
+                finetune_epochs=3, finetune_lr=5e-4,
+                # The committed cpu records ran before configs/spanbert.py took the reference's
+                # per-segment masking, its schedule and its effective eps / clip: this scale keeps
+                # what they ran with (the gpu scale takes the reference's).
+                pinned={"objective.mask_per_segment": False, "optimizer.clip_norm": 1.0,
+                        "optimizer.eps": 1e-8, "optimizer.schedule": "linear_after_warmup"}),
     # One H100 (not run yet: no GPU was lent to the session that built it): BERT-small (H256
     # L4) in bfloat16, 3,000 steps of 128 × 128 (49 M positions, ~10 passes over the corpus),
     # 20,000 training glosses; one command per seed.
@@ -110,6 +115,9 @@ def pretrain_config(scale: dict, overrides: dict, seed: int):
   config.train.update(scale["pretrain"], eval_every=max(1, steps // 4), checkpoint_every=steps,
                       log_every=max(1, steps // 20))
   config.optimizer.update(peak_lr=scale["peak_lr"], warmup_steps=scale["warmup_steps"])
+  for key, value in scale.get("pinned", {}).items():
+    section, field = key.split(".")
+    config[section][field] = value
   config_lib.apply_overrides(config, scale.get("config_overrides", ()))
   objectives.validate(config)
   return config
@@ -157,7 +165,16 @@ def setup_text(scale_name: str, scale: dict) -> str:
           f"epochs on {scale['finetune_train'] or 'all'} training glosses (rate "
           f"{scale['finetune_lr']}, {scale['finetune_seq_len']} tokens) and is scored on "
           f"{scale['finetune_eval'] or 'all'} validation glosses; the probe is a softmax "
-          "regression on the frozen encoder's mean-pooled features of the same examples.")
+          "regression on the frozen encoder's mean-pooled features of the same examples."
+          + _pinned_text(scale))
+
+
+def _pinned_text(scale: dict) -> str:
+  pinned = scale.get("pinned", {})
+  if not pinned:
+    return ""
+  return (" Pinned to what the records ran with (configs/spanbert.py now sets the reference's): "
+          + ", ".join(f"{key}={value}" for key, value in pinned.items()) + ".")
 
 
 def write_summary(results: list[dict], out: str, scale_name: str) -> str:

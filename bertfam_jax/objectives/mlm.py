@@ -173,6 +173,39 @@ def _budget(o, input_mask, maskable, rng) -> np.ndarray:
   return np.minimum(budget, o.max_predictions)
 
 
+def _select_per_segment(o, real, maskable, segment_ids, word_start, params, rng) -> np.ndarray:
+  """[n, L] bool: the tokens to predict, each segment of a row budgeted and selected on its own.
+
+  SpanBERT's sentence-pair data (`span_bert_dataset.py`) masks block A and block B separately
+  and then joins them: the budget is ⌈rate·|A|⌉ + ⌈rate·|B|⌉, and no span runs across the middle
+  [SEP]. Each (segment, row) is one row of the selection here (segment-major, [S·n, L]), the
+  segments' budgets capped together at max_predictions in segment order. A batch of one segment
+  draws exactly what the joint selection draws.
+
+  Args:
+    real: [n, L] bool, non-padding tokens; maskable, word_start: [n, L] bool.
+    segment_ids: [n, L] int, 0 for the first segment.
+    params: the selector's keyword arguments; an [n, L] array among them (unit_ids) is repeated
+      for every segment.
+  """
+  n, length = maskable.shape
+  in_segment = segment_ids[None] == np.arange(segment_ids.max(initial=0) + 1)[:, None, None]
+
+  def per_segment(x):  # [n, L] -> [S·n, L]
+    return np.broadcast_to(x, in_segment.shape).reshape(-1, length)
+
+  segment_maskable = (maskable & in_segment).reshape(-1, length)
+  budget = _budget(o, (real & in_segment).reshape(-1, length), segment_maskable, rng)
+  budget = budget.reshape(-1, n)
+  spent_before = np.cumsum(budget, axis=0) - budget
+  budget = np.clip(o.max_predictions - spent_before, 0, budget).reshape(-1)
+  params = {k: per_segment(v) if isinstance(v, np.ndarray) and v.shape == (n, length) else v
+            for k, v in params.items()}
+  chosen = noise.SELECTORS[o.mask_scheme](segment_maskable, per_segment(word_start), budget,
+                                          rng, **params)
+  return chosen.reshape(-1, n, length).any(axis=0)
+
+
 def replace_probs(o) -> tuple[float, float, float]:
   """(p_mask, p_keep, p_random) of a predicted token (BERT 0.8 / 0.1 / 0.1, ELECTRA 0.85 / 0.15 /
   0), from `mask_token_prob` and `random_token_prob`."""
@@ -215,12 +248,16 @@ def mlm_features(examples, rng: np.random.Generator, *, config, vocab_size: int,
   input_ids, input_mask = examples["input_ids"], examples["input_mask"]
   real = input_mask > 0
   maskable = real if o.mask_style == "fairseq" else real & ~np.isin(input_ids, special_ids)
-  budget = _budget(o, input_mask, maskable, rng)
   word_start = noise.word_starts(input_ids, maskable, word_start_table)
   params = dict(scheme_params)
   if unit_source is not None:
     params["unit_ids"] = unit_source(input_ids, maskable, word_start)
-  chosen = noise.SELECTORS[o.mask_scheme](maskable, word_start, budget, rng, **params)
+  if o.mask_per_segment:
+    chosen = _select_per_segment(o, real, maskable, examples["segment_ids"], word_start, params,
+                                 rng)
+  else:
+    budget = _budget(o, input_mask, maskable, rng)
+    chosen = noise.SELECTORS[o.mask_scheme](maskable, word_start, budget, rng, **params)
   predictions = noise.pack_predictions(chosen, input_ids, o.max_predictions)
   corrupt = dict(mask_id=mask_id, vocab_size=vocab_size, replace_probs=replace_probs(o),
                  random_token_weights=_random_token_weights(o, input_ids, maskable, vocab_size,

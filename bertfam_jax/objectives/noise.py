@@ -373,7 +373,8 @@ def draw_spans(maskable: np.ndarray, word_start: np.ndarray, num_to_predict: np.
   walk from the first token of the anchor's word through ℓ words (fewer at the row's end),
   adding tokens until the budget is reached, so the row's last span may end mid-word. A span
   may run into earlier spans; its tokens count once. Words are numbered over the whole row, so
-  a span may continue past a middle [SEP] (SpanBERT's blocks have none).
+  a span may continue past a middle [SEP] unless each segment is selected as a row of its own
+  (`objective.mask_per_segment`, SpanBERT's sentence pairs).
 
   SpanBERT draws (ℓ, anchor) uniformly and redraws both when the anchor is already masked; the
   accepted pair is then ℓ from the pmf and an anchor uniform over the unmasked tokens, which is

@@ -115,6 +115,53 @@ def test_units_scheme_masks_entities(cache_dir, documents):
       mask_scheme="whole_word")
 
 
+def _per_segment_counts(batch, special_ids):
+  """[n, 2] predictions in each segment, and [n, 2] SpanBERT's budget ⌈0.15·|segment|⌉."""
+  n = batch["input_ids"].shape[0]
+  chosen = np.zeros(batch["input_ids"].shape, bool)
+  rows = np.repeat(np.arange(n), batch["mlm_positions"].shape[1])
+  weights = batch["mlm_weights"].reshape(-1) > 0
+  chosen[rows[weights], batch["mlm_positions"].reshape(-1)[weights]] = True
+  # The originals: a chosen token's target, every other token as it stands.
+  originals = np.where(chosen, 0, batch["input_ids"])
+  np.put_along_axis(originals, batch["mlm_positions"],
+                    np.where(batch["mlm_weights"] > 0, batch["mlm_targets"],
+                             np.take_along_axis(originals, batch["mlm_positions"], 1)), 1)
+  maskable = (batch["input_mask"] > 0) & ~np.isin(originals, special_ids)
+  segments = [batch["segment_ids"] == s for s in (0, 1)]
+  counts = np.stack([np.count_nonzero(chosen & seg, 1) for seg in segments], 1)
+  budgets = np.stack([np.ceil(0.15 * np.count_nonzero(maskable & seg, 1)) for seg in segments], 1)
+  return counts, budgets
+
+
+def test_spanbert_pairs_mask_each_segment_on_its_own(cache_dir, documents):
+  """SpanBERT's sentence pairs (span_bert_dataset.py): ⌈0.15·|A|⌉ predictions in A and
+  ⌈0.15·|B|⌉ in B, no span across the middle [SEP]; one segment draws as before."""
+  config = paper_config("spanbert", cache_dir)
+  config.data.packing = "sentence_pairs"
+  config.objective.update(sentence_task="nsp", sbo=False)
+  tokenizer = tokenizers.load_or_train(config, documents)
+  examples = packed(config, tokenizer, documents)
+  special_ids = np.asarray(tokenizer.special_ids)
+
+  def noised(**objective):
+    config.objective.update(objective)
+    return mlm.make_features(config, tokenizer)(examples, np.random.default_rng(3))
+
+  counts, budgets = _per_segment_counts(noised(mask_per_segment=True), special_ids)
+  np.testing.assert_array_equal(counts, budgets)
+  joint_counts, joint_budgets = _per_segment_counts(noised(mask_per_segment=False), special_ids)
+  assert (joint_counts != joint_budgets).any(axis=1).mean() > 0.3
+  assert joint_counts.sum() < budgets.sum()
+  # Blocks of one segment: the per-segment selection is the joint one, draw for draw.
+  config.data.packing = "document_blocks"
+  config.objective.sentence_task = ""
+  examples = packed(config, tokenizer, documents)
+  per_segment, joint = noised(mask_per_segment=True), noised(mask_per_segment=False)
+  for key in joint:
+    np.testing.assert_array_equal(per_segment[key], joint[key], err_msg=key)
+
+
 def test_sbo_head_shapes_and_loss_decreases():
   """A tiny SpanBERT learns its boundary task: SBO loss falls on a fixed batch."""
   config = config_lib.base_config()
