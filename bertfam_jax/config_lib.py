@@ -260,6 +260,12 @@ def encoder(size: str, *, sizes=ENCODER_SIZES, **overrides) -> ml_collections.Co
       layer_norm_eps=1e-12,
       activation="gelu_tanh",  # TF BERT uses the tanh approximation; fairseq/HF use exact 'gelu'
       initializer_range=0.02,
+      # Dense layers the reference builds without an initializer (models/layers.py
+      # bare_dense_init): truncated_normal (BERT gives every layer one) | glorot_uniform (TF's
+      # default: ELECTRA's embeddings_project, detector output and task classifiers).
+      bare_dense_init="truncated_normal",
+      classifier_pooler=True,  # classification / regression read tanh(dense(first token)) (BERT);
+                               # False: the first token's state itself (ELECTRA)
       dtype="float32",         # compute dtype; parameters stay float32
       attention_impl="",       # '' = let JAX choose; 'xla' | 'cudnn' (GPU flash attention)
       remat_policy="none",     # none | full | dots | dots_no_batch
@@ -328,9 +334,12 @@ def mlm_objective(**overrides) -> ml_collections.ConfigDict:
 
 def electra_encoder(size: str, **overrides) -> ml_collections.ConfigDict:
   """ELECTRA's discriminator (electra configure_pretraining.py / model/modeling.py BertConfig):
-  exact-erf GELU, dropout 0.1, LN ε 1e-12, BERT's uncased vocabulary size."""
+  exact-erf GELU, dropout 0.1, LN ε 1e-12, BERT's uncased vocabulary size; Glorot-uniform
+  where its code passes no initializer (embeddings_project, the detector's output unit, the task
+  classifiers), and fine-tuning heads on the first token's state without a pooler
+  (`get_pooled_output` is `sequence_output[:, 0]`)."""
   electra = dict(vocab_size=30522, activation="gelu", dropout=0.1, attention_dropout=0.1,
-                 layer_norm_eps=1e-12)
+                 layer_norm_eps=1e-12, bare_dense_init="glorot_uniform", classifier_pooler=False)
   return encoder(size, sizes=ELECTRA_SIZES, **{**electra, **overrides})
 
 
@@ -569,6 +578,8 @@ def xlnet_model(size: str, **overrides) -> ml_collections.ConfigDict:
       dropout_bits=32,
       layer_norm_eps=1e-12,
       initializer_range=0.02,
+      bare_dense_init="truncated_normal",  # the task classifier (heads._classifier)
+      classifier_pooler=True,  # summarize_sequence's use_proj: a tanh dense on <cls>
       untie_r=True,
       mem_len=384,
       reuse_len=256,
@@ -873,6 +884,8 @@ FIELD_RULES = {
     "model.embedding_dropout": ("output", "table"),
     "model.position_initializer_range": AT_LEAST_0,
     "model.scale_residual_init": (False, True),
+    "model.bare_dense_init": ("truncated_normal", "glorot_uniform"),
+    "model.classifier_pooler": (False, True),
     "model.share_encoder_decoder": (False, True),
     "model.relpos_bias_init": ("glorot_uniform", "normal"),
     "model.prefix_lm_buckets": ("bidirectional", "causal"),

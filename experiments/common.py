@@ -95,6 +95,23 @@ def finetune_config(scale: dict, seed: int):
   return config
 
 
+def apply_pinned(config, scale: dict) -> None:
+  """Sets the scale's `pinned` fields ({'section.field': value}): what a scale's committed
+  records ran with, where the paper config has since taken the reference's value."""
+  for key, value in scale.get("pinned", {}).items():
+    section, field = key.split(".")
+    config[section][field] = value
+
+
+def pinned_text(scale: dict, config_file: str) -> str:
+  """The setup line's sentence naming the scale's pinned fields ('' when none)."""
+  pinned = scale.get("pinned", {})
+  if not pinned:
+    return ""
+  return (f" Pinned to what the records ran with ({config_file} now sets the reference's): "
+          + ", ".join(f"{key}={value}" for key, value in pinned.items()) + ".")
+
+
 def random_encoder(model_config, seq_len: int, seed: int):
   """The 'encoder' parameters of a fresh initialisation from `seed`: what the floor fine-tunes
   and probes."""

@@ -96,7 +96,12 @@ SCALES = {
     # seeds 30.2-31.2%).
     "cpu": dict(config_arg="runlocal", batch_size=32, electra_steps=600, peak_lr=5e-4,
                 warmup_steps=100, data=dict(wordnet_glosses=True), finetune_train=4000,
-                finetune_eval=2000, finetune_seq_len=32, finetune_epochs=3, finetune_lr=5e-4),
+                finetune_eval=2000, finetune_seq_len=32, finetune_epochs=3, finetune_lr=5e-4,
+                # The committed cpu records ran before configs/electra.py took the reference's
+                # Glorot-uniform bare dense layers and its pooler-free task heads: this scale
+                # keeps what they ran with (the gpu and paper scales take the reference's).
+                pinned={"model.bare_dense_init": "truncated_normal",
+                        "model.classifier_pooler": True}),
     # One H100: an ELECTRA-Small-like discriminator 4 layers deep (H256 A4 FFN1024, 128-wide
     # embedding; generator H64, 4 layers), batch 128 x 128 on the embedded corpus (8k-piece
     # vocabulary), float32 (TF32 matmuls); 20,000 training glosses. Measured on one H100 (jax
@@ -139,6 +144,7 @@ def base_config(scale: dict, seed: int):
   config.seed = seed
   config.train.batch_size = scale["batch_size"]
   config.optimizer.peak_lr = scale["peak_lr"]
+  common.apply_pinned(config, scale)
   config_lib.apply_overrides(config, scale.get("config_overrides", ()))
   return config
 
@@ -230,7 +236,8 @@ def setup_text(scale_name: str, scale: dict) -> str:
           f"{scale['finetune_epochs']} epochs on {scale['finetune_train'] or 'all'} training "
           f"glosses (rate {scale['finetune_lr']}, {scale['finetune_seq_len']} tokens) and is "
           f"scored on {scale['finetune_eval'] or 'all'} validation glosses; the probe is a "
-          "softmax regression on the frozen encoder's mean-pooled features of the same examples.")
+          "softmax regression on the frozen encoder's mean-pooled features of the same examples."
+          + common.pinned_text(scale, "configs/electra.py"))
 
 
 def write_summary(results: list[dict], out: str, scale_name: str) -> str:

@@ -115,9 +115,7 @@ def pretrain_config(scale: dict, overrides: dict, seed: int):
   config.train.update(scale["pretrain"], eval_every=max(1, steps // 4), checkpoint_every=steps,
                       log_every=max(1, steps // 20))
   config.optimizer.update(peak_lr=scale["peak_lr"], warmup_steps=scale["warmup_steps"])
-  for key, value in scale.get("pinned", {}).items():
-    section, field = key.split(".")
-    config[section][field] = value
+  common.apply_pinned(config, scale)
   config_lib.apply_overrides(config, scale.get("config_overrides", ()))
   objectives.validate(config)
   return config
@@ -166,15 +164,7 @@ def setup_text(scale_name: str, scale: dict) -> str:
           f"{scale['finetune_lr']}, {scale['finetune_seq_len']} tokens) and is scored on "
           f"{scale['finetune_eval'] or 'all'} validation glosses; the probe is a softmax "
           "regression on the frozen encoder's mean-pooled features of the same examples."
-          + _pinned_text(scale))
-
-
-def _pinned_text(scale: dict) -> str:
-  pinned = scale.get("pinned", {})
-  if not pinned:
-    return ""
-  return (" Pinned to what the records ran with (configs/spanbert.py now sets the reference's): "
-          + ", ".join(f"{key}={value}" for key, value in pinned.items()) + ".")
+          + common.pinned_text(scale, "configs/spanbert.py"))
 
 
 def write_summary(results: list[dict], out: str, scale_name: str) -> str:

@@ -566,8 +566,11 @@ def _albert_encoder(model, hf):
 
 
 def _electra_from_hf(hf: dict) -> dict:
+  """An imported ELECTRA fine-tunes as ELECTRA's code does (config_lib.electra_encoder): no
+  pooler on classification and regression, Glorot-uniform task classifiers."""
   width = hf["embedding_size"] or hf["hidden_size"]
-  return dict(embedding_size=0 if width == hf["hidden_size"] else width)
+  return dict(embedding_size=0 if width == hf["hidden_size"] else width,
+              bare_dense_init="glorot_uniform", classifier_pooler=False)
 
 
 def _electra_to_hf(model) -> dict:

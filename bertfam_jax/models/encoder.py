@@ -213,7 +213,7 @@ class Encoder(nn.Module):
     if factorized_embedding(c):
       self.embeddings_projection = nn.Dense(
           c.hidden, dtype=dtype, param_dtype=jnp.float32,
-          kernel_init=layers.param_init(c.initializer_range, ("embed_factor", "embed")),
+          kernel_init=layers.bare_dense_init(c, ("embed_factor", "embed")),
           bias_init=layers.zeros_init(("embed",)))
     self.layers = self._make_layers()
     if c.get("pre_layer_norm", False):

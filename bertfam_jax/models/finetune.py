@@ -72,12 +72,14 @@ def _extract_states(x_BLD, input_mask_BL):
 # kind → (head module name, head(config_model, width, summary_position, name), output width
 # fixed by the kind or None when `num_outputs` sets it). Every head maps [rows, length, hidden] →
 # [rows, ...]; the sequence-level ones read the summary token at `summary_position`.
+# Classification and regression pool as `model.classifier_pooler` says (ELECTRA: no pooler);
+# multiple choice always pools (HF's ElectraForMultipleChoice: its summary projection).
 KINDS = {
     "classification": ("classification_head", lambda c, width, at, name: heads.ClassificationHead(
-        c, width, summary_position=at, name=name), None),
+        c, width, summary_position=at, pooled=c.classifier_pooler, name=name), None),
     # One real value per example, in a head named as classification's so a pooler carries over.
     "regression": ("classification_head", lambda c, _, at, name: heads.MultipleChoiceHead(
-        c, summary_position=at, name=name), 1),
+        c, summary_position=at, pooled=c.classifier_pooler, name=name), 1),
     "token_classification": ("token_head", lambda c, width, _, name: heads.TokenClassificationHead(
         c, width, name=name), None),
     "extractive_qa": ("span_head", lambda c, _, __, name: heads.SpanHead(c, name=name), 2),

@@ -25,9 +25,10 @@ def _pooler(c, dtype):
 
 
 def _classifier(c, dtype, features: int, in_axis: str):
-  """The task's output layer: dense → `features`, truncated normal(initializer_range), bias 0."""
+  """The task's output layer: dense → `features` (`layers.bare_dense_init`: BERT's truncated
+  normal, ELECTRA's Glorot-uniform), bias 0."""
   return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32,
-                  kernel_init=layers.param_init(c.initializer_range, (in_axis, None)),
+                  kernel_init=layers.bare_dense_init(c, (in_axis, None)),
                   bias_init=layers.zeros_init((None,)), name="classifier")
 
 
@@ -123,7 +124,7 @@ class ReplacedTokenHead(nn.Module):
                      bias_init=layers.zeros_init(("embed_out",)), name="transform")(x_BLD)
     h_BLD = layers.activation_fn(c.activation)(h_BLD)
     return nn.Dense(1, dtype=dtype, param_dtype=jnp.float32,
-                    kernel_init=layers.param_init(c.initializer_range, ("embed_out", None)),
+                    kernel_init=layers.bare_dense_init(c, ("embed_out", None)),
                     bias_init=layers.zeros_init((None,)), name="prediction")(h_BLD)[..., 0]
 
 
@@ -137,19 +138,23 @@ class ClassificationHead(nn.Module):
   pooler can be copied in), dropout (`config.dropout`, run_classifier's keep_prob 0.9), dense →
   `num_outputs` ('classifier'). Returns [batch, num_outputs].
   A causal model's (GPT: `model.causal`) has no pooler: dropout and the linear layer on the
-  extract token's state (finetune-transformer-lm train.py `clf`). `choices` > 1: the rows are
+  extract token's state (finetune-transformer-lm train.py `clf`); nor has one with `pooled`
+  False (ELECTRA's classification and regression, `model.classifier_pooler`: its
+  `get_pooled_output` is the first token's state). `choices` > 1: the rows are
   an example's choices, consecutive, and share one dropout mask (train.py drops `clf_h` of shape
   [batch, 2, n_embd] with noise_shape [batch, 1, n_embd])."""
   config: Any  # the `config.model` section
   num_outputs: int
   summary_position: int = 0
+  pooled: bool = True
 
   @nn.compact
   def __call__(self, x_BLD, *, deterministic: bool, choices: int = 1):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     summary_BD = x_BLD[:, self.summary_position]
-    pooled_BD = summary_BD if c.get("causal", False) else nn.tanh(_pooler(c, dtype)(summary_BD))
+    pooled_BD = (nn.tanh(_pooler(c, dtype)(summary_BD))
+                 if self.pooled and not c.get("causal", False) else summary_BD)
     dropout = layers.Dropout(c.dropout, c.dropout_bits)
     if choices > 1:
       rows, width = pooled_BD.shape

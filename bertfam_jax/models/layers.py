@@ -32,6 +32,17 @@ def param_init(stddev: float, axes: tuple[str | None, ...]):
   return nn.with_logical_partitioning(truncated_normal(stddev), axes)
 
 
+def bare_dense_init(c, axes: tuple[str | None, ...]):
+  """The kernel init of a dense layer that the reference builds without an initializer
+  (`model.bare_dense_init`): 'truncated_normal' (BERT's `create_initializer`, σ
+  `initializer_range`, which BERT passes to every layer) or 'glorot_uniform' (TF's default for
+  `tf.layers.dense`: ELECTRA's embeddings_project, its detector's output unit and its task
+  classifiers)."""
+  if c.bare_dense_init == "glorot_uniform":
+    return nn.with_logical_partitioning(nn.initializers.glorot_uniform(), axes)
+  return param_init(c.initializer_range, axes)
+
+
 def zeros_init(axes: tuple[str | None, ...]):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 

@@ -69,6 +69,18 @@ def test_objectives(configs):
   assert (bert.mask_token_prob, bert.random_token_prob) == (0.8, 0.1)
 
 
+def test_cpu_scale_pins_what_its_records_ran_with_and_gpu_takes_the_reference(configs):
+  """The cpu records ran with BERT's truncated-normal bare dense layers and a pooler; the gpu
+  scale takes configs/electra.py's Glorot-uniform and pooler-free heads."""
+  for config in configs.values():
+    assert (config.model.bare_dense_init, config.model.classifier_pooler) == (
+        "truncated_normal", True)
+  gpu = ea.pretrain_config(ea.SCALES["gpu"], dict(ea.ROWS)["ELECTRA"], seed=0)
+  assert (gpu.model.bare_dense_init, gpu.model.classifier_pooler) == ("glorot_uniform", False)
+  assert "Pinned to what the records ran with" in ea.setup_text("cpu", ea.SCALES["cpu"])
+  assert "Pinned" not in ea.setup_text("gpu", ea.SCALES["gpu"])
+
+
 def test_paper_scale_configures():
   c = ea.pretrain_config(ea.SCALES["paper"], dict(ea.ROWS)["BERT"], seed=0)
   assert (c.data.seq_len, c.model.hidden, c.model.layers, c.objective.max_predictions) == (

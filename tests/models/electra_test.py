@@ -99,6 +99,33 @@ def test_parameter_counts_equal_hf(size):
                                   - HF_GENERATOR_EMBEDDINGS[size])
 
 
+@pytest.mark.parametrize("bare", ["glorot_uniform", "truncated_normal"])
+def test_bare_dense_layers_start_as_tf_layers_dense_draws_them(bare):
+  """ELECTRA's code builds embeddings_project (both networks) and the detector's output unit with
+  `tf.layers.dense` and no initializer, i.e. Glorot-uniform, U(±√(6 / (fan_in + fan_out))); every
+  other dense layer gets BERT's truncated normal (σ 0.02, cut at 2σ)."""
+  discriminator, generator = released("small", layers=1, bare_dense_init=bare)
+  generator = cl.electra_generator(discriminator, 0.25, 1.0)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  params = nn.meta.unbox(electra.Electra(discriminator, generator).init(
+      jax.random.key(0), ids, ids, ids, ids[:, :1], deterministic=True))["params"]
+  bare_kernels = [params["encoder"]["embeddings_projection"]["kernel"],   # [128, 256]
+                  params["generator"]["embeddings_projection"]["kernel"],  # [128, 64]
+                  params["rtd_head"]["prediction"]["kernel"]]              # [256, 1]
+  assert [k.shape for k in bare_kernels] == [(128, 256), (128, 64), (256, 1)]
+  for kernel in bare_kernels:
+    kernel = np.asarray(kernel)
+    if bare == "glorot_uniform":
+      bound = math.sqrt(6 / sum(kernel.shape))
+      assert np.abs(kernel).max() <= bound and np.abs(kernel).max() > 0.95 * bound
+      assert kernel.std() == pytest.approx(bound / math.sqrt(3), rel=0.12)
+    else:
+      assert np.abs(kernel).max() <= 0.04
+  assert np.abs(np.asarray(params["rtd_head"]["transform"]["kernel"])).max() <= 0.04
+  assert (released("small")[0].bare_dense_init, released("small")[0].classifier_pooler) == (
+      "glorot_uniform", False)
+
+
 # ------------------------------------------------------------------------------------------------
 # Sharing, on a tiny pair: discriminator H32 E16 (factorised, as small), generator h24 (its own
 # E16 → 24 projection).

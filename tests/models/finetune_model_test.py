@@ -250,6 +250,25 @@ def test_heads_match_their_formulas():
     np.testing.assert_allclose(out, expected, **F32_TOL, err_msg=kind)
 
 
+def test_electra_classification_and_regression_read_the_first_token_without_a_pooler():
+  """ELECTRA's get_pooled_output is `sequence_output[:, 0]`; its classifier and regression heads
+  are one dense layer on it (classification_tasks.py). Multiple choice keeps the pooler (HF's
+  ElectraForMultipleChoice summary projection; ELECTRA's code has no such task)."""
+  rows = lambda t: np.asarray(t, np.float64)  # noqa: E731
+  config = tiny_config(classifier_pooler=False)
+  for kind, width in [("classification", 3), ("regression", 0)]:
+    model, params = random_model(kind, width, config=config)
+    assert sorted(params["classification_head"]) == ["classifier"]
+    x = rows(run_encoder(encoder.Encoder(config), params["encoder"]))
+    h = jax.tree.map(rows, params["classification_head"]["classifier"])
+    expected = x[:, 0] @ h["kernel"] + h["bias"]
+    np.testing.assert_allclose(apply(model, params),
+                               expected[:, 0] if kind == "regression" else expected, **F32_TOL)
+  inputs = choice_inputs()
+  _, params = random_model("multiple_choice", config=config, inputs=inputs)
+  assert sorted(params["choice_head"]) == ["classifier", "pooler"]
+
+
 def test_multiple_choice_scores_each_choice_as_its_own_row():
   inputs = choice_inputs()
   model, params = random_model("multiple_choice", inputs=inputs)
