@@ -6,11 +6,11 @@ The official command (facebookresearch/SpanBERT pretraining/README.md): `--schem
 --no-nsp --pair-loss-weight 1.0 --max-pair-targets 15 --pair-positional-embedding-size 200
 --short-seq-prob 0.0 --tokens-per-sample 512`, lr 1e-4, 10k warmup, polynomial decay over 2.4M
 updates, Adam (0.9, 0.999) eps 1e-8, wd 0.01, clip 1.0, 256 × 512 per step (eps and the clip
-act on gradients divided by the masked tokens per GPU: below, their values for the mean loss). Spans of whole words
-with lengths from a geometric distribution clipped at 10 (mean 3.8 words), budget ceil(15%) of
-the block, one 80/10/10 draw per span, random tokens by corpus frequency; blocks of whole
-sentences of one document, `[CLS] block [SEP]`; with sentence pairs (the paper's NSP ablation)
-each segment masked on its own. Loss = MLM + SBO. Not reproduced:
+act on gradients divided by the masked tokens per GPU: below, their values for the mean loss).
+Spans of whole words with lengths from a geometric distribution clipped at 10 (mean 3.8 words),
+budget ceil(15%) of the block, one 80/10/10 draw per span, random tokens by corpus frequency;
+blocks of whole sentences of one document, `[CLS] block [SEP]`; with sentence pairs (the
+paper's NSP ablation) each segment masked on its own. Loss = MLM + SBO. Not reproduced:
 `--clamp-attention` (raw scores clamped to ±10000, an fp16 safeguard).
 
   # The paper's recipe (Wikipedia from a prepared TFDS data_dir; the paper adds BooksCorpus):

@@ -677,9 +677,10 @@ FAMILIES = {
         tasks=_task_classes(
             "Electra", mapping.sentence_head_names("classifier.dense", "classifier.out_proj"),
             mapping.sentence_head_names("sequence_summary.summary", "classifier"),
-            sequence_mismatch="HF's ElectraClassificationHead applies GELU between its dense and "
-            "out_proj (hard-wired, no config field changes it) where our classification and "
-            "regression heads apply tanh (BERT's pooler), so their logits differ",
+            sequence_mismatch="HF's ElectraClassificationHead is dense + GELU + out_proj "
+            "(hard-wired, no config field changes it) where our classification and regression "
+            "heads are, as ELECTRA's own code, one dense on the first token (with "
+            "model.classifier_pooler, BERT's tanh pooler), so their logits differ",
             # ElectraSequenceSummary is our pooler when told to take the first token and tanh.
             choice_fields=dict(summary_type="first", summary_use_proj=True,
                                summary_activation="tanh")),

@@ -38,8 +38,8 @@ def write_config(config, workdir):
 
 
 @pytest.mark.parametrize("family, kind, changes, match", [
-    ("electra", "classification", {}, "GELU between its dense and out_proj"),
-    ("electra", "regression", {}, "GELU between its dense and out_proj"),
+    ("electra", "classification", {}, r"dense \+ GELU \+ out_proj"),
+    ("electra", "regression", {}, r"dense \+ GELU \+ out_proj"),
     ("bert", "classification", dict(finetune__features="weighted_sum"), "scalar_mix"),
     ("albert", "token_classification", dict(finetune__method="adapters", model__adapter_size=8),
      "no adapter layers"),
