@@ -1108,6 +1108,9 @@ def finetune_config() -> ml_collections.ConfigDict:
       epochs=_DEFAULT(float),             # sets the steps when train.total_steps is 0
       doc_stride=_DEFAULT(int),           # extractive QA windows (run_squad.py)
       max_query_len=_DEFAULT(int),
+      dropout=_DEFAULT(float),            # model.dropout while fine-tuning: the recipe's (T5
+                                          # text-to-text 0.1, t5x finetune.gin), else the
+                                          # pre-trained model's own
       max_answer_len=30,
       n_best=20,
       null_threshold=0.0,      # SQuAD 2.0: predict no answer when null − best > threshold
@@ -1203,7 +1206,10 @@ FINETUNE_DEFAULTS = {
     "electra_qa": dict(_ELECTRA, finetune=dict(_ELECTRA["finetune"], max_seq_len=512,
                                                epochs=2.0)),
     "text_to_text": dict(_ENCODER, optimizer=dict(name="adafactor", peak_lr=1e-3),
-                         finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0),
+                         # Dropout 0.1 whatever pre-training used (v1.1: 0), as t5x's
+                         # finetune.gin ("dropout should be re-enabled during fine-tuning").
+                         finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0,
+                                       dropout=0.1),
                          # A T5's step on a CPU: as configs/t5.py's (docs/results.md).
                          train=dict(_ENCODER["train"], cpu_ynn_fusion="dot,eltwise,reduce")),
     # finetune-transformer-lm train.py: opt.py's Adam (`adam='gpt'`) at 6.25e-5, warmup_linear
@@ -1279,14 +1285,15 @@ def finetune_recipe(text_to_text: bool, task_kind: str, objective: str = "") -> 
   return "extractive_qa" if qa else "encoder"
 
 
-def resolve_finetune(config: ml_collections.ConfigDict, recipe: str,
-                     hidden: int = 0) -> ml_collections.ConfigDict:
+def resolve_finetune(config: ml_collections.ConfigDict, recipe: str, hidden: int = 0,
+                     dropout: float | None = None) -> ml_collections.ConfigDict:
   """A copy of the fine-tuning `config` with every field left None set from the `recipe`'s
   defaults (`finetune_recipe`; FINETUNE_RUNLOCAL's first with finetune.runlocal; an ELECTRA
   recipe's by the encoder's width `hidden`, ELECTRA_FINETUNE_BY_WIDTH, and by the task,
   ELECTRA_FINETUNE_BY_TASK; the method's, FINETUNE_METHOD_DEFAULTS), the optimizer's other
   fields from its name's (FINETUNE_OPTIMIZERS_DEFAULTS: an AdamW asked of a T5 gets AdamW's),
-  then validated. A field given a value keeps it."""
+  then validated. A field given a value keeps it. `dropout`, the pre-trained model's
+  `model.dropout`, is finetune.dropout's where the recipe sets none."""
   resolved = ml_collections.ConfigDict(config.to_dict())
   layers = [FINETUNE_RUNLOCAL[recipe]] if config.finetune.runlocal else []
   if recipe.startswith("electra"):
@@ -1294,6 +1301,8 @@ def resolve_finetune(config: ml_collections.ConfigDict, recipe: str,
     layers.append(ELECTRA_FINETUNE_BY_TASK.get(config.finetune.task, {}))
   layers.append(FINETUNE_METHOD_DEFAULTS.get(config.finetune.method, {}))
   layers.append(FINETUNE_DEFAULTS[recipe])
+  if dropout is not None:
+    layers.append(dict(finetune=dict(dropout=dropout)))
   for layer in layers:
     for section, values in layer.items():
       for key, value in values.items():
@@ -1315,6 +1324,8 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
   f, t, o = c.finetune, c.train, c.optimizer
   validate_tracking(t)
   check_fields(c, {key: FIELD_RULES[key] for key in ("train.wandb_mode", "train.cpu_ynn_fusion")})
+  if f.dropout is not None and not 0 <= f.dropout < 1:
+    raise ConfigError(f"finetune.dropout={f.dropout} must be in [0, 1); 0.1 is BERT's and T5's.")
   if f.method not in FINETUNE_METHODS:
     raise ConfigError(f"finetune.method={f.method!r}; choose one of {FINETUNE_METHODS}.")
   if f.features not in FINETUNE_FEATURES:

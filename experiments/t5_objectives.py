@@ -154,12 +154,13 @@ SCALES = {
     # Wikipedia sample alone, or 400 fine-tuning steps, left the floor level with ★.
     "cpu": dict(config_arg="runlocal", batch_size=32, seq_len=64, pretrain_steps=1200,
                 warmup_steps=100, peak_lr=0.02, eval_every=300,
-                # The committed cpu records ran before the bucket tables took mesh-tf's init
-                # and a prefix LM its bidirectional buckets: this scale keeps HF's init and
-                # t5x's causal buckets (configs/t5.py's defaults are the paper code's).
+                # The committed cpu records ran before the bucket tables took mesh-tf's init,
+                # a prefix LM its bidirectional buckets and fine-tuning t5x's dropout 0.1: this
+                # scale keeps HF's init, t5x's causal buckets and the pre-training's dropout 0
+                # in fine-tuning (configs/t5.py's defaults are the paper code's).
                 model=dict(vocab_size=4224, dropout=0.0, relpos_bias_init="normal",
                            prefix_lm_buckets="causal"), tokenizer=dict(vocab_size=4000),
-                data=dict(wordnet_glosses=True),
+                data=dict(wordnet_glosses=True), finetune_dropout=0.0,
                 finetune_steps=100, finetune_batch=32, finetune_lr=1e-2,
                 finetune_inputs=64, finetune_targets=32, finetune_train=4000,
                 finetune_eval=2000),
@@ -254,12 +255,13 @@ def row_targets(config) -> np.ndarray:
 
 def finetune_config(init_config, task: text_tasks.TextTask, scale: dict, seed: int):
   """The resolved text-to-text fine-tuning config of `task` at the scale's size: T5's recipe
-  (Adafactor at a constant rate, greedy decoding) for `finetune_steps` updates."""
+  (Adafactor at a constant rate, dropout 0.1 unless the scale pins `finetune_dropout`, greedy
+  decoding) for `finetune_steps` updates."""
   config = config_lib.finetune_config()
   config.seed = seed
   config.optimizer.peak_lr = scale["finetune_lr"]
   config.finetune.update(
-      task=task.name, max_seq_len=scale["finetune_inputs"],
+      task=task.name, max_seq_len=scale["finetune_inputs"], dropout=scale.get("finetune_dropout"),
       targets_length=min(task.max_target_tokens, scale["finetune_targets"]),
       max_train_examples=scale["finetune_train"] or 0,
       max_eval_examples=scale["finetune_eval"] or 0)
@@ -425,7 +427,8 @@ def setup_text(scale_name: str, scale: dict) -> str:
           f"Wikipedia sample{' and the glosses of WordNet’s training synsets' if glosses else ''}"
           f"), then each task fine-tunes "
           f"{scale['finetune_steps']} steps × {scale['finetune_batch']} at "
-          f"{scale['finetune_lr']} on {scale['finetune_train'] or 'all'} training examples and "
+          f"{scale['finetune_lr']} (dropout {scale.get('finetune_dropout', 0.1)}) on "
+          f"{scale['finetune_train'] or 'all'} training examples and "
           f"is scored on {scale['finetune_eval'] or 'all'} validation examples (greedy decoding).")
 
 

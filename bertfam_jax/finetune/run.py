@@ -62,11 +62,14 @@ LABEL_KEYS = ("label", "labels", "label_weights", "start_position", "end_positio
 
 
 def model_config(init_model: ml_collections.ConfigDict, ft) -> ml_collections.ConfigDict:
-  """The pre-trained `model` section with the fine-tuning changes: adapters when
-  `method='adapters'`; Q, K and V projected one by one when quantizing (the fused matmul would
+  """The pre-trained `model` section with the fine-tuning changes: `model.dropout` from
+  `finetune.dropout` (T5: every dropout; an encoder's attention_dropout stays its own); adapters
+  when `method='adapters'`; Q, K and V projected one by one when quantizing (the fused matmul would
   bypass the projections quantize.py intercepts; the same values either way), and no FP8 matmuls
   then (Q8BERT's int8 fake quantization replaces those matmuls)."""
   m = ml_collections.ConfigDict(init_model.to_dict())
+  if ft.dropout is not None:
+    m.dropout = ft.dropout
   if ft.method == "adapters":
     m.adapter_size = ft.adapter_size
   if ft.get("quantize"):
@@ -383,8 +386,9 @@ def resolved_config(config, init_config, *, tokenizer_path: str = ""
   seq2seq_run = text_to_text(config.finetune.task, init_config)
   task_kind = "" if seq2seq_run else tasks.get(config.finetune.task).kind
   recipe = config_lib.finetune_recipe(seq2seq_run, task_kind, init_config.objective.name)
-  resolved = config_lib.resolve_finetune(config, recipe, hidden=init_config.model.hidden)
-  resolved.model = model_config(init_config.model, config.finetune)
+  resolved = config_lib.resolve_finetune(config, recipe, hidden=init_config.model.hidden,
+                                         dropout=init_config.model.dropout)
+  resolved.model = model_config(init_config.model, resolved.finetune)
   resolved.tokenizer = ml_collections.ConfigDict(init_config.tokenizer.to_dict())
   if tokenizer_path:
     resolved.tokenizer.model_path = tokenizer_path

@@ -37,6 +37,19 @@ def test_rows_are_the_papers_and_every_paper_row_has_its_numbers():
   assert set(shown) == set(names) and shown.count(t5x.BASELINE) == 3
 
 
+def test_cpu_scale_fine_tunes_at_its_records_dropout_and_gpu_at_t5xs(configs):
+  """The cpu records fine-tuned at the pre-training's dropout 0; the gpu scale takes the text-to-
+  text recipe's 0.1 (t5x finetune.gin)."""
+  from bertfam_jax.finetune import text_tasks  # pylint: disable=import-outside-toplevel
+  task = text_tasks.get(t5x.TASKS[0][1])
+  init = configs[t5x.BASELINE]
+  cpu = t5x.finetune_config(init, task, SCALE, seed=0)
+  gpu = t5x.finetune_config(init, task, t5x.SCALES["gpu"], seed=0)
+  assert (cpu.finetune.dropout, cpu.model.dropout) == (0.0, 0.0)
+  assert (gpu.finetune.dropout, gpu.model.dropout) == (0.1, 0.1)
+  assert "(dropout 0.0)" in t5x.setup_text("cpu", t5x.SCALES["cpu"])
+
+
 def test_rows_differ_only_in_objective(configs):
   def rest(c):
     d = c.to_dict()

@@ -115,6 +115,20 @@ def test_runlocal_comes_first_and_given_values_are_kept():
       cl.resolve_finetune(config, "text_to_text"), "text_to_text").to_dict()   # idempotent
 
 
+def test_dropout_is_t5s_01_for_text_to_text_and_the_models_own_elsewhere():
+  """t5x's finetune.gin re-enables dropout 0.1 whatever pre-training used (v1.1: 0); the encoder
+  recipes keep the pre-trained model's; a value given keeps it; [0, 1) only."""
+  config = load("task=glue/mrpc,init=x")
+  assert cl.resolve_finetune(config, "text_to_text", dropout=0.0).finetune.dropout == 0.1
+  assert cl.resolve_finetune(config, "encoder", dropout=0.2).finetune.dropout == 0.2
+  assert cl.resolve_finetune(config, "electra", hidden=256, dropout=0.1).finetune.dropout == 0.1
+  config.finetune.dropout = 0.0
+  assert cl.resolve_finetune(config, "text_to_text", dropout=0.0).finetune.dropout == 0.0
+  config.finetune.dropout = 1.0
+  with pytest.raises(ConfigError, match=r"finetune.dropout=1.0 must be in \[0, 1\)"):
+    cl.resolve_finetune(config, "encoder", dropout=0.1)
+
+
 def test_the_optimizers_defaults_follow_its_name():
   config = load("task=glue/mrpc,init=x")
   config.optimizer.name = "adamw"
@@ -170,3 +184,18 @@ def test_the_run_reads_the_family_from_the_pre_trained_config():
   bert = cl.load_config(os.path.join(_REPO, "configs", "bert.py"), "size=base")
   resolved = run.resolved_config(load("task=wordnet_supersense,init=x"), bert)
   assert (resolved.finetune.layer_decay, resolved.optimizer.peak_lr) == (1.0, 5e-5)
+
+
+def test_a_t5_v11_fine_tunes_with_dropout_and_an_encoder_keeps_its_own():
+  """The run's model section takes finetune.dropout: T5 v1.1 (pre-trained at 0) fine-tunes at
+  t5x's 0.1; a BERT pre-trained at 0.2 keeps 0.2."""
+  from bertfam_jax.finetune import run  # pylint: disable=import-outside-toplevel
+  t5 = cl.load_config(os.path.join(_REPO, "configs", "t5.py"), "size=small,version=1.1")
+  assert t5.model.dropout == 0.0
+  resolved = run.resolved_config(load("task=wordnet_supersense_t2t,init=x"), t5)
+  assert resolved.finetune.dropout == resolved.model.dropout == 0.1
+  bert = cl.load_config(os.path.join(_REPO, "configs", "bert.py"), "size=base")
+  bert.model.dropout = 0.2
+  resolved = run.resolved_config(load("task=wordnet_supersense,init=x"), bert)
+  assert resolved.finetune.dropout == resolved.model.dropout == 0.2
+  assert resolved.model.attention_dropout == 0.1

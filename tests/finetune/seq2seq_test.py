@@ -189,9 +189,11 @@ def init_config(model_config, tokenizer_path=""):
 
 def copy_config(model_config, **finetune):
   """A resolved fine-tuning config of the copy task: 400 steps of 32, Adafactor at 0.01 (after
-  300 steps one of the 12 validation copies still swaps two words)."""
+  300 steps one of the 12 validation copies still swaps two words), no dropout (the recipe's 0.1
+  leaves the last steps' token accuracy at 98.7%)."""
   config = config_lib.finetune_config()
-  config.finetune.update(dict(task="copy", max_seq_len=10, targets_length=8), **finetune)
+  config.finetune.update(dict(task="copy", max_seq_len=10, targets_length=8, dropout=0.0),
+                         **finetune)
   config.optimizer.peak_lr = 1e-2
   config.train.update(batch_size=32, eval_batch_size=12, total_steps=400, log_every=100)
   config.mesh.update(data=1)
