@@ -156,7 +156,7 @@ def make_features(config, tokenizer):
       mask_style="bert", mask_scheme="token", mask_rate=o.mask_rate,
       max_predictions=o.max_predictions, replace_per="token", random_tokens="uniform",
       mask_token_prob=o.mask_token_prob, random_token_prob=o.random_token_prob, sbo=False,
-      word_shuffle_rate=0.0))
+      word_shuffle_rate=0.0, mask_per_segment=False))
   return functools.partial(
       masked_rows, features=functools.partial(
           mlm.mlm_features, config=masking, vocab_size=config.model.vocab_size,

@@ -354,14 +354,26 @@ def _run_steps(config, batches, devices=None):
   return losses, jax.device_get(state.params)
 
 
+# What falls on a fixed batch: the detection loss (ELECTRA), the MLM head's loss (Replace /
+# All-Tokens MLM). ELECTRA 15%'s detection loss on the masked tokens alone does not: as the
+# generator learns the batch, its samples there turn into the originals, so the labels it scores
+# move (its loss stays level, 1.0-1.2× the first steps'); its generator's does.
+LEARNING_KEY = dict(electra="discriminator_loss", electra_15="generator_mlm_loss",
+                    replace_mlm="mlm_loss", all_tokens_mlm="mlm_loss")
+
+
 @pytest.mark.parametrize("variant", electra.VARIANTS)
 def test_each_variant_learns_one_batch(variant):
+  """40 steps at 5e-3 (at 1e-2, with ELECTRA's Glorot-uniform embeddings_project, Replace MLM's
+  loss oscillates around 0.65-0.8 of its start)."""
   config = tiny_config(variant)
   config.model.update(dropout=0.0, attention_dropout=0.0)
+  config.optimizer.peak_lr = 5e-3
   metrics, _ = _run_steps(config, [features(config)] * 40, jax.devices()[:1])
-  key = "discriminator_loss" if variant.startswith("electra") else "mlm_loss"
-  assert metrics[-1][key] < 0.7 * metrics[0][key], [m[key] for m in metrics]
+  losses = [m[LEARNING_KEY[variant]] for m in metrics]
+  assert np.mean(losses[-5:]) < 0.5 * losses[0], losses
   assert metrics[-1]["generator_mlm_loss"] < metrics[0]["generator_mlm_loss"]
+  assert all(np.isfinite(value) for m in metrics for value in m.values())
 
 
 def test_sharded_step_equals_single_device():
