@@ -1109,8 +1109,8 @@ def finetune_config() -> ml_collections.ConfigDict:
       doc_stride=_DEFAULT(int),           # extractive QA windows (run_squad.py)
       max_query_len=_DEFAULT(int),
       dropout=_DEFAULT(float),            # model.dropout while fine-tuning: the recipe's (T5
-                                          # text-to-text 0.1, t5x finetune.gin), else the
-                                          # pre-trained model's own
+                                          # text-to-text 0.1, t5x finetune.gin's DROPOUT_RATE),
+                                          # else the pre-trained model's own
       max_answer_len=30,
       n_best=20,
       null_threshold=0.0,      # SQuAD 2.0: predict no answer when null − best > threshold
@@ -1207,7 +1207,8 @@ FINETUNE_DEFAULTS = {
                                                epochs=2.0)),
     "text_to_text": dict(_ENCODER, optimizer=dict(name="adafactor", peak_lr=1e-3),
                          # Dropout 0.1 whatever pre-training used (v1.1: 0), as t5x's
-                         # finetune.gin ("dropout should be re-enabled during fine-tuning").
+                         # finetune.gin (DROPOUT_RATE = 0.1; released_checkpoints.md: "dropout
+                         # should be re-enabled during fine-tuning").
                          finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=3.0,
                                        dropout=0.1),
                          # A T5's step on a CPU: as configs/t5.py's (docs/results.md).

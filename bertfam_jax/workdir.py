@@ -56,9 +56,10 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 # positions before `56b4376`, GPT dropped its summed embeddings before its table dropout, GPT-2
 # was initialised as every model before its own initialisation (these two touch only a fresh
 # start, but the model section is compared whole), T5's bucket tables were HF's normal draw and a
-# prefix LM's buckets causal before `fd6e7b2`, and ALBERT's text went in cased before `d917a0d`
+# prefix LM's buckets causal before `fd6e7b2`, ALBERT's text went in cased before `d917a0d`
 # (`tokenizer.normalize`, where `read_config` fills nothing: the tokenizer reads its absence as
-# ''). A saved
+# ''), SpanBERT's pairs were masked as one row before `0dab57f`, and ELECTRA's bare dense layers
+# were BERT's truncated normal and its task heads pooled before `f7baf54`. A saved
 # config lacking the field matches only this value, and `read_config` gives it that value where
 # the family's defaults hold the field. (DistilBERT runs saved in the hour between
 # `56b4376` and `a6cc996` hold `model.freeze_positions`, a field gone since: they are refused
@@ -186,14 +187,21 @@ def check_config(workdir: str, saved: dict, config, compare_tokenizer_path: bool
     changes = "; ".join(f"{key}: {was} → {now!r}" for key, was, now, _ in diffs[:5])
     if len(diffs) > 5:
       changes += f"; and {len(diffs) - 5} more"
-    # Flags can restore a field the current config has; a pre-training's set them all.
-    flags = [f"--config.{key}={_flag_value(value)}" for key, _, now, value in diffs
-             if _flag_value(value) is not None and now is not None]
+    # Flags can restore a field the current config has; a pre-training's set them all, a
+    # fine-tuning's only those of _FINETUNE_FLAGS (the rest of its model comes from its init).
+    names = ({key: key for key, *_ in diffs} if "data" in config else _FINETUNE_FLAGS)
+    flags = [f"--config.{names[key]}={_flag_value(value)}" for key, _, now, value in diffs
+             if key in names and _flag_value(value) is not None and now is not None]
     fix = "pass the original settings to resume it"
-    if "data" in config and len(flags) == len(diffs) <= 5:
+    if len(flags) == len(diffs) <= 5:
       fix += f" ({' '.join(flags)})"
     raise ConfigError(f"{workdir} holds a run with a different model/objective/tokenizer "
                       f"({changes}). Use a new --workdir, or {fix}.")
+
+
+# The model fields a fine-tuning sets itself, and the flag that does (finetune/run.py
+# model_config): a T5 fine-tuning saved before `0a99431` kept its init's dropout.
+_FINETUNE_FLAGS = {"model.dropout": "finetune.dropout"}
 
 
 def _flag_value(value) -> str | None:

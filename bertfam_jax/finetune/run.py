@@ -108,7 +108,7 @@ def transfer_pretrained(fresh, pretrained, *, reuse_pooler: bool):
       sep="/")
   pooler = pretrained.get("sentence_head", {}).get("pooler")
   for head in ("classification_head", "choice_head"):
-    if reuse_pooler and pooler is not None and head in merged:
+    if reuse_pooler and pooler is not None and "pooler" in merged.get(head, {}):
       merged[head] = dict(merged[head], pooler=jax.tree.map(jnp.asarray, pooler))
   return merged
 

@@ -24,11 +24,14 @@ def _pooler(c, dtype):
                   bias_init=layers.zeros_init(("embed_out",)), name="pooler")
 
 
-def _classifier(c, dtype, features: int, in_axis: str):
-  """The task's output layer: dense → `features` (`layers.bare_dense_init`: BERT's truncated
-  normal, ELECTRA's Glorot-uniform), bias 0."""
+def _classifier(c, dtype, features: int, in_axis: str, *, bare: bool = True):
+  """The task's output layer: dense → `features`, bias 0; its kernel `layers.bare_dense_init`
+  (BERT's truncated normal, ELECTRA's Glorot-uniform), or with `bare=False` BERT's truncated
+  normal always (the NSP / SOP layer, which BERT and ALBERT initialise themselves)."""
+  kernel_axes = (in_axis, None)
   return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32,
-                  kernel_init=layers.bare_dense_init(c, (in_axis, None)),
+                  kernel_init=(layers.bare_dense_init(c, kernel_axes) if bare else
+                               layers.param_init(c.initializer_range, kernel_axes)),
                   bias_init=layers.zeros_init((None,)), name="classifier")
 
 
@@ -69,7 +72,7 @@ class SentenceHead(nn.Module):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     pooled_BD = nn.tanh(_pooler(c, dtype)(x_BLD[:, 0]))
-    return _classifier(c, dtype, self.num_classes, "embed_out")(pooled_BD)
+    return _classifier(c, dtype, self.num_classes, "embed_out", bare=False)(pooled_BD)
 
 
 class SpanBoundaryHead(nn.Module):

@@ -185,8 +185,8 @@ def _select_per_segment(o, real, maskable, segment_ids, word_start, params, rng)
   Args:
     real: [n, L] bool, non-padding tokens; maskable, word_start: [n, L] bool.
     segment_ids: [n, L] int, 0 for the first segment.
-    params: the selector's keyword arguments; an [n, L] array among them (unit_ids) is repeated
-      for every segment.
+    params: the selector's keyword arguments; an [n, L] array among them (unit_ids) keeps, in
+      each segment's row, that segment's entries (0 elsewhere: no unit outside the segment).
   """
   n, length = maskable.shape
   in_segment = segment_ids[None] == np.arange(segment_ids.max(initial=0) + 1)[:, None, None]
@@ -199,7 +199,8 @@ def _select_per_segment(o, real, maskable, segment_ids, word_start, params, rng)
   budget = budget.reshape(-1, n)
   spent_before = np.cumsum(budget, axis=0) - budget
   budget = np.clip(o.max_predictions - spent_before, 0, budget).reshape(-1)
-  params = {k: per_segment(v) if isinstance(v, np.ndarray) and v.shape == (n, length) else v
+  params = {k: np.where(in_segment, v, 0).reshape(-1, length)
+            if isinstance(v, np.ndarray) and v.shape == (n, length) else v
             for k, v in params.items()}
   chosen = noise.SELECTORS[o.mask_scheme](segment_maskable, per_segment(word_start), budget,
                                           rng, **params)

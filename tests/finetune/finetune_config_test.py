@@ -199,3 +199,22 @@ def test_a_t5_v11_fine_tunes_with_dropout_and_an_encoder_keeps_its_own():
   resolved = run.resolved_config(load("task=wordnet_supersense,init=x"), bert)
   assert resolved.finetune.dropout == resolved.model.dropout == 0.2
   assert resolved.model.attention_dropout == 0.1
+
+
+def test_a_fine_tuning_saved_at_another_dropout_is_refused_with_the_flag_that_restores_it():
+  """A T5 fine-tuning saved before finetune.dropout kept its init's 0; resuming it now (0.1) is
+  refused, and the message names --config.finetune.dropout=0.0; another model change offers no
+  flag (a fine-tuning's model comes from its init)."""
+  import json  # pylint: disable=import-outside-toplevel
+  from bertfam_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from bertfam_jax.finetune import run  # pylint: disable=import-outside-toplevel
+  t5 = cl.load_config(os.path.join(_REPO, "configs", "t5.py"), "size=small,version=1.1")
+  resolved = run.resolved_config(load("task=wordnet_supersense_t2t,init=x"), t5)
+  saved = json.loads(resolved.to_json())
+  saved["model"]["dropout"] = 0.0
+  with pytest.raises(ConfigError, match=r"model.dropout: 0.0 → 0.1.*--config.finetune.dropout=0.0"):
+    workdir_lib.check_config("/runs/ft", saved, resolved)
+  saved["model"]["layers"] = 3
+  with pytest.raises(ConfigError) as refused:
+    workdir_lib.check_config("/runs/ft", saved, resolved)
+  assert "--config" not in str(refused.value)

@@ -162,6 +162,28 @@ def test_spanbert_pairs_mask_each_segment_on_its_own(cache_dir, documents):
     np.testing.assert_array_equal(per_segment[key], joint[key], err_msg=key)
 
 
+def test_per_segment_units_stay_in_their_segment():
+  """Units (entities / noun phrases) with per-segment masking: each segment's row sees only its
+  own units, and draws its own budget from them."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  o = ml_collections.ConfigDict(dict(mask_style="spanbert", mask_rate=0.3, max_predictions=8,
+                                     mask_scheme="units"))
+  ids = np.array([[2, 5, 6, 7, 8, 9, 3, 10, 11, 12, 13, 14, 15, 3, 0, 0]] * 2)
+  real = ids > 0
+  maskable = real & ~np.isin(ids, [2, 3])
+  segment_ids = np.where(np.arange(16) >= 7, 1, 0)[None].repeat(2, 0) * real
+  unit_ids = np.zeros_like(ids)
+  unit_ids[:, 2:4], unit_ids[:, 8:10] = 1, 2   # one two-word unit in A, one in B
+  for seed in range(5):
+    chosen = mlm._select_per_segment(o, real, maskable, segment_ids, maskable,
+                                     dict(unit_ids=unit_ids, unit_prob=1.0),
+                                     np.random.default_rng(seed))
+    # ⌈0.3 · 5⌉ = 2 in A, ⌈0.3 · 6⌉ = 2 in B: with unit_prob 1 each segment takes its unit.
+    np.testing.assert_array_equal(chosen[:, 2:4], True)
+    np.testing.assert_array_equal(chosen[:, 8:10], True)
+    assert chosen.sum() == 8
+
+
 def test_sbo_head_shapes_and_loss_decreases():
   """A tiny SpanBERT learns its boundary task: SBO loss falls on a fixed batch."""
   config = config_lib.base_config()
