@@ -113,6 +113,6 @@ def test_qat_loss_returns_the_updated_ranges(classifier):
 def test_quantizing_drops_fused_qkv_and_fp8_which_bypass_the_interceptor(quantize):
   """Q8BERT's fake quantization intercepts each projection and dense layer: fine-tuning with it
   projects Q, K and V one by one and leaves FP8 off; without it both stay as pre-trained."""
-  ft = ml_collections.ConfigDict(dict(method="full", quantize=quantize))
+  ft = ml_collections.ConfigDict(dict(method="full", quantize=quantize, dropout=None))
   m = run.model_config(tiny.encoder(fused_qkv=True, fp8_matmuls=True, dtype="bfloat16"), ft)
   assert (m.fused_qkv, m.fp8_matmuls) == (not quantize, not quantize)
