@@ -260,9 +260,13 @@ def encoder(size: str, *, sizes=ENCODER_SIZES, **overrides) -> ml_collections.Co
       layer_norm_eps=1e-12,
       activation="gelu_tanh",  # TF BERT uses the tanh approximation; fairseq/HF use exact 'gelu'
       initializer_range=0.02,
+      weight_init="truncated_normal",  # how σ-initializer_range weights are drawn
+                               # (layers.normal_weights): truncated_normal (TF BERT, cut at 2σ)
+                               # | normal (uncut: fairseq, PyTorch BERT, OpenAI GPT)
       # Dense layers the reference builds without an initializer (models/layers.py
-      # bare_dense_init): truncated_normal (BERT gives every layer one) | glorot_uniform (TF's
-      # default: ELECTRA's embeddings_project, detector output and task classifiers).
+      # bare_dense_init): truncated_normal (the model's weight_init: BERT gives every layer one)
+      # | glorot_uniform (TF's default: ELECTRA's embeddings_project, detector output and task
+      # classifiers).
       bare_dense_init="truncated_normal",
       classifier_pooler=True,  # classification / regression read tanh(dense(first token)) (BERT);
                                # False: the first token's state itself (ELECTRA)
@@ -483,12 +487,12 @@ def gpt_model(size: str, version: int = 1, **overrides) -> ml_collections.Config
   positions, 50,257 tokens, dropout on the summed embeddings (HF GPT2Model's placement; GPT-2's
   released code is inference only), positions initialised at σ 0.01 (model.py's `wpe`) and the
   residual projections at 0.02/√(2 · layers) (§2.3, as HF's GPT2 `c_proj`; model.py keeps
-  0.02)."""
+  0.02). Both draw every weight from an uncut normal (`random_normal_initializer`)."""
   if version not in (1, 2):
     raise ConfigError(f"GPT version {version!r}; choose 1 or 2.")
   m = encoder(size, sizes=GPT_SIZES, vocab_size=40478 if version == 1 else 50257,
               max_positions=512 if version == 1 else 1024, type_vocab_size=0,
-              layer_norm_eps=1e-5, activation="gelu_tanh")
+              layer_norm_eps=1e-5, activation="gelu_tanh", weight_init="normal")
   m.update(causal=True, pre_layer_norm=version == 2, embedding_layer_norm=False,
            embedding_dropout="table" if version == 1 else "output")
   if version == 2:   # GPT-2's initialisation: model.py's wpe N(0, 0.01); §2.3's 1/√N residuals
@@ -578,6 +582,7 @@ def xlnet_model(size: str, **overrides) -> ml_collections.ConfigDict:
       dropout_bits=32,
       layer_norm_eps=1e-12,
       initializer_range=0.02,
+      weight_init="normal",  # its task heads; modeling.py's _get_initializer: random_normal
       bare_dense_init="truncated_normal",  # the task classifier (heads._classifier)
       classifier_pooler=True,  # summarize_sequence's use_proj: a tanh dense on <cls>
       untie_r=True,
@@ -884,6 +889,7 @@ FIELD_RULES = {
     "model.embedding_dropout": ("output", "table"),
     "model.position_initializer_range": AT_LEAST_0,
     "model.scale_residual_init": (False, True),
+    "model.weight_init": ("truncated_normal", "normal"),
     "model.bare_dense_init": ("truncated_normal", "glorot_uniform"),
     "model.classifier_pooler": (False, True),
     "model.share_encoder_decoder": (False, True),

@@ -68,7 +68,8 @@ _ABSENT_MEANS = {"objective.decoder_sees_masked": True, "objective.freeze_positi
                  "objective.mask_per_segment": False,
                  "model.embedding_dropout": "output", "model.position_initializer_range": 0.0,
                  "model.scale_residual_init": False, "model.relpos_bias_init": "normal",
-                 "model.prefix_lm_buckets": "causal", "model.bare_dense_init": "truncated_normal",
+                 "model.prefix_lm_buckets": "causal", "model.weight_init": "truncated_normal",
+                 "model.bare_dense_init": "truncated_normal",
                  "model.classifier_pooler": True, "tokenizer.normalize": ""}
 
 

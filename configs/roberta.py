@@ -24,8 +24,9 @@ from bertfam_jax import config_lib as cl
 def get_config(arg=None):
   arg = cl.parse_arg(arg, size="base")
   config = cl.base_config()
+  # fairseq's init_bert_params: every weight N(0, 0.02), uncut.
   config.model = cl.encoder(arg.size, vocab_size=50265, activation="gelu", layer_norm_eps=1e-5,
-                            type_vocab_size=1)
+                            type_vocab_size=1, weight_init="normal")
   # fairseq's probabilistic rounding asks for at most int(0.15 * 512 + 1) = 77 predictions.
   config.objective = cl.mlm_objective(mask_style="fairseq", masking="dynamic", sentence_task="",
                                       max_predictions=80)

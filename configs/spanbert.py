@@ -27,8 +27,9 @@ def get_config(arg=None):
   arg = cl.parse_arg(arg, size="base")
   config = cl.base_config()
   # BERT's architecture with fairseq's exact GELU; the released models use the cased WordPiece
-  # vocabulary of 28,996 (we train a SentencePiece model of that size).
-  config.model = cl.encoder(arg.size, vocab_size=28996, activation="gelu")
+  # vocabulary of 28,996 (we train a SentencePiece model of that size). pair_bert.py's
+  # init_bert_weights draws every weight N(0, 0.02), uncut.
+  config.model = cl.encoder(arg.size, vocab_size=28996, activation="gelu", weight_init="normal")
   config.objective = cl.mlm_objective(
       mask_style="spanbert", mask_scheme="span", span_p=0.2, span_max_words=10,
       replace_per="span", random_tokens="unigram", masking="dynamic", sentence_task="",

@@ -38,7 +38,8 @@ def get_config(arg=None):
   else:
     teacher_model = cl.encoder("base")
   config.model = ml_collections.ConfigDict(teacher_model.to_dict())
-  config.model.update(layers=4, hidden=312, mlp=1200)
+  # TinyBertForPreTraining.from_scratch: PyTorch BERT's init_bert_weights, N(0, 0.02) uncut.
+  config.model.update(layers=4, hidden=312, mlp=1200, weight_init="normal")
   config.objective = ml_collections.ConfigDict(dict(
       name="tinybert",
       teacher=arg.teacher,

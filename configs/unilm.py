@@ -25,8 +25,10 @@ from bertfam_jax.objectives import unilm
 def get_config(arg=None):
   arg = cl.parse_arg(arg, size="large")
   config = cl.base_config()
+  # Its PyTorch BERT's init_bert_weights draws every weight N(0, 0.02), uncut (the paper starts
+  # from BERT-large; a run from scratch draws as its code would).
   config.model = cl.encoder(arg.size, vocab_size=28996, activation="gelu_tanh",
-                            type_vocab_size=unilm.NUM_TOKEN_TYPES)
+                            type_vocab_size=unilm.NUM_TOKEN_TYPES, weight_init="normal")
   config.objective = cl.unilm_objective(max_predictions=80)
   config.data.update(source="tfds", tfds_name="wikipedia/20230601.en", train_split="train[:99%]",
                      eval_split="train[99%:]", seq_len=512, packing="sentence_pairs",

@@ -46,7 +46,7 @@ class Electra(nn.Module):
       c = self.config
       self.copy_gate = nn.Dense(
           1, dtype=jnp.dtype(c.dtype), param_dtype=jnp.float32,
-          kernel_init=layers.param_init(c.initializer_range, ("embed", None)),
+          kernel_init=layers.weight_init(c, ("embed", None)),
           bias_init=layers.zeros_init((None,)))
 
   def generate(self, input_ids, input_mask, segment_ids, mlm_positions, *, deterministic: bool):

@@ -127,12 +127,13 @@ class TransformerLayer(nn.Module):
               dtype=dtype, dropout_bits=c.dropout_bits, causal=c.get("causal", False),
               fused_qkv=c.get("fused_qkv", False), fp8_matmuls=c.get("fp8_matmuls", False),
               output_initializer_range=residual_initializer_range(c),
-              name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
+              weight_init=c.weight_init, name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
           deterministic)
     if self.sublayers != "attention":
       x_BLD = _residual(c, x_BLD, "output_ln", "ffn_adapter", layers.MLP(
           c.mlp, c.activation, c.initializer_range, dtype, c.get("fp8_matmuls", False),
-          output_initializer_range=residual_initializer_range(c), name="mlp"), deterministic)
+          output_initializer_range=residual_initializer_range(c), weight_init=c.weight_init,
+          name="mlp"), deterministic)
     return x_BLD
 
 
@@ -196,14 +197,17 @@ class Encoder(nn.Module):
                      else (c.hidden, "embed"))
       self.word_embeddings = layers.Embedding(c.vocab_size, width, c.initializer_range, dtype,
                                               features_axis=axis,
-                                              rows_multiple=c.get("vocab_multiple", 1))
+                                              rows_multiple=c.get("vocab_multiple", 1),
+                                              weight_init=c.weight_init)
       self.position_embeddings = layers.Embedding(c.max_positions, width,
                                                   c.get("position_initializer_range", 0.0)
                                                   or c.initializer_range,
-                                                  rows_axis="positions", features_axis=axis)
+                                                  rows_axis="positions", features_axis=axis,
+                                                  weight_init=c.weight_init)
       if c.type_vocab_size:
         self.type_embeddings = layers.Embedding(c.type_vocab_size, width, c.initializer_range,
-                                                rows_axis="types", features_axis=axis)
+                                                rows_axis="types", features_axis=axis,
+                                                weight_init=c.weight_init)
       if c.get("embedding_layer_norm", True):
         self.embeddings_ln = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=axis)
     self.embeddings_dropout = layers.Dropout(c.dropout, c.dropout_bits)

@@ -20,7 +20,7 @@ def gather_positions(x_BLD, positions_BP):
 def _pooler(c, dtype):
   """BERT's pooler dense H→H (modeling.py); callers apply it to the first token, then tanh."""
   return nn.Dense(c.hidden, dtype=dtype, param_dtype=jnp.float32,
-                  kernel_init=layers.param_init(c.initializer_range, ("embed", "embed_out")),
+                  kernel_init=layers.weight_init(c, ("embed", "embed_out")),
                   bias_init=layers.zeros_init(("embed_out",)), name="pooler")
 
 
@@ -31,7 +31,7 @@ def _classifier(c, dtype, features: int, in_axis: str, *, bare: bool = True):
   kernel_axes = (in_axis, None)
   return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32,
                   kernel_init=(layers.bare_dense_init(c, kernel_axes) if bare else
-                               layers.param_init(c.initializer_range, kernel_axes)),
+                               layers.weight_init(c, kernel_axes)),
                   bias_init=layers.zeros_init((None,)), name="classifier")
 
 
@@ -53,7 +53,7 @@ class MLMHead(nn.Module):
     width, axis = encoder.tied_head_features(c)
     h_BPD = gather_positions(x_BLD, positions_BP)
     h_BPE = nn.Dense(width, dtype=dtype, param_dtype=jnp.float32,
-                     kernel_init=layers.param_init(c.initializer_range, ("embed", axis)),
+                     kernel_init=layers.weight_init(c, ("embed", axis)),
                      bias_init=layers.zeros_init((axis,)), name="transform")(h_BPD)
     h_BPE = layers.activation_fn(c.activation)(h_BPE)
     h_BPE = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=axis, name="transform_ln")(h_BPE)
@@ -98,13 +98,13 @@ class SpanBoundaryHead(nn.Module):
     ends_BPD = ends_BPD.reshape(batch, predictions, 2 * c.hidden)
     offsets_BPO = layers.Embedding(self.max_targets, self.position_size, c.initializer_range,
                                    dtype, rows_axis="positions", features_axis=None,
-                                   name="offset_embeddings")(offsets_BP)
+                                   weight_init=c.weight_init, name="offset_embeddings")(offsets_BP)
     h = jnp.concatenate([ends_BPD, offsets_BPO.astype(ends_BPD.dtype)], axis=-1)
     width, axis = encoder.tied_head_features(c)
     for name, features, out_axis in (("transform_1", c.hidden, "embed_out"),
                                      ("transform_2", width, axis)):
       h = nn.Dense(features, dtype=dtype, param_dtype=jnp.float32,
-                   kernel_init=layers.param_init(c.initializer_range, (None, out_axis)),
+                   kernel_init=layers.weight_init(c, (None, out_axis)),
                    bias_init=layers.zeros_init((out_axis,)), name=name)(h)
       h = layers.activation_fn(c.activation)(h)
       h = layers.LayerNorm(c.layer_norm_eps, dtype, axis_name=out_axis, name=f"{name}_ln")(h)
@@ -123,7 +123,7 @@ class ReplacedTokenHead(nn.Module):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     h_BLD = nn.Dense(c.hidden, dtype=dtype, param_dtype=jnp.float32,
-                     kernel_init=layers.param_init(c.initializer_range, ("embed", "embed_out")),
+                     kernel_init=layers.weight_init(c, ("embed", "embed_out")),
                      bias_init=layers.zeros_init(("embed_out",)), name="transform")(x_BLD)
     h_BLD = layers.activation_fn(c.activation)(h_BLD)
     return nn.Dense(1, dtype=dtype, param_dtype=jnp.float32,

@@ -23,24 +23,45 @@ Dtype = Any
 SCORES = "attention_scores"
 
 
-def truncated_normal(stddev: float):
-  """BERT's create_initializer: normal with σ=stddev truncated at 2σ (TF's truncated_normal)."""
+# `model.weight_init`: how every weight drawn at σ `initializer_range` is drawn.
+WEIGHT_INITS = ("truncated_normal", "normal")
+
+
+def normal_weights(stddev: float, distribution: str = "truncated_normal"):
+  """Weights of σ `stddev` (`model.weight_init`):
+  - 'truncated_normal': BERT's `create_initializer`, TF's truncated_normal, cut at 2σ (so its
+    std is 0.88σ). Also ALBERT's and ELECTRA's (their BERT modeling code).
+  - 'normal': N(0, σ²) uncut. fairseq's `init_bert_params` (RoBERTa), PyTorch BERT's
+    `init_bert_weights` (SpanBERT's pair_bert.py, UniLM, TinyBERT), OpenAI GPT's
+    `random_normal_initializer`."""
+  if distribution not in WEIGHT_INITS:
+    raise ValueError(f"model.weight_init={distribution!r}: one of {WEIGHT_INITS}")
+  if distribution == "normal":
+    return nn.initializers.normal(stddev)
   return nn.initializers.truncated_normal(stddev=stddev)
 
 
-def param_init(stddev: float, axes: tuple[str | None, ...]):
-  return nn.with_logical_partitioning(truncated_normal(stddev), axes)
+def param_init(stddev: float, axes: tuple[str | None, ...],
+               distribution: str = "truncated_normal"):
+  return nn.with_logical_partitioning(normal_weights(stddev, distribution), axes)
+
+
+def weight_init(c, axes: tuple[str | None, ...], stddev: float = 0.0):
+  """A weight of the `model` section `c` at σ `stddev` (0: `c.initializer_range`), drawn as
+  `c.weight_init` says."""
+  return param_init(stddev or c.initializer_range, axes, c.weight_init)
 
 
 def bare_dense_init(c, axes: tuple[str | None, ...]):
   """The kernel init of a dense layer that the reference builds without an initializer
-  (`model.bare_dense_init`): 'truncated_normal' (BERT's `create_initializer`, σ
-  `initializer_range`, which BERT passes to every layer) or 'glorot_uniform' (TF's default for
-  `tf.layers.dense`: ELECTRA's embeddings_project, its detector's output unit and its task
-  classifiers)."""
+  (`model.bare_dense_init`): 'truncated_normal' (the init of every other weight: σ
+  `initializer_range`, drawn as `model.weight_init` says; BERT passes `create_initializer` to
+  every layer, fairseq and PyTorch BERT initialise every Linear alike) or 'glorot_uniform' (TF's
+  default for `tf.layers.dense`: ELECTRA's embeddings_project, its detector's output unit and its
+  task classifiers)."""
   if c.bare_dense_init == "glorot_uniform":
     return nn.with_logical_partitioning(nn.initializers.glorot_uniform(), axes)
-  return param_init(c.initializer_range, axes)
+  return weight_init(c, axes)
 
 
 def zeros_init(axes: tuple[str | None, ...]):
@@ -89,10 +110,12 @@ class Embedding(nn.Module):
   rows_axis: str = "vocab"  # logical name of the rows: vocab, positions or types
   features_axis: str | None = "embed"  # 'embed_factor' for ALBERT's factorised tables
   rows_multiple: int = 1
+  weight_init: str = "truncated_normal"  # `model.weight_init`
 
   def setup(self):
     self.embedding = self.param(
-        "embedding", param_init(self.initializer_range, (self.rows_axis, self.features_axis)),
+        "embedding", param_init(self.initializer_range, (self.rows_axis, self.features_axis),
+                                self.weight_init),
         (padded_rows(self.num_embeddings, self.rows_multiple), self.features), jnp.float32)
 
   def _table(self, dropout=None):
@@ -138,10 +161,12 @@ class HeadProjection(nn.Module):
   initializer_range: float
   dtype: Dtype = jnp.float32
   fp8_matmuls: bool = False  # the matmul in FP8 (models/fp8.py)
+  weight_init: str = "truncated_normal"  # `model.weight_init`
 
   @nn.compact
   def __call__(self, x):
-    kernel = self.param("kernel", param_init(self.initializer_range, self.kernel_axes),
+    kernel = self.param("kernel", param_init(self.initializer_range, self.kernel_axes,
+                                             self.weight_init),
                         self.kernel_shape, jnp.float32)
     bias = self.param("bias", zeros_init(self.bias_axes), self.bias_shape, jnp.float32)
     y = einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype), self.fp8_matmuls)
@@ -247,6 +272,7 @@ class SelfAttention(nn.Module):
   fused_qkv: bool = False  # Q, K and V in one matmul (`project_together`): the same values
   fp8_matmuls: bool = False  # the four projections in FP8 (models/fp8.py)
   output_initializer_range: float = 0.0  # the output projection's (0: initializer_range; GPT-2)
+  weight_init: str = "truncated_normal"  # `model.weight_init`
 
   @nn.compact
   def __call__(self, x_BLD, mask_B11L, *, deterministic: bool, decode: bool = False):
@@ -263,7 +289,7 @@ class SelfAttention(nn.Module):
     projections = [HeadProjection("bld,dnh->blnh", qkv_shape, qkv_axes,
                                   (self.heads, self.head_dim), ("heads", "kv"),
                                   self.initializer_range, self.dtype, self.fp8_matmuls,
-                                  name=name)
+                                  self.weight_init, name=name)
                    for name in ("query", "key", "value")]
     if self.fused_qkv and not self.is_initializing():  # `init` creates them by calling each
       weights = [nn.meta.unbox(p.variables["params"]) for p in projections]
@@ -298,7 +324,8 @@ class SelfAttention(nn.Module):
     return HeadProjection("blnh,nhd->bld", (self.heads, self.head_dim, embed),
                           ("heads", "kv", "embed"), (embed,), ("embed",),
                           self.output_initializer_range or self.initializer_range,
-                          self.dtype, self.fp8_matmuls, name="output")(out_BLNH)
+                          self.dtype, self.fp8_matmuls, self.weight_init,
+                          name="output")(out_BLNH)
 
   def _create_cache(self, k_BLNH, v_BLNH):
     """The zero caches, as long as the first decode call: [batch, max_length, heads, kv]."""
@@ -355,6 +382,7 @@ class MLP(nn.Module):
   dtype: Dtype = jnp.float32
   fp8_matmuls: bool = False  # both matmuls in FP8 (models/fp8.py)
   output_initializer_range: float = 0.0  # the output dense's (0: initializer_range; GPT-2)
+  weight_init: str = "truncated_normal"  # `model.weight_init`
 
   @nn.compact
   def __call__(self, x_BLD):
@@ -362,14 +390,14 @@ class MLP(nn.Module):
                               dot_general=fp8.dot_general(self.fp8_matmuls))
     h_BLF = dense(
         self.mlp_dim,
-        kernel_init=param_init(self.initializer_range, ("embed", "mlp")),
+        kernel_init=param_init(self.initializer_range, ("embed", "mlp"), self.weight_init),
         bias_init=zeros_init(("mlp",)), name="intermediate")(x_BLD)
     h_BLF = nn.with_logical_constraint(activation_fn(self.activation)(h_BLF),
                                        ("batch", "length", "act_mlp"))
     return dense(
         x_BLD.shape[-1],
         kernel_init=param_init(self.output_initializer_range or self.initializer_range,
-                               ("mlp", "embed")),
+                               ("mlp", "embed"), self.weight_init),
         bias_init=zeros_init(("embed",)), name="output")(h_BLF)
 
 

@@ -108,8 +108,7 @@ def fit_dense(student_config, teacher_hidden: int) -> nn.Dense:
   """TinyBERT's `fit_dense`: a learned student-hidden → `teacher_hidden` projection with bias,
   [..., hidden] → [..., teacher hidden] (TinyBertForPreTraining builds it whatever the widths)."""
   return nn.Dense(teacher_hidden, dtype=jnp.dtype(student_config.dtype), param_dtype=jnp.float32,
-                  kernel_init=layers.param_init(student_config.initializer_range,
-                                                ("embed", "embed_out")),
+                  kernel_init=layers.weight_init(student_config, ("embed", "embed_out")),
                   bias_init=layers.zeros_init(("embed_out",)))
 
 

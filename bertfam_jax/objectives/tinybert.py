@@ -58,7 +58,8 @@ FIELD_RULES = {
 # What a TinyBERT student may set apart from its teacher: its size (width, depth, feed-forward)
 # and how it computes. Heads must match (the attention scores are compared head by head), and
 # the vocabulary, positions and token types (both read the same rows).
-_STUDENT_OWN = distillation.STUDENT_COMPUTE + ("layers", "hidden", "mlp", "initializer_range")
+_STUDENT_OWN = distillation.STUDENT_COMPUTE + ("layers", "hidden", "mlp", "initializer_range",
+                                               "weight_init")
 
 
 def build_model(config):

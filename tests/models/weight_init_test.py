@@ -1,0 +1,89 @@
+"""Each paper's weights are drawn as its reference code draws them (`model.weight_init`):
+
+- TF's truncated normal, cut at 2σ, in google-research/bert's `create_initializer` (BERT,
+  StructBERT; ALBERT and ELECTRA run that code);
+- an uncut N(0, σ²) in fairseq's `init_bert_params` (RoBERTa), PyTorch BERT's `init_bert_weights`
+  (SpanBERT's pair_bert.py, UniLM, TinyBERT's `from_scratch` student), OpenAI GPT's
+  `random_normal_initializer` and XLNet's `_get_initializer`.
+
+The check is statistical, on every weight matrix the objective's network draws at σ 0.02. There
+are ~10⁴-10⁵ values per model. A truncated draw has none beyond 2σ and a std of 0.88σ. An uncut
+draw has 4.55% of its values beyond 2σ and a std of σ.
+"""
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bertfam_jax import config_lib
+from bertfam_jax import objectives
+from bertfam_jax.models import layers
+from tests.helpers import tiny
+
+SIGMA = 0.02
+# ELECTRA's Glorot-uniform layers (model.bare_dense_init), drawn at another scale.
+GLOROT = ("embeddings_projection", "rtd_head/prediction")
+
+
+def _tiny_config(paper: str):
+  """`configs/<paper>.py:runlocal` with its model at the suite's tiny size, `heads` kept where
+  the paper ties it to a teacher (TinyBERT)."""
+  config = config_lib.load_config(f"configs/{paper}.py", "runlocal")
+  if paper != "tinybert":
+    config.model.update(tiny.SIZE)
+  return config
+
+
+def _drawn_weights(config) -> dict[str, np.ndarray]:
+  """Every matrix of the objective's `params` drawn at σ 0.02 (not LayerNorm, not a bias, not a
+  Glorot layer), flattened, by its path."""
+  objective = objectives.get(config.objective.name)
+  model = objective.build_model(config)
+  params = jax.jit(lambda: nn.meta.unbox(model.init(
+      jax.random.key(0), **objectives.init_inputs(objective, config),
+      deterministic=True)))()["params"]
+  drawn = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    if np.ndim(leaf) >= 2 and not any(g in name for g in GLOROT) and "_ln" not in name:
+      drawn[name] = np.asarray(leaf).ravel()
+  return drawn
+
+
+@pytest.mark.parametrize("paper, weight_init", [
+    ("bert", "truncated_normal"), ("structbert", "truncated_normal"),
+    ("albert", "truncated_normal"), ("electra", "truncated_normal"),
+    ("roberta", "normal"), ("spanbert", "normal"), ("unilm", "normal"), ("gpt", "normal"),
+    ("tinybert", "normal"), ("xlnet", "normal"),
+])
+def test_each_paper_draws_its_weights_as_its_reference(paper, weight_init):
+  config = _tiny_config(paper)
+  assert config.model.weight_init == weight_init
+  drawn = _drawn_weights(config)
+  w = np.concatenate(list(drawn.values()))
+  assert w.size > 10_000
+  beyond = np.mean(np.abs(w) > 2 * SIGMA)
+  if weight_init == "normal":
+    assert 0.035 < beyond < 0.056 and w.std() == pytest.approx(SIGMA, rel=0.04)
+    # No layer keeps a truncated draw of its own: each matrix of ≥ 400 values reaches past 2σ
+    # (an uncut draw fails that with probability 0.9545⁴⁰⁰ < 10⁻⁸).
+    cut = [name for name, v in drawn.items() if v.size >= 400 and np.abs(v).max() <= 2 * SIGMA]
+    assert not cut
+  else:
+    assert beyond == 0 and w.std() == pytest.approx(0.88 * SIGMA, rel=0.04)
+
+
+def test_the_setting_reaches_every_layer_both_ways():
+  """SpanBERT (uncut by default) with `truncated_normal` draws every σ-0.02 matrix truncated:
+  embeddings, Q / K / V / output, FFN, the MLM transform and the span-boundary head alike."""
+  config = _tiny_config("spanbert")
+  config.model.weight_init = "truncated_normal"
+  drawn = _drawn_weights(config)
+  assert any("offset_embeddings" in name for name in drawn)
+  assert max(np.abs(v).max() for v in drawn.values()) <= 2 * SIGMA
+
+
+def test_an_unknown_distribution_is_refused():
+  with pytest.raises(ValueError, match="model.weight_init"):
+    layers.normal_weights(SIGMA, "uniform")
