@@ -183,6 +183,8 @@ def check_config(workdir: str, saved: dict, config, compare_tokenizer_path: bool
   for key, value in _ABSENT_MEANS.items():
     section, field = key.split(".")
     defaults[section] = dict(defaults.get(section) or {}, **{field: value})
+  # A distillation's teacher is a `model` section: a field it lacks meant what a model's did.
+  defaults["objective"] = dict(defaults.get("objective") or {}, teacher_model=defaults["model"])
   diffs = _diff(identity(saved), identity(current), defaults)
   if diffs:
     changes = "; ".join(f"{key}: {was} → {now!r}" for key, was, now, _ in diffs[:5])

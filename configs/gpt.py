@@ -10,8 +10,8 @@ Adam (0.9, 0.999, ε 1e-8) with decoupled L2 0.01 on weight matrices, clipping a
 warmed up over 2,000 updates then cosine-annealed to 0; 64 rows of 512 contiguous tokens, 100
 epochs of BooksCorpus. The tokenizer is a SentencePiece BPE of the
 paper's 40,000 merges' size trained on the corpus (GPT's ftfy + spaCy BPE needs a download),
-with an `<eod>` piece closing each document. Weights are initialised from a normal truncated at
-2σ (the reference's is untruncated), as every family here; GPT-2's positions at σ 0.01 and its
+with an `<eod>` piece closing each document. Weights are drawn from an uncut N(0, 0.02), as the
+reference's `random_normal_initializer` (`model.weight_init`); GPT-2's positions at σ 0.01 and its
 residual projections at 0.02/√(2·layers) (docs/gpt.md).
 
   # The paper's model and optimizer on C4 (a prepared TFDS data_dir; see README "Data"), for

@@ -80,10 +80,12 @@ SCALES = {
                 finetune_train=4000, finetune_eval=2000, finetune_seq_len=32,
                 finetune_epochs=3, finetune_lr=5e-4,
                 # The committed cpu records ran before configs/spanbert.py took the reference's
-                # per-segment masking, its schedule and its effective eps / clip: this scale keeps
-                # what they ran with (the gpu scale takes the reference's).
+                # per-segment masking, its schedule, its effective eps / clip and its uncut
+                # weight init: this scale keeps what they ran with (the gpu scale takes the
+                # reference's).
                 pinned={"objective.mask_per_segment": False, "optimizer.clip_norm": 1.0,
-                        "optimizer.eps": 1e-8, "optimizer.schedule": "linear_after_warmup"}),
+                        "optimizer.eps": 1e-8, "optimizer.schedule": "linear_after_warmup",
+                        "model.weight_init": "truncated_normal"}),
     # One H100 (not run yet: no GPU was lent to the session that built it): BERT-small (H256
     # L4) in bfloat16, 3,000 steps of 128 × 128 (49 M positions, ~10 passes over the corpus),
     # 20,000 training glosses; one command per seed.

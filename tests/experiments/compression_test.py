@@ -14,6 +14,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
+from bertfam_jax import config_lib  # noqa: E402
 from bertfam_jax import workdir as workdir_lib  # noqa: E402
 from experiments import common, compression  # noqa: E402
 from helpers import teachers  # noqa: E402
@@ -37,6 +38,11 @@ def test_students_follow_the_teacher(teacher):
     assert config.data.seq_len == 32 and config.model.vocab_size == 512
   assert (distil.model.layers, distil.model.hidden) == (1, 32)     # half the depth
   assert (tiny.model.layers, tiny.model.hidden, tiny.model.mlp) == (1, 16, 64)  # and width
+  # The records' student drew BERT's truncated init; configs/tinybert.py now draws its code's.
+  assert tiny.model.weight_init == "truncated_normal"
+  paper = os.path.join(compression.REPO, "configs", "tinybert.py")
+  assert config_lib.load_config(paper, "runlocal").model.weight_init == "normal"
+  assert "model.weight_init=truncated_normal" in compression.setup_text("cpu", scale)
   assert compression.teacher_config(scale).train.total_steps == scale["teacher_steps"]
 
 

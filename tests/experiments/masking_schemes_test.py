@@ -52,13 +52,15 @@ def test_rows_are_the_papers_ablation(configs):
 
 def test_cpu_scale_pins_what_its_records_ran_with_and_gpu_takes_the_reference(configs):
   """The cpu records ran with joint masking of the pair, fairseq's clip 1 / eps 1e-8 on the mean
-  loss and the decay over T − W; the gpu scale takes configs/spanbert.py's reference values."""
+  loss, the decay over T − W and BERT's truncated init; the gpu scale takes configs/spanbert.py's
+  reference values."""
   def setup(c):
     return (c.objective.mask_per_segment, c.optimizer.clip_norm, c.optimizer.eps,
-            c.optimizer.schedule)
-  assert setup(configs["Subword Tokens"]) == (False, 1.0, 1e-8, "linear_after_warmup")
+            c.optimizer.schedule, c.model.weight_init)
+  assert setup(configs["Subword Tokens"]) == (False, 1.0, 1e-8, "linear_after_warmup",
+                                              "truncated_normal")
   gpu = ms.pretrain_config(ms.SCALES["gpu"], dict(ms.ROWS)["Subword Tokens"], seed=0)
-  assert setup(gpu) == (True, 0.0, 6e-6, "linear_from_zero")
+  assert setup(gpu) == (True, 0.0, 6e-6, "linear_from_zero", "normal")
   assert "Pinned to what the records ran with" in ms.setup_text("cpu", ms.SCALES["cpu"])
   assert "Pinned" not in ms.setup_text("gpu", ms.SCALES["gpu"])
 

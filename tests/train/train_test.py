@@ -126,6 +126,8 @@ def test_a_workdir_from_before_a_new_field_resumes_while_it_holds_its_default(tm
     ("t5", "model.relpos_bias_init", "glorot_uniform", "normal"),  # before fd6e7b2
     ("t5", "model.prefix_lm_buckets", "bidirectional", "causal"),  # before fd6e7b2
     ("albert", "tokenizer.normalize", "albert", ""),             # before d917a0d
+    ("roberta", "model.weight_init", "normal", "truncated_normal"),  # before e834a29
+    ("spanbert", "model.weight_init", "normal", "truncated_normal"),  # before e834a29
 ])
 def test_a_field_whose_absence_meant_another_value_names_the_flag_that_resumes(
     tmp_path, family, key, now, then):
@@ -149,6 +151,26 @@ def test_a_field_whose_absence_meant_another_value_names_the_flag_that_resumes(
     assert workdir_lib.read_config(str(tmp_path))[section].get(field, then) == then
   config[section][field] = then
   workdir_lib.check_or_write_config(str(tmp_path), config)
+
+
+@pytest.mark.parametrize("family", ["distilbert", "tinybert"])
+def test_a_distillation_from_before_a_new_model_field_resumes(tmp_path, family):
+  """A student's config.json holds its teacher's `model` section under objective.teacher_model;
+  one written before a model field existed (ELECTRA's `bare_dense_init`, `classifier_pooler`;
+  `weight_init`) resumes while the teacher holds what the field's absence meant, and is refused,
+  naming the field, when it does not."""
+  config = cl.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "configs", f"{family}.py"), "runlocal")
+  saved = json.loads(config.to_json())
+  for field in ("bare_dense_init", "classifier_pooler", "weight_init"):
+    del saved["objective"]["teacher_model"][field]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  workdir_lib.check_or_write_config(str(tmp_path), config)
+  config.objective.teacher_model.bare_dense_init = "glorot_uniform"
+  with pytest.raises(ConfigError, match=re.escape(
+      "objective.teacher_model.bare_dense_init: absent ('truncated_normal': the run predates "
+      "the field) → 'glorot_uniform'")):
+    workdir_lib.check_or_write_config(str(tmp_path), config)
 
 
 def test_a_field_the_codebase_dropped_is_refused_without_a_flag(tmp_path):
