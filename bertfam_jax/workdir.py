@@ -59,7 +59,9 @@ _IDENTITY_SECTIONS = ("model", "objective", "tokenizer")
 # prefix LM's buckets causal before `fd6e7b2`, ALBERT's text went in cased before `d917a0d`
 # (`tokenizer.normalize`, where `read_config` fills nothing: the tokenizer reads its absence as
 # ''), SpanBERT's pairs were masked as one row before `0dab57f`, and ELECTRA's bare dense layers
-# were BERT's truncated normal and its task heads pooled before `f7baf54`. A saved
+# were BERT's truncated normal and its task heads pooled before `f7baf54`, and every family drew
+# BERT's truncated normal before `e834a29` (`model.weight_init`; also for a distillation's
+# `objective.teacher_model`, whose absent fields mean what a model's do). A saved
 # config lacking the field matches only this value, and `read_config` gives it that value where
 # the family's defaults hold the field. (DistilBERT runs saved in the hour between
 # `56b4376` and `a6cc996` hold `model.freeze_positions`, a field gone since: they are refused
@@ -186,6 +188,8 @@ def check_config(workdir: str, saved: dict, config, compare_tokenizer_path: bool
   # A distillation's teacher is a `model` section: a field it lacks meant what a model's did.
   defaults["objective"] = dict(defaults.get("objective") or {}, teacher_model=defaults["model"])
   diffs = _diff(identity(saved), identity(current), defaults)
+  if "data" not in config:   # a fine-tuning resumes its heads from its checkpoint
+    diffs = [d for d in diffs if d[0] not in _FRESH_DRAW_ONLY]
   if diffs:
     changes = "; ".join(f"{key}: {was} → {now!r}" for key, was, now, _ in diffs[:5])
     if len(diffs) > 5:
@@ -205,6 +209,10 @@ def check_config(workdir: str, saved: dict, config, compare_tokenizer_path: bool
 # The model fields a fine-tuning sets itself, and the flag that does (finetune/run.py
 # model_config): a T5 fine-tuning saved before `0a99431` kept its init's dropout.
 _FINETUNE_FLAGS = {"model.dropout": "finetune.dropout"}
+# The model fields that only say how a fine-tuning's fresh task heads are drawn: once it has a
+# checkpoint they change nothing, so a fine-tuning from a transformers checkpoint started before
+# the import set them (`f7baf54`: ELECTRA; `e834a29`: RoBERTa, GPT, XLNet) resumes.
+_FRESH_DRAW_ONLY = ("model.weight_init", "model.bare_dense_init")
 
 
 def _flag_value(value) -> str | None:

@@ -645,7 +645,9 @@ FAMILIES = {
             "Roberta", mapping.sentence_head_names("classifier.dense", "classifier.out_proj"),
             mapping.sentence_head_names("roberta.pooler.dense", "classifier")),
         defaults=dict(pad_token_id=1, bos_token_id=0, eos_token_id=2),
-        # Its fresh task heads drawn as fairseq's init_bert_params draws every weight.
+        # Its fresh task heads drawn as HF's RobertaPreTrainedModel._init_weights draws them,
+        # and fairseq's init_bert_params the network (its register_classification_head leaves
+        # torch's default Linear init: docs/faithfulness.md).
         model_from_hf=lambda hf: dict(weight_init="normal"),
         encoder=_bert_encoder("roberta"),
         objective=dict(mask_style="fairseq", masking="dynamic"),

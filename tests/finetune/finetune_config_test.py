@@ -218,3 +218,25 @@ def test_a_fine_tuning_saved_at_another_dropout_is_refused_with_the_flag_that_re
   with pytest.raises(ConfigError) as refused:
     workdir_lib.check_config("/runs/ft", saved, resolved)
   assert "--config" not in str(refused.value)
+
+
+def test_a_fine_tuning_resumes_whatever_its_fresh_heads_were_drawn_with():
+  """A fine-tuning of a transformers RoBERTa saved before the import drew its heads uncut (the
+  field absent: truncated) resumes: its heads come from its checkpoint. A pre-training, whose
+  config is the run's whole recipe, is still refused for it, with the flag."""
+  import json  # pylint: disable=import-outside-toplevel
+  from bertfam_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from bertfam_jax.finetune import run  # pylint: disable=import-outside-toplevel
+  roberta = cl.load_config(os.path.join(_REPO, "configs", "roberta.py"), "size=base")
+  resolved = run.resolved_config(load("task=wordnet_supersense,init=x"), roberta)
+  assert resolved.model.weight_init == "normal"
+  saved = json.loads(resolved.to_json())
+  del saved["model"]["weight_init"], saved["model"]["bare_dense_init"]
+  workdir_lib.check_config("/runs/ft", saved, resolved)
+  saved["model"]["layers"] = 3
+  with pytest.raises(ConfigError, match="model.layers"):
+    workdir_lib.check_config("/runs/ft", saved, resolved)
+  saved = json.loads(roberta.to_json())
+  del saved["model"]["weight_init"]
+  with pytest.raises(ConfigError, match=r"--config.model.weight_init=truncated_normal"):
+    workdir_lib.check_config("/runs/pt", saved, roberta)

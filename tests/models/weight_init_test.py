@@ -18,7 +18,7 @@ import pytest
 
 from bertfam_jax import config_lib
 from bertfam_jax import objectives
-from bertfam_jax.models import layers
+from bertfam_jax.models import finetune, layers
 from tests.helpers import tiny
 
 SIGMA = 0.02
@@ -87,3 +87,25 @@ def test_the_setting_reaches_every_layer_both_ways():
 def test_an_unknown_distribution_is_refused():
   with pytest.raises(ValueError, match="model.weight_init"):
     layers.normal_weights(SIGMA, "uniform")
+
+
+@pytest.mark.parametrize("model_config, weight_init", [
+    (tiny.encoder(), "truncated_normal"),
+    (tiny.encoder(weight_init="normal"), "normal"),   # RoBERTa's, an imported one's too
+    (tiny.xlnet(), "normal"),                          # modeling.py's _get_initializer
+])
+def test_fine_tuning_heads_draw_as_the_backbone_says(model_config, weight_init):
+  """The task head a fine-tuning adds (pooler or summary projection, classifier) draws as its
+  model section says: XLNet's classification_loss and summarize_sequence uncut, BERT's cut."""
+  assert model_config.weight_init == weight_init
+  model = finetune.FineTuneModel(model_config, "classification", 16,
+                                 backbone=finetune.backbone_for(model_config))
+  ids = np.zeros((2, 8), np.int32)
+  params = jax.jit(lambda: nn.meta.unbox(model.init(
+      jax.random.key(0), ids, np.ones_like(ids), ids, deterministic=True)))()["params"]
+  head = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+          if path[0].key != "encoder" and np.ndim(leaf) == 2}
+  assert len(head) == 2 and all(w.size >= 512 for w in head.values())   # [32, 32], [32, 16]
+  for w in head.values():
+    assert (np.abs(w).max() > 2 * SIGMA) == (weight_init == "normal")
