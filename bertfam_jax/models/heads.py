@@ -26,8 +26,8 @@ def _pooler(c, dtype):
 
 def _classifier(c, dtype, features: int, in_axis: str, *, bare: bool = True):
   """The task's output layer: dense → `features`, bias 0; its kernel `layers.bare_dense_init`
-  (BERT's truncated normal, ELECTRA's Glorot-uniform), or with `bare=False` BERT's truncated
-  normal always (the NSP / SOP layer, which BERT and ALBERT initialise themselves)."""
+  (the model's `weight_init`, or ELECTRA's Glorot-uniform), or with `bare=False` the model's
+  `weight_init` always (the NSP / SOP layer, which BERT and ALBERT initialise themselves)."""
   kernel_axes = (in_axis, None)
   return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32,
                   kernel_init=(layers.bare_dense_init(c, kernel_axes) if bare else
