@@ -127,7 +127,8 @@ class TransformerLayer(nn.Module):
               dtype=dtype, dropout_bits=c.dropout_bits, causal=c.get("causal", False),
               fused_qkv=c.get("fused_qkv", False), fp8_matmuls=c.get("fp8_matmuls", False),
               output_initializer_range=residual_initializer_range(c),
-              weight_init=c.weight_init, name="attention")(h, mask_B11L, deterministic=deterministic, decode=decode)),
+              weight_init=c.weight_init, name="attention")(
+                  h, mask_B11L, deterministic=deterministic, decode=decode)),
           deterministic)
     if self.sublayers != "attention":
       x_BLD = _residual(c, x_BLD, "output_ln", "ffn_adapter", layers.MLP(

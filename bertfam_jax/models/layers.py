@@ -46,10 +46,10 @@ def param_init(stddev: float, axes: tuple[str | None, ...],
   return nn.with_logical_partitioning(normal_weights(stddev, distribution), axes)
 
 
-def weight_init(c, axes: tuple[str | None, ...], stddev: float = 0.0):
-  """A weight of the `model` section `c` at σ `stddev` (0: `c.initializer_range`), drawn as
-  `c.weight_init` says."""
-  return param_init(stddev or c.initializer_range, axes, c.weight_init)
+def weight_init(c, axes: tuple[str | None, ...]):
+  """A weight of the `model` section `c` at σ `c.initializer_range`, drawn as `c.weight_init`
+  says."""
+  return param_init(c.initializer_range, axes, c.weight_init)
 
 
 def bare_dense_init(c, axes: tuple[str | None, ...]):
