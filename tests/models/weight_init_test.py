@@ -11,6 +11,8 @@ are ~10⁴-10⁵ values per model. A truncated draw has none beyond 2σ and a st
 draw has 4.55% of its values beyond 2σ and a std of σ.
 """
 
+import os
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -19,8 +21,9 @@ import pytest
 from bertfam_jax import config_lib
 from bertfam_jax import objectives
 from bertfam_jax.models import finetune, layers
-from tests.helpers import tiny
+from helpers import tiny
 
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIGMA = 0.02
 # ELECTRA's Glorot-uniform layers (model.bare_dense_init), drawn at another scale.
 GLOROT = ("embeddings_projection", "rtd_head/prediction")
@@ -29,10 +32,16 @@ GLOROT = ("embeddings_projection", "rtd_head/prediction")
 def _tiny_config(paper: str):
   """`configs/<paper>.py:runlocal` with its model at the suite's tiny size, `heads` kept where
   the paper ties it to a teacher (TinyBERT)."""
-  config = config_lib.load_config(f"configs/{paper}.py", "runlocal")
+  config = config_lib.load_config(os.path.join(_REPO, "configs", f"{paper}.py"), "runlocal")
   if paper != "tinybert":
     config.model.update(tiny.SIZE)
   return config
+
+
+def _leaves_by_path(params) -> dict[str, np.ndarray]:
+  """{'a/b/kernel': value} of a parameter tree."""
+  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def _drawn_weights(config) -> dict[str, np.ndarray]:
@@ -43,12 +52,8 @@ def _drawn_weights(config) -> dict[str, np.ndarray]:
   params = jax.jit(lambda: nn.meta.unbox(model.init(
       jax.random.key(0), **objectives.init_inputs(objective, config),
       deterministic=True)))()["params"]
-  drawn = {}
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
-    if np.ndim(leaf) >= 2 and not any(g in name for g in GLOROT) and "_ln" not in name:
-      drawn[name] = np.asarray(leaf).ravel()
-  return drawn
+  return {name: leaf.ravel() for name, leaf in _leaves_by_path(params).items()
+          if leaf.ndim >= 2 and not any(g in name for g in GLOROT) and "_ln" not in name}
 
 
 @pytest.mark.parametrize("paper, weight_init", [
@@ -103,9 +108,8 @@ def test_fine_tuning_heads_draw_as_the_backbone_says(model_config, weight_init):
   ids = np.zeros((2, 8), np.int32)
   params = jax.jit(lambda: nn.meta.unbox(model.init(
       jax.random.key(0), ids, np.ones_like(ids), ids, deterministic=True)))()["params"]
-  head = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-          if path[0].key != "encoder" and np.ndim(leaf) == 2}
+  head = {name: leaf for name, leaf in _leaves_by_path(params).items()
+          if not name.startswith("encoder/") and leaf.ndim == 2}
   assert len(head) == 2 and all(w.size >= 512 for w in head.values())   # [32, 32], [32, 16]
   for w in head.values():
     assert (np.abs(w).max() > 2 * SIGMA) == (weight_init == "normal")
