@@ -633,6 +633,7 @@ def t5_objective(**overrides) -> ml_collections.ConfigDict:
       mask_random=0.0,                # BART: a span's <mask> is a random token instead
       z_loss=1e-4,                    # t5x's auxiliary z-loss (0 = off)
       loss_on_targets_only=True,      # decoder-only / prefix LM: loss on the targets (seqio)
+      decoder_sees_masked=True,       # False: cross-attention skips masked inputs (MASS)
       masking="dynamic",              # new noise every epoch (the pipeline's epoch mode)
   ))
   o.update(overrides)

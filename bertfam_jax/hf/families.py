@@ -300,7 +300,7 @@ def _t5_model_to_hf(family: Family, model, hf: dict) -> dict:
     raise ConfigError(f"model.architecture={model.architecture!r}: HF's "
                       "T5ForConditionalGeneration is an encoder–decoder, and decoder-only / "
                       "prefix-LM T5 runs have no HF class; export an encoder_decoder run.")
-  if model.get("share_encoder_decoder", False):
+  if model.share_encoder_decoder:
     raise ConfigError("model.share_encoder_decoder: HF's T5 has separate encoder and decoder "
                       "layers, so a T5 sharing them has no HF class.")
   return dict(

@@ -203,7 +203,7 @@ def validate(c) -> None:
                       "with a trainable position bias; set --config.model.attention_impl=xla.")
   if c.activation not in ("relu", "gelu_tanh", "gelu"):
     raise ConfigError(f"model.activation={c.activation!r}; choose relu, gelu_tanh or gelu.")
-  if c.get("share_encoder_decoder", False) and (
+  if c.share_encoder_decoder and (
       c.architecture != "encoder_decoder" or c.layers != c.decoder_layers):
     raise ConfigError(f"model.share_encoder_decoder runs the decoder's layers as the encoder: it "
                       f"needs architecture='encoder_decoder' (it is {c.architecture!r}) and "
@@ -241,9 +241,9 @@ class TokenEmbedding(layers.Embedding):
 def relpos_init(c):
   """The bucket table's init (`model.relpos_bias_init`): 'glorot_uniform', U(±√(6 / (buckets +
   heads))), mesh-tf's default for a variable created without an initializer and t5x's
-  variance_scaling(1, 'fan_avg', 'uniform'); or 'normal', HF's N(0, hidden^-1). A config saved
-  before the field existed meant 'normal'."""
-  if c.get("relpos_bias_init", "normal") == "normal":
+  variance_scaling(1, 'fan_avg', 'uniform'); or 'normal', HF's N(0, hidden^-1) (what a run saved
+  before the field existed drew: `workdir.read_config` gives it that value)."""
+  if c.relpos_bias_init == "normal":
     init = nn.initializers.normal(c.hidden ** -0.5)
   else:
     init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
@@ -298,8 +298,8 @@ class Attention(nn.Module):
                               jnp.float32)
                    for name, std in (("query", (hidden * c.head_dim) ** -0.5),
                                      ("key", hidden ** -0.5), ("value", hidden ** -0.5))]
-    fp8_matmuls = c.get("fp8_matmuls", False)
-    if c.get("fused_qkv", False) and kv_BKD is x_BQD:  # self-attention: one matmul
+    fp8_matmuls = c.fp8_matmuls
+    if c.fused_qkv and kv_BKD is x_BQD:  # self-attention: one matmul
       q_BQNH, k_BKNH, v_BKNH = layers.project_together(x_BQD, kernels_DNH, dtype=dtype,
                                                        fp8_matmuls=fp8_matmuls)
     else:
@@ -358,7 +358,7 @@ class MLP(nn.Module):
     c = self.config
     dense = functools.partial(nn.Dense, use_bias=False, dtype=jnp.dtype(c.dtype),
                               param_dtype=jnp.float32,
-                              dot_general=fp8.dot_general(c.get("fp8_matmuls", False)))
+                              dot_general=fp8.dot_general(c.fp8_matmuls))
     wi = lambda name: dense(  # noqa: E731
         c.mlp, kernel_init=normal_init(c.hidden ** -0.5, ("embed", "mlp")), name=name)(x_BLD)
     act = layers.activation_fn(c.activation)
@@ -481,10 +481,10 @@ class Encoder(nn.Module):
 def prefix_lm_bidirectional(c) -> bool:
   """Whether a decoder stack's buckets are bidirectional: a prefix LM's with
   `model.prefix_lm_buckets='bidirectional'` (mesh-tf, where input_full_attention makes the whole
-  stack bidirectional, for the targets' causal attention too; a config saved before the field
-  existed meant 'causal'); every other decoder's are causal."""
+  stack bidirectional, for the targets' causal attention too; a run saved before the field
+  existed had 'causal', which `workdir.read_config` gives it); every other decoder's are causal."""
   return (c.architecture == "prefix_lm"
-          and c.get("prefix_lm_buckets", "causal") == "bidirectional")
+          and c.prefix_lm_buckets == "bidirectional")
 
 
 class Decoder(nn.Module):
@@ -599,7 +599,7 @@ class T5(nn.Module):
     encoder_decoder = c.architecture == "encoder_decoder"
     self.decoder = Decoder(c, self.token_embedder, cross_attention=encoder_decoder)
     if encoder_decoder:
-      shared = c.get("share_encoder_decoder", False)
+      shared = c.share_encoder_decoder
       self.encoder = Encoder(c, self.token_embedder, self.decoder if shared else None)
 
   def __call__(self, input_ids, decoder_input_ids, input_segment_ids=None,

@@ -92,7 +92,7 @@ def validate(config) -> None:
   if config.tokenizer.kind == "sentencepiece" and config.tokenizer.extra_ids < 1 and (
       "sentinel" in o.inputs_encoding + o.targets_encoding):
     raise ConfigError("Sentinel encodings need sentinel ids: set --config.tokenizer.extra_ids=100.")
-  if not o.get("decoder_sees_masked", True):
+  if not o.decoder_sees_masked:
     if decoder_only(config):
       raise ConfigError("objective.decoder_sees_masked=False hides masked inputs from the "
                         "decoder's cross-attention, which a decoder-only model has not: set "
@@ -118,7 +118,7 @@ _ONE_MASK_ENCODINGS = frozenset({"noise_token_to_sentinel", "noise_token_to_sent
 
 def decoder_only(config) -> bool:
   """Whether the model is one decoder stack over inputs + targets (decoder_only, prefix_lm)."""
-  return config.model.get("architecture", "encoder_decoder") != "encoder_decoder"
+  return config.model.architecture != "encoder_decoder"
 
 
 def init_inputs(config) -> dict[str, jax.ShapeDtypeStruct]:
@@ -253,7 +253,7 @@ def noise_segments(tokens, lengths, sentence_start, rng: np.random.Generator, *,
   random_params = {
       "noise_token_to_random_token_or_sentinel": dict(random_prob=o.random_prob),
       "noise_token_to_sentinel_keep_or_random": dict(random_prob=o.random_prob,
-                                                     keep_prob=o.get("keep_prob", 0.1)),
+                                                     keep_prob=o.keep_prob),
   }.get(o.inputs_encoding, {})
   if "random" in o.inputs_encoding:
     random_params["num_reserved_tokens"] = num_reserved_tokens
@@ -299,11 +299,11 @@ def t5_features(segments, rng: np.random.Generator, *, config, inputs_length: in
     return packing.pack_decoder_only(
         inputs, input_lengths, targets, target_lengths, inputs_length=inputs_length,
         targets_length=config.targets_length, cut=cut, examples_per_row=examples_per_row,
-        loss_on_targets_only=config.get("loss_on_targets_only", True))
+        loss_on_targets_only=config.loss_on_targets_only)
   batch = packing.pack_seq2seq(inputs, input_lengths, targets, target_lengths,
                                inputs_length=inputs_length, targets_length=config.targets_length,
                                cut=cut, examples_per_row=examples_per_row)
-  if not config.get("decoder_sees_masked", True):
+  if not config.decoder_sees_masked:
     batch["cross_segment_ids"] = cross_segment_ids(batch, sentinel_start)
   return batch
 

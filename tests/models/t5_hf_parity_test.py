@@ -10,10 +10,10 @@ Needs torch and transformers (run with /tmp/venv_parity/bin/python); skipped wit
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
+from bertfam_jax import config_lib
 from bertfam_jax.hf import mapping
 from bertfam_jax.models import t5
 
@@ -28,14 +28,11 @@ INPUT_LENGTHS, TARGET_LENGTH = (16, 11), 9
 
 
 def our_config(version):
-  return ml_collections.ConfigDict(dict(
-      kind="t5", vocab_size=VOCAB, hidden=HIDDEN, layers=ENCODER_LAYERS,
-      decoder_layers=DECODER_LAYERS, heads=HEADS, head_dim=HEAD_DIM, mlp=MLP,
-      activation="relu" if version == "1.0" else "gelu_tanh", gated_mlp=version == "1.1",
-      dropout=0.0, dropout_bits=32, layer_norm_eps=1e-6, relative_buckets=BUCKETS,
-      relative_max_distance=MAX_DISTANCE, tie_embeddings=version == "1.0",
-      architecture="encoder_decoder", dtype="float32", attention_impl="", remat_policy="none",
-      scan_layers=False))
+  """configs' T5 of `version` at the test's size, without dropout (as the HF model in eval)."""
+  return config_lib.t5_model(
+      "small", version, vocab_size=VOCAB, hidden=HIDDEN, layers=ENCODER_LAYERS,
+      decoder_layers=DECODER_LAYERS, heads=HEADS, head_dim=HEAD_DIM, mlp=MLP, dropout=0.0,
+      relative_buckets=BUCKETS, relative_max_distance=MAX_DISTANCE)
 
 
 def hf_model(version):
