@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import fcntl
 import glob as glob_lib
 import os
 import shutil
@@ -136,6 +137,25 @@ def rmtree(path: str, ignore_errors: bool = True) -> None:
   with _package_named(path):
     if epath.Path(path).exists():
       epath.Path(path).rmtree()
+
+
+@contextlib.contextmanager
+def exclusive(path: str):
+  """Holds an exclusive lock on the local file PATH.lock while the block runs, so that processes
+  sharing a cache (a sweep's parallel jobs, test workers) build one entry once: the others wait,
+  then find it. Object stores have no locks: there the block runs unguarded (its writes are
+  atomic, `write_atomically`, so concurrent builders only repeat the work)."""
+  if is_remote(path):
+    yield
+    return
+  directory = os.path.dirname(path) or "."
+  os.makedirs(directory, exist_ok=True)
+  with builtins.open(f"{path}.lock", "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def write_atomically(path: str, data: bytes) -> None:

@@ -426,21 +426,28 @@ def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
         f"--config.tokenizer.model_path empty to train one on the corpus.")
   extra_ids = config.tokenizer.get("extra_ids", 0)
   normalize = config.tokenizer.get("normalize", "")
-  if fileio.exists(path):
-    tokenizer = Tokenizer.from_file(path, extra_ids, normalize)
-  else:
-    start = time.time()
-    sentences = [normalize_text(s, normalize)[0] for s in
-                 training_sentences(documents, config.tokenizer.train_max_sentences)]
-    proto = train_sentencepiece(sentences, num_pieces(config), config.tokenizer.model_type,
-                                user_symbols(config))
-    fileio.write_atomically(path, proto)
-    logging.info("Trained a %d-piece %s SentencePiece model on %d sentences in %.1f s: %s",
-                 num_pieces(config), config.tokenizer.model_type, len(sentences),
-                 time.time() - start, path)
-    tokenizer = Tokenizer(proto, extra_ids, normalize)
+  if not fileio.exists(path):
+    # One process trains; the others sharing the cache wait, then load what it wrote.
+    with fileio.exclusive(path):
+      if not fileio.exists(path):
+        _train_into(path, config, documents)
+  tokenizer = Tokenizer.from_file(path, extra_ids, normalize)
   _check_vocab(tokenizer, config, path)
   return tokenizer
+
+
+def _train_into(path: str, config: ml_collections.ConfigDict, documents: Sequence[str]) -> None:
+  """Trains the configured SentencePiece model on `documents` and writes it to `path`."""
+  start = time.time()
+  normalize = config.tokenizer.get("normalize", "")
+  sentences = [normalize_text(s, normalize)[0] for s in
+               training_sentences(documents, config.tokenizer.train_max_sentences)]
+  proto = train_sentencepiece(sentences, num_pieces(config), config.tokenizer.model_type,
+                              user_symbols(config))
+  fileio.write_atomically(path, proto)
+  logging.info("Trained a %d-piece %s SentencePiece model on %d sentences in %.1f s: %s",
+               num_pieces(config), config.tokenizer.model_type, len(sentences),
+               time.time() - start, path)
 
 
 def _load_hf(config: ml_collections.ConfigDict, workdir: str):

@@ -1,7 +1,9 @@
 """Tests for bertfam_jax.data.tokenizers: layout, round trip, training cache, errors."""
 
+import concurrent.futures
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -125,6 +127,26 @@ def test_cached_model_is_reused_not_retrained(config, documents, tokenizer, monk
   other = config.copy_and_resolve_references()
   other.model.vocab_size = VOCAB + 1
   assert tokenizers.cache_path(other) != path
+
+
+def test_concurrent_loads_train_once_and_share_the_model(config, documents, tmp_path, monkeypatch):
+  """Two loads of one uncached tokenizer at the same time (a sweep's parallel jobs, test workers
+  sharing a cache): one trains, the other waits for it and loads the same model."""
+  c = config.copy_and_resolve_references()
+  c.data.cache_dir = str(tmp_path / "cache")
+  trained, train = [], tokenizers.train_sentencepiece
+
+  def slow_train(*args):
+    trained.append(args[1])
+    time.sleep(0.5)   # long enough for the other thread to arrive while this one trains
+    return train(*args)
+  monkeypatch.setattr(tokenizers, "train_sentencepiece", slow_train)
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    loaded = list(pool.map(lambda _: tokenizers.load_or_train(c, documents), range(2)))
+  assert trained == [VOCAB]
+  assert loaded[0].model_proto == loaded[1].model_proto
+  name = os.path.basename(tokenizers.cache_path(c))
+  assert sorted(os.listdir(os.path.dirname(tokenizers.cache_path(c)))) == [name, name + ".lock"]
 
 
 def test_training_is_deterministic(documents):
