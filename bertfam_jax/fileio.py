@@ -148,8 +148,7 @@ def exclusive(path: str):
   if is_remote(path):
     yield
     return
-  directory = os.path.dirname(path) or "."
-  os.makedirs(directory, exist_ok=True)
+  makedirs(os.path.dirname(path) or ".")
   with builtins.open(f"{path}.lock", "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:

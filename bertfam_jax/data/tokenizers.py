@@ -430,16 +430,17 @@ def load_or_train(config: ml_collections.ConfigDict, documents: Sequence[str],
     # One process trains; the others sharing the cache wait, then load what it wrote.
     with fileio.exclusive(path):
       if not fileio.exists(path):
-        _train_into(path, config, documents)
+        _train_into(path, config, documents, normalize)
   tokenizer = Tokenizer.from_file(path, extra_ids, normalize)
   _check_vocab(tokenizer, config, path)
   return tokenizer
 
 
-def _train_into(path: str, config: ml_collections.ConfigDict, documents: Sequence[str]) -> None:
-  """Trains the configured SentencePiece model on `documents` and writes it to `path`."""
+def _train_into(path: str, config: ml_collections.ConfigDict, documents: Sequence[str],
+                normalize: str) -> None:
+  """Trains the configured SentencePiece model on `documents`, their text normalized as
+  `normalize` says, and writes it to `path`."""
   start = time.time()
-  normalize = config.tokenizer.get("normalize", "")
   sentences = [normalize_text(s, normalize)[0] for s in
                training_sentences(documents, config.tokenizer.train_max_sentences)]
   proto = train_sentencepiece(sentences, num_pieces(config), config.tokenizer.model_type,
