@@ -1085,6 +1085,7 @@ def effective_mask_rate(c: ml_collections.ConfigDict) -> float:
 
 FINETUNE_METHODS = ("full", "adapters")
 FINETUNE_FEATURES = ("last", "weighted_sum")
+FINETUNE_QA_HEADS = ("independent", "joint")
 LAYER_DECAY_STYLES = ("electra", "ulmfit")
 FINETUNE_OPTIMIZERS = ("adamw", "adafactor")
 
@@ -1119,8 +1120,14 @@ def finetune_config() -> ml_collections.ConfigDict:
                                           # text-to-text 0.1, t5x finetune.gin's DROPOUT_RATE),
                                           # else the pre-trained model's own
       max_answer_len=30,
-      n_best=20,
+      n_best=20,               # start and end candidates (the joint head: its beam, ELECTRA's
+                               # beam_size)
       null_threshold=0.0,      # SQuAD 2.0: predict no answer when null − best > threshold
+      qa_head=_DEFAULT(str),   # extractive QA: independent (run_squad.py: start and end apart)
+                               # | joint (ELECTRA's: the end given the start, a beam, and an
+                               # answerable classifier); the recipe's (ELECTRA: joint)
+      answerable_threshold=-2.75,  # joint, SQuAD 2.0: no answer when the example's least
+                                   # 'no answer' logit exceeds it (ELECTRA's qa_na_threshold)
       method="full",           # full | adapters (Houlsby: only adapters, LayerNorms, head)
       adapter_size=64,
       features="last",         # last | weighted_sum (ELMo's scalar mix of every layer)
@@ -1194,14 +1201,15 @@ def finetune_config() -> ml_collections.ConfigDict:
 # al. §3.1.4; t5x finetune.gin): Adafactor at a constant 0.001, 512 input tokens.
 # ELECTRA (configure_finetuning.py; the paper's Table 7): layer-wise decay 0.8 (large 0.9), lr by
 # size (small 3e-4 as Table 7, where configure_finetuning.py's default is 1e-4; base 1e-4, large
-# 5e-5), 3 epochs at 128 tokens, 10 for RTE and STS-B, SQuAD 2 epochs at 512.
+# 5e-5), 3 epochs at 128 tokens, 10 for RTE and STS-B, SQuAD 2 epochs at 512 with its joint QA
+# head (qa_tasks.py).
 # GPT (Radford et al. 2018 §4.1; finetune-transformer-lm train.py): lr 6.25e-5, batch 32, 3
 # epochs, warmup over 0.2% of the steps then linear decay, weight decay 0.01, clip 1, the
 # auxiliary LM loss at λ = 0.5.
 _ENCODER = dict(optimizer=dict(name="adamw", peak_lr=5e-5),
                 finetune=dict(max_seq_len=128, epochs=3.0, doc_stride=128, max_query_len=64,
                               max_train_examples=0, max_eval_examples=0, layer_decay=1.0,
-                              lm_coef=0.0),
+                              lm_coef=0.0, qa_head="independent"),
                 train=dict(total_steps=0, cpu_ynn_fusion=""))
 _ELECTRA = dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=1e-4),
                 finetune=dict(_ENCODER["finetune"], layer_decay=0.8))
@@ -1211,7 +1219,7 @@ FINETUNE_DEFAULTS = {
                           finetune=dict(_ENCODER["finetune"], max_seq_len=384, epochs=2.0)),
     "electra": _ELECTRA,
     "electra_qa": dict(_ELECTRA, finetune=dict(_ELECTRA["finetune"], max_seq_len=512,
-                                               epochs=2.0)),
+                                               epochs=2.0, qa_head="joint")),
     "text_to_text": dict(_ENCODER, optimizer=dict(name="adafactor", peak_lr=1e-3),
                          # Dropout 0.1 whatever pre-training used (v1.1: 0), as t5x's
                          # finetune.gin (DROPOUT_RATE = 0.1; released_checkpoints.md: "dropout
@@ -1338,6 +1346,11 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"finetune.method={f.method!r}; choose one of {FINETUNE_METHODS}.")
   if f.features not in FINETUNE_FEATURES:
     raise ConfigError(f"finetune.features={f.features!r}; choose one of {FINETUNE_FEATURES}.")
+  if f.qa_head not in FINETUNE_QA_HEADS:
+    raise ConfigError(f"finetune.qa_head={f.qa_head!r}; choose one of {FINETUNE_QA_HEADS}.")
+  if f.n_best < 1 or f.max_answer_len < 1:
+    raise ConfigError(f"finetune.n_best={f.n_best} and max_answer_len={f.max_answer_len} must be "
+                      f">= 1 (run_squad.py: 20 and 30).")
   mix_l2, mix_layer_norm = f.get("mix_l2", 0.0), f.get("mix_layer_norm", False)
   if mix_l2 < 0 or mix_layer_norm not in (True, False):
     raise ConfigError(f"finetune.mix_l2={mix_l2} must be >= 0 and mix_layer_norm="

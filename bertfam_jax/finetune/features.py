@@ -271,6 +271,9 @@ def qa_features(tokenizer, examples: Sequence[dict], seq_len: int = 384, doc_str
   Returns:
     input_ids, input_mask, segment_ids: [features, seq_len] int32;
     start_position, end_position, example_index: [features] int32;
+    is_impossible: [features] int32, the example's flag (ELECTRA's answerable classifier's
+      label: 0 also for a window of an answerable example that misses the answer, as
+      qa_tasks.py's featurize);
     token_offsets: [features, seq_len, 2] int32, the character [start, end) in the example's
       context of each context token, -1 elsewhere (question, specials, padding);
     token_is_max_context: [features, seq_len] bool, whether this feature is the token's
@@ -284,6 +287,7 @@ def qa_features(tokenizer, examples: Sequence[dict], seq_len: int = 384, doc_str
   contexts, context_offsets = tokenizer.encode_with_offsets([e["context"] for e in examples])
   example_index, windows_ids, context_starts, window_offsets, max_contexts, positions = (
       [] for _ in range(6))
+  impossible = []
   for index, (example, query, ids, offsets) in enumerate(
       zip(examples, queries, contexts, context_offsets)):
     offsets = np.asarray(offsets, np.int32).reshape(-1, 2)
@@ -294,6 +298,7 @@ def qa_features(tokenizer, examples: Sequence[dict], seq_len: int = 384, doc_str
     windows = doc_windows(len(ids), seq_len - len(prefix) - 1, doc_stride)
     for window_index, (start, length) in enumerate(windows):
       example_index.append(index)
+      impossible.append(bool(example.get("is_impossible")))
       windows_ids.append([*prefix, *ids[start:start + length], tokenizer.sep_id])
       context_starts.append(len(prefix))
       window_offsets.append(offsets[start:start + length])
@@ -311,7 +316,8 @@ def qa_features(tokenizer, examples: Sequence[dict], seq_len: int = 384, doc_str
     is_max_context[row, at:at + len(offsets)] = max_contexts[row]
   positions = np.asarray(positions, np.int32).reshape(-1, 2)
   return dict(inputs, start_position=positions[:, 0], end_position=positions[:, 1],
-              example_index=np.asarray(example_index, np.int32), token_offsets=token_offsets,
+              example_index=np.asarray(example_index, np.int32),
+              is_impossible=np.asarray(impossible, np.int32), token_offsets=token_offsets,
               token_is_max_context=is_max_context)
 
 
@@ -331,6 +337,24 @@ def _best_span(start_logits: np.ndarray, end_logits: np.ndarray, valid_start: np
   scores = np.where(ok, start_logits[s] + end_logits[e], -np.inf)
   i, j = np.unravel_index(np.argmax(scores), scores.shape)
   return float(scores[i, j]), int(starts[i]), int(ends[j])
+
+
+def _best_beam_span(start_top_log_probs: np.ndarray, start_top_index: np.ndarray,
+                    end_top_log_probs: np.ndarray, end_top_index: np.ndarray,
+                    valid_start: np.ndarray, valid_end: np.ndarray, max_answer_len: int
+                    ) -> tuple[float, int, int] | None:
+  """The best (score, start, end) of one feature among the joint head's beam (ELECTRA
+  qa_metrics.py `write_predictions` with joint_prediction): start i of the K kept and its end j
+  of the K kept, score start_top_log_probs[i] + end_top_log_probs[i, j], start a max-context
+  context token, end a context token, start <= end < start + max_answer_len; ties to the first
+  in beam order."""
+  s, e = start_top_index[:, None], end_top_index
+  ok = valid_start[s] & valid_end[e] & (e >= s) & (e - s + 1 <= max_answer_len)
+  if not ok.any():
+    return None
+  scores = np.where(ok, start_top_log_probs[:, None] + end_top_log_probs, -np.inf)
+  i, j = np.unravel_index(np.argmax(scores), scores.shape)
+  return float(scores[i, j]), int(s[i, 0]), int(e[i, j])
 
 
 def qa_predictions(start_logits, end_logits, features: dict[str, np.ndarray],
@@ -354,6 +378,41 @@ def qa_predictions(start_logits, end_logits, features: dict[str, np.ndarray],
     {example id: answer text}.
   """
   start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
+  return _answers(
+      features, examples,
+      lambda f, valid_start, valid_end: _best_span(start_logits[f], end_logits[f], valid_start,
+                                                   valid_end, n_best, max_answer_len),
+      null_scores=start_logits[:, 0] + end_logits[:, 0],
+      is_null=lambda null, best: version_2 and null - best > null_threshold)
+
+
+def joint_qa_predictions(outputs: dict[str, np.ndarray], features: dict[str, np.ndarray],
+                         examples: Sequence[dict], max_answer_len: int = 30,
+                         answerable_threshold: float = -2.75, version_2: bool = False
+                         ) -> dict[str, str]:
+  """ELECTRA qa_metrics.py `write_predictions` for its joint head (`heads.JointSpanHead`): the
+  best valid span of the beam over all the example's features (`_best_beam_span`); with
+  version_2 the answer is "" when the example's null score, the least answerable_logit (the
+  logit of 'no answer') over its features, exceeds `answerable_threshold` (ELECTRA's
+  qa_na_threshold, −2.75), whatever the span's score; "" too when no span is valid.
+
+  Args:
+    outputs: the joint head's prediction outputs for `features`, each [features, ...].
+  """
+  o = {k: np.asarray(v) for k, v in outputs.items()}
+  return _answers(
+      features, examples,
+      lambda f, valid_start, valid_end: _best_beam_span(
+          o["start_top_log_probs"][f], o["start_top_index"][f], o["end_top_log_probs"][f],
+          o["end_top_index"][f], valid_start, valid_end, max_answer_len),
+      null_scores=o["answerable_logit"],
+      is_null=lambda null, best: version_2 and null > answerable_threshold)
+
+
+def _answers(features, examples, best_span, null_scores, is_null) -> dict[str, str]:
+  """{example id: answer text}: for each example, the best `best_span(feature, valid_start,
+  valid_end)` (score, start, end) over its features (the first on ties) and the least of its
+  features' `null_scores`; "" when no span is valid or `is_null(null score, best score)`."""
   # Context tokens of at least one character: a bare SentencePiece '▁' (empty span) would add
   # only whitespace to an answer, or make an empty one.
   valid_end = features["token_offsets"][..., 1] > features["token_offsets"][..., 0]
@@ -361,14 +420,13 @@ def qa_predictions(start_logits, end_logits, features: dict[str, np.ndarray],
   best = [None] * len(examples)
   null_score = [np.inf] * len(examples)
   for f, index in enumerate(features["example_index"]):
-    null_score[index] = min(null_score[index], float(start_logits[f, 0] + end_logits[f, 0]))
-    span = _best_span(start_logits[f], end_logits[f], valid_start[f], valid_end[f], n_best,
-                      max_answer_len)
+    null_score[index] = min(null_score[index], float(null_scores[f]))
+    span = best_span(f, valid_start[f], valid_end[f])
     if span is not None and (best[index] is None or span[0] > best[index][0]):
       best[index] = (span[0], f, span[1], span[2])
   predictions = {}
   for index, example in enumerate(examples):
-    if best[index] is None or (version_2 and null_score[index] - best[index][0] > null_threshold):
+    if best[index] is None or is_null(null_score[index], best[index][0]):
       predictions[example["id"]] = ""
       continue
     _, f, start, end = best[index]
@@ -421,13 +479,19 @@ def decode_predictions(task, outputs: np.ndarray, data: dict[str, np.ndarray],
   """Model outputs over `data` (= featurize(task, ..., examples)) -> one prediction per example,
   what `Task.score` takes: a class id (classification, multiple choice), a float (regression),
   per-word label ids (token classification), an answer text (extractive QA, `qa_predictions`
-  with ft.n_best, ft.max_answer_len, ft.null_threshold).
+  with ft.n_best, ft.max_answer_len, ft.null_threshold; the joint head's, `joint_qa_predictions`
+  with ft.max_answer_len and ft.answerable_threshold).
 
   Args:
     outputs: [rows, classes], [rows], [rows, seq_len, labels], [features, seq_len, 2] (start,
-      end) or [rows, choices], as `models.finetune.FineTuneModel` returns them.
+      end), the joint QA head's dict, or [rows, choices], as `models.finetune.FineTuneModel`
+      returns them.
   """
   del tokenizer   # offsets were kept in `data`
+  if isinstance(outputs, dict):
+    answers = joint_qa_predictions(outputs, data, examples, ft.max_answer_len,
+                                   ft.answerable_threshold, task.version_2)
+    return [answers[e["id"]] for e in examples]
   outputs = np.asarray(outputs)
   if task.kind == "regression":
     return [float(x) for x in outputs.reshape(-1)]

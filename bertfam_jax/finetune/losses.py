@@ -7,7 +7,8 @@ Batch keys (numpy or jax arrays):
   regression                       label [batch] float
   token_classification             labels [batch, length] int, label_weights [batch, length] float
                                    (1 on the first sub-token of each word, 0 elsewhere)
-  extractive_qa                    start_position, end_position [batch] int (0 = no answer)
+  extractive_qa                    start_position, end_position [batch] int (0 = no answer);
+                                   the joint head also is_impossible [batch] int
 """
 
 from __future__ import annotations
@@ -46,20 +47,38 @@ def token_classification_loss(outputs, batch):
   return _cross_entropy(outputs, batch["labels"], batch["label_weights"])
 
 
+# ELECTRA's joint QA head: the weight of the answerable classifier's loss
+# (configure_finetuning.py answerable_weight).
+ANSWERABLE_WEIGHT = 0.5
+
+
 def extractive_qa_loss(outputs, batch):
   """bert run_squad.py create_model's loss: (CE(start logits, start_position) + CE(end logits,
   end_position)) / 2, each the batch mean of a softmax over every position; outputs [batch,
-  length, 2] hold the start logits in [..., 0] and the end logits in [..., 1]."""
-  logits = outputs.astype(jnp.float32)
+  length, 2] hold the start logits in [..., 0] and the end logits in [..., 1].
+
+  The joint head's outputs (a dict, `heads.JointSpanHead` given the gold starts): ELECTRA
+  qa_tasks.py's loss, the same mean plus ANSWERABLE_WEIGHT × the sigmoid cross-entropy of
+  answerable_logit on is_impossible (logged as answerable_loss)."""
+  joint = isinstance(outputs, dict)
+  logits = (jnp.stack([outputs["start_logits"], outputs["end_logits"]], -1) if joint
+            else outputs).astype(jnp.float32)
   start = optax.softmax_cross_entropy_with_integer_labels(logits[..., 0], batch["start_position"])
   end = optax.softmax_cross_entropy_with_integer_labels(logits[..., 1], batch["end_position"])
   count = jnp.asarray(start.size, jnp.float32)
   hit = lambda i, key: jnp.sum(jnp.argmax(logits[..., i], -1) == batch[key]).astype(  # noqa: E731
       jnp.float32)
-  metrics = {"loss": (jnp.sum(start + end) / 2, count),
-             "start_accuracy": (hit(0, "start_position"), count),
+  per_example = (start + end) / 2
+  metrics = {"start_accuracy": (hit(0, "start_position"), count),
              "end_accuracy": (hit(1, "end_position"), count)}
-  return jnp.mean(start + end) / 2, metrics
+  if joint:
+    answerable = optax.sigmoid_binary_cross_entropy(
+        outputs["answerable_logit"].astype(jnp.float32),
+        batch["is_impossible"].astype(jnp.float32))
+    metrics["answerable_loss"] = (jnp.sum(answerable), count)
+    per_example = per_example + ANSWERABLE_WEIGHT * answerable
+  metrics["loss"] = (jnp.sum(per_example), count)
+  return jnp.mean(per_example), metrics
 
 
 TASK_LOSSES = {

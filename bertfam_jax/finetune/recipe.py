@@ -127,8 +127,8 @@ def sharded_predict(predict: Callable, param_shardings, mesh):
 def predict_all(predict, params, data: dict[str, np.ndarray], batch_size: int, mesh,
                 keys: tuple[str, ...]):
   """Model outputs for every row of `data` (its `keys` are the inputs), as host numpy
-  [rows, ...]. Each call has the same global shape: the last batch is padded by repeating its
-  final row."""
+  [rows, ...] (each leaf, where the model returns a tree). Each call has the same global shape:
+  the last batch is padded by repeating its final row."""
   rows = len(data[keys[0]])
   outputs = []
   for start in range(0, rows, batch_size):
@@ -137,7 +137,7 @@ def predict_all(predict, params, data: dict[str, np.ndarray], batch_size: int, m
                                            sharding_lib.BATCH_SPEC)
     outputs.append(predict(params, batch))
   outputs = jax.device_get(outputs)
-  return np.concatenate(outputs)[:rows]
+  return jax.tree.map(lambda *parts: np.concatenate(parts)[:rows], *outputs)
 
 
 def _fresh_state(recipe: Recipe, config, shardings, mesh) -> step_lib.TrainState:

@@ -55,7 +55,8 @@ from bertfam_jax.train import sharding as sharding_lib
 from bertfam_jax.train import train as train_lib
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
-LABEL_KEYS = ("label", "labels", "label_weights", "start_position", "end_position")
+LABEL_KEYS = ("label", "labels", "label_weights", "start_position", "end_position",
+              "is_impossible")
 
 
 # ------------------------------------------------------------------------------------ the encoder
@@ -284,7 +285,9 @@ def encoder_recipe(config, tokenizer, params, mesh) -> recipe_lib.Recipe:
       f"{batch_size}; mesh {dict(mesh.shape)}; data ready in {time.time() - start:.1f} s.")
 
   model, example = build_model(config)
-  loss_fn = _make_loss_fn(task.kind, ft.get("lm_coef", 0.0))
+  check_joint_qa(config, task)
+  loss_fn = _make_loss_fn(task.kind, ft.get("lm_coef", 0.0),
+                          gold_starts=task.kind == "extractive_qa" and model.qa_head == "joint")
   transfer = None if params is None else functools.partial(
       transfer_pretrained, pretrained=params, reuse_pooler=ft.reuse_pooler)
   if transfer and finetune_models.backbone_for(config.model) == "causal":
@@ -343,6 +346,22 @@ def check_gpt_fields(ft, task, backbone: str) -> None:
   if ft.pair_orders == 2 and task.kind == "multiple_choice":
     raise ConfigError("finetune.pair_orders=2 is GPT's similarity input for pair "
                       "classification or regression, not multiple choice; set it to 1.")
+
+
+def check_joint_qa(config, task) -> None:
+  """ELECTRA's joint QA head reads the answer mask from the segment ids (the context is segment
+  1) and needs the gold starts in its forward pass, which the distillation and quantization
+  losses do not pass."""
+  ft = config.finetune
+  if task.kind != "extractive_qa" or ft.qa_head != "joint":
+    return
+  if config.model.get("type_vocab_size", 2) < 2:
+    raise ConfigError(f"finetune.qa_head='joint' finds the context by its segment ids, and this "
+                      f"encoder has type_vocab_size={config.model.type_vocab_size} (none); set "
+                      f"--config.finetune.qa_head=independent.")
+  if ft.get("teacher") or ft.get("quantize"):
+    raise ConfigError("finetune.qa_head='joint' is not combined with finetune.teacher or "
+                      "finetune.quantize; set --config.finetune.qa_head=independent for them.")
 
 
 def featurize(task, tokenizer, examples, config, training: bool) -> dict[str, np.ndarray]:
@@ -404,7 +423,8 @@ def build_model(config) -> tuple[finetune_models.FineTuneModel, dict[str, np.nda
       ml_collections.FrozenConfigDict(config.model), task.kind, task.num_outputs,
       features=config.finetune.features, backbone=finetune_models.backbone_for(config.model),
       orders=config.finetune.get("pair_orders", 1),
-      mix_layer_norm=config.finetune.get("mix_layer_norm", False))
+      mix_layer_norm=config.finetune.get("mix_layer_norm", False),
+      qa_head=config.finetune.get("qa_head") or "independent", qa_beam=config.finetune.n_best)
   folded = task.kind == "multiple_choice" or config.finetune.get("pair_orders", 1) == 2
   shape = (1, 2, 8) if folded else (1, 8)
   example = dict(input_ids=np.zeros(shape, np.int32), input_mask=np.ones(shape, np.int32),
@@ -419,17 +439,19 @@ def _abstract_params(model, example):
   return nn.meta.unbox(boxed)
 
 
-def _make_loss_fn(kind: str, lm_coef: float = 0.0) -> Callable:
+def _make_loss_fn(kind: str, lm_coef: float = 0.0, gold_starts: bool = False) -> Callable:
   """The task's loss (`finetune.losses`); with `lm_coef` > 0 (GPT) plus lm_coef × the auxiliary
   LM loss as finetune-transformer-lm's train.py computes it: each input row's mean next-token
   cross-entropy over its real tokens, averaged over the rows (every choice a row), logged as
-  lm_loss."""
+  lm_loss. `gold_starts`: the model takes the batch's start_position (the joint QA head)."""
 
   def loss_fn(model, params, batch, rng, config, *, deterministic=False):
     del config
     inputs = [batch[k] for k in INPUT_KEYS]
     if not lm_coef:
-      outputs = model.apply(params, *inputs, deterministic=deterministic, rngs={"dropout": rng})
+      starts = dict(start_positions=batch["start_position"]) if gold_starts else {}
+      outputs = model.apply(params, *inputs, deterministic=deterministic, rngs={"dropout": rng},
+                            **starts)
       return finetune_losses.task_loss(kind, outputs, batch)
     outputs, lm_logits = model.apply(params, *inputs, deterministic=deterministic,
                                      rngs={"dropout": rng}, with_lm=True)

@@ -182,6 +182,11 @@ def _task_class(config, source: dict) -> tuple[families.Architecture, dict, str,
                       "and XLNet's task runs), so this fine-tuning run cannot be exported; "
                       "export the pre-training workdir it started from.")
   task = tasks.get(ft.task)
+  if task.kind == "extractive_qa" and ft.get("qa_head") == "joint":
+    raise ConfigError("finetune.qa_head='joint' (ELECTRA's QA head: the end given the start, and "
+                      "an answerable classifier) has no transformers class, whose QA head is "
+                      "run_squad.py's, so this run cannot be exported; fine-tune with "
+                      "--config.finetune.qa_head=independent to export.")
   arch = family.task_architecture(task.kind)
   families.check_exportable(arch, config.model)
   hf_config = {**source.get("hf_config", dict(model_type=family.model_type)),

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from bertfam_jax import config_lib
@@ -111,7 +112,8 @@ class FineTuneModel(nn.Module):
     classification        [batch, num_outputs] logits
     regression            [batch] predictions
     token_classification  [batch, length, num_outputs] logits
-    extractive_qa         [batch, length, 2] start / end logits
+    extractive_qa         [batch, length, 2] start / end logits (run_squad.py's head); with
+                          qa_head='joint', ELECTRA's `heads.JointSpanHead` dict
     multiple_choice       [batch, choices] scores (inputs [batch, choices, length])
   """
   config: Any  # the `config.model` section
@@ -121,15 +123,19 @@ class FineTuneModel(nn.Module):
   backbone: str = "encoder"  # key of BACKBONES
   orders: int = 1  # 2: GPT's similarity input, both orders of a pair summed (module docstring)
   mix_layer_norm: bool = False  # weighted_sum: each layer normalised first (bilm-tf)
+  qa_head: str = "independent"  # extractive_qa: independent (run_squad.py) | joint (ELECTRA's)
+  qa_beam: int = 20  # the joint head's starts kept, and ends kept per start, when predicting
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool,
-               with_lm: bool = False, with_layers: bool = False):
+               with_lm: bool = False, with_layers: bool = False, start_positions=None):
     """input_ids / input_mask / segment_ids: [batch, length] int ([batch, choices, length] for
     multiple_choice, whose choices are folded into the batch; [batch, 2, length] with
     orders=2). `with_lm` (causal backbones): returns (the head's output, LM logits [..., length,
     vocab] of every input row). `with_layers`: returns (the head's output, the backbone's
-    embedding output and every layer's, [layers + 1, rows, length, hidden], rows folded)."""
+    embedding output and every layer's, [layers + 1, rows, length, hidden], rows folded).
+    `start_positions` [batch] int: the gold starts the joint QA head conditions its end logits
+    on (training); None predicts with its beam."""
     width = output_width(self.kind, self.num_outputs)
     causal = self.backbone == "causal"
     if causal and self.kind not in SEQUENCE_KINDS:
@@ -141,6 +147,8 @@ class FineTuneModel(nn.Module):
     if self.features not in config_lib.FINETUNE_FEATURES:
       raise ConfigError(f"features={self.features!r}; choose one of "
                         f"{config_lib.FINETUNE_FEATURES}.")
+    if self.qa_head not in config_lib.FINETUNE_QA_HEADS:
+      raise ConfigError(f"qa_head={self.qa_head!r}; choose one of {config_lib.FINETUNE_QA_HEADS}.")
     if self.backbone not in BACKBONES:
       raise ConfigError(f"backbone={self.backbone!r}; choose one of {sorted(BACKBONES)}.")
     batch_shape = input_ids.shape[:-1]
@@ -170,9 +178,14 @@ class FineTuneModel(nn.Module):
     name, head, _ = KINDS[self.kind]
     # GPT's classifier dropout: one mask per example, shared by its choices (train.py).
     shared = dict(choices=batch_shape[-1]) if causal and self.kind == "multiple_choice" else {}
+    if self.kind == "extractive_qa" and self.qa_head == "joint":
+      head = lambda c, *_, name: heads.JointSpanHead(c, self.qa_beam, name=name)  # noqa: E731
+      shared = dict(answer_mask_BL=heads.answer_mask(input_mask, segment_ids),
+                    start_positions_B=start_positions)
     out = head(self.config, width, SUMMARY_POSITION[self.backbone], name=name)(
         x_BLD, deterministic=deterministic, **shared)
-    out = out.reshape(batch_shape + out.shape[1:])  # multiple choice: [batch, choices]
+    # multiple choice: [batch, choices]
+    out = jax.tree.map(lambda o: o.reshape(batch_shape + o.shape[1:]), out)
     if with_layers:
       return out, hidden_NBLD
     return (out, lm_logits) if with_lm else out

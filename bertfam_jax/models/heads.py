@@ -204,6 +204,98 @@ class SpanHead(nn.Module):
     return _classifier(c, jnp.dtype(c.dtype), 2, "embed")(x_BLD)
 
 
+# ELECTRA's joint QA head: the width of its hidden layers (qa_tasks.py's literal 512), and the
+# penalty that keeps a start or end outside the answer mask out of its softmax (1000·(mask − 1)).
+JOINT_QA_HIDDEN = 512
+JOINT_QA_PENALTY = 1000.0
+
+
+def _dense(c, features: int, name: str):
+  """A dense layer the reference builds bare (`tf.layers.dense`): `layers.bare_dense_init`
+  kernel, zero bias, the model's compute dtype."""
+  return nn.Dense(features, dtype=jnp.dtype(c.dtype), param_dtype=jnp.float32,
+                  kernel_init=layers.bare_dense_init(c, (None, None)),
+                  bias_init=layers.zeros_init((None,)), name=name)
+
+
+class _PairDense(nn.Module):
+  """dense(concat([a, b], -1)), one [2·hidden, features] kernel as the reference's, computed as
+  a·W_a + b·W_b + bias so that a broadcast against b ([..., 1, D] with [..., L, D]) never builds
+  the [..., L, 2·D] concatenation."""
+  config: Any
+  features: int
+
+  @nn.compact
+  def __call__(self, a, b):
+    c = self.config
+    dtype = jnp.dtype(c.dtype)
+    width = a.shape[-1]
+    kernel = self.param("kernel", layers.bare_dense_init(c, (None, None)),
+                        (2 * width, self.features), jnp.float32).astype(dtype)
+    bias = self.param("bias", layers.zeros_init((None,)), (self.features,), jnp.float32)
+    y = a.astype(dtype) @ kernel[:width] + b.astype(dtype) @ kernel[width:]
+    return y + bias.astype(dtype).reshape((1,) * (y.ndim - 1) + (-1,))
+
+
+class JointSpanHead(nn.Module):
+  """ELECTRA's SQuAD head (electra finetune/qa/qa_tasks.py `get_prediction_module` with
+  configure_finetuning.py's joint_prediction, answerable_classifier and
+  answerable_uses_start_logits, all on by default): the end is predicted given the start.
+
+    start logits  dense H → 1 at every position ('start')
+    end logits    dense 2H → 512 + GELU ('qa_hidden') on [h_start; h_j], dense → 1 ('qa_logits')
+    answerable    dense 2H → 512 + GELU ('answerable_hidden') on [h_0; Σ_j softmax(start)_j h_j],
+                  dense → 1 ('answerable'): the logit that the window has *no* answer
+
+  Starts and ends outside `answer_mask` (the context, its closing [SEP] and position 0) take
+  −1000. Training (`start_positions` given) conditions the end on the gold start; prediction
+  keeps the `beam_size` best starts (log-softmax) and, for each, the `beam_size` best ends.
+  Dense layers are bare (`layers.bare_dense_init`: ELECTRA's Glorot-uniform); GELU is ELECTRA's
+  tanh approximation; no dropout (qa_tasks.py applies none).
+
+  Returns, with start_positions: start_logits, end_logits [batch, length] and answerable_logit
+  [batch] (float32); without: start_top_log_probs, start_top_index [batch, K], end_top_log_probs,
+  end_top_index [batch, K, K] and answerable_logit, K = min(beam_size, length)."""
+  config: Any  # the `config.model` section
+  beam_size: int = 20
+
+  @nn.compact
+  def __call__(self, x_BLD, *, deterministic: bool, answer_mask_BL, start_positions_B=None):
+    del deterministic   # no dropout in the head
+    c = self.config
+    gelu = layers.activation_fn("gelu_tanh")
+    penalty_BL = JOINT_QA_PENALTY * (answer_mask_BL.astype(jnp.float32) - 1.0)
+    start_BL = _dense(c, 1, "start")(x_BLD)[..., 0].astype(jnp.float32) + penalty_BL
+    qa_hidden = _PairDense(c, JOINT_QA_HIDDEN, name="qa_hidden")
+    qa_logits = _dense(c, 1, "qa_logits")
+    start_p_BL = jax.nn.softmax(start_BL, axis=-1).astype(x_BLD.dtype)
+    summary_BD = jnp.concatenate([x_BLD[:, 0], jnp.einsum("bl,bld->bd", start_p_BL, x_BLD)], -1)
+    answerable_B = _dense(c, 1, "answerable")(
+        gelu(_dense(c, JOINT_QA_HIDDEN, "answerable_hidden")(summary_BD)))[:, 0]
+    answerable_B = answerable_B.astype(jnp.float32)
+    if start_positions_B is not None:
+      start_B1D = gather_positions(x_BLD, start_positions_B[:, None])
+      end_BL = qa_logits(gelu(qa_hidden(start_B1D, x_BLD)))[..., 0]
+      return dict(start_logits=start_BL, end_logits=end_BL.astype(jnp.float32) + penalty_BL,
+                  answerable_logit=answerable_B)
+    k = min(self.beam_size, x_BLD.shape[1])
+    start_top_BK, start_index_BK = jax.lax.top_k(jax.nn.log_softmax(start_BL, axis=-1), k)
+    start_BK1D = gather_positions(x_BLD, start_index_BK)[:, :, None, :]
+    end_BKL = qa_logits(gelu(qa_hidden(start_BK1D, x_BLD[:, None])))[..., 0]
+    end_BKL = end_BKL.astype(jnp.float32) + penalty_BL[:, None, :]
+    end_top_BKK, end_index_BKK = jax.lax.top_k(jax.nn.log_softmax(end_BKL, axis=-1), k)
+    return dict(start_top_log_probs=start_top_BK, start_top_index=start_index_BK,
+                end_top_log_probs=end_top_BKK, end_top_index=end_index_BKK,
+                answerable_logit=answerable_B)
+
+
+def answer_mask(input_mask_BL, segment_ids_BL):
+  """ELECTRA's QA answer mask: the second segment's real tokens (the context and its closing
+  [SEP]) and position 0 ([CLS], the no-answer position). [batch, length] → [batch, length] int32."""
+  first_1L = (jnp.arange(input_mask_BL.shape[-1]) == 0)[None, :]
+  return ((jnp.asarray(input_mask_BL) * segment_ids_BL != 0) | first_1L).astype(jnp.int32)
+
+
 def normalize_layers(hidden_NBLD, mask_BL):
   """bilm-tf's `weight_layers(do_layer_norm=True)` `_do_ln` (allennlp ScalarMix alike): each
   layer less its mean, over its variance's root (ε 1e-12), both taken over every real token of

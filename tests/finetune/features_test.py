@@ -197,6 +197,8 @@ def test_qa_training_answers_decode_to_the_answer_text(tokenizer):
   answerable_features = 0
   for row, index in enumerate(out["example_index"]):
     example, start, end = examples[index], out["start_position"][row], out["end_position"][row]
+    # ELECTRA's answerable label is the example's, also in a window that misses the answer.
+    assert out["is_impossible"][row] == example["is_impossible"]
     if example["is_impossible"]:
       assert start == end == 0
       continue
@@ -266,6 +268,54 @@ def test_qa_predictions_match_run_squad(tokenizer, version_2):
     assert all(text == text.strip() for text in got.values())
 
 
+def _reference_joint_predictions(outputs, out, examples, max_answer_len, answerable_threshold,
+                                 version_2):
+  """electra qa_metrics.py write_predictions with joint_prediction and answerable_classifier,
+  transcribed loop by loop (its token_to_orig_map: our context tokens of a character or more)."""
+  predictions = {}
+  for index, example in enumerate(examples):
+    prelim, score_null = [], 1000000
+    for f in np.flatnonzero(out["example_index"] == index):
+      score_null = min(score_null, outputs["answerable_logit"][f])
+      in_context = out["token_offsets"][f, :, 1] > out["token_offsets"][f, :, 0]
+      for i, start_index in enumerate(outputs["start_top_index"][f]):
+        for j, end_index in enumerate(outputs["end_top_index"][f][i]):
+          if start_index == 0 or not in_context[start_index] or not in_context[end_index]:
+            continue
+          if not out["token_is_max_context"][f, start_index] or end_index < start_index:
+            continue
+          if end_index - start_index + 1 > max_answer_len:
+            continue
+          prelim.append((outputs["start_top_log_probs"][f][i] +
+                         outputs["end_top_log_probs"][f][i, j], f, start_index, end_index))
+    prelim = sorted(prelim, key=lambda p: p[0], reverse=True)
+    if not prelim or (version_2 and score_null > answerable_threshold):
+      predictions[example["id"]] = ""
+      continue
+    _, f, s, e = prelim[0]
+    offsets = out["token_offsets"][f]
+    predictions[example["id"]] = example["context"][offsets[s, 0]:offsets[e, 1]]
+  return predictions
+
+
+@pytest.mark.parametrize("version_2", [False, True])
+def test_joint_qa_predictions_match_electra(tokenizer, version_2):
+  examples = _qa_examples(6, 25)
+  out = features.qa_features(tokenizer, examples, seq_len=32, doc_stride=6, max_query_len=6)
+  rng = np.random.default_rng(7)
+  rows, beam = len(out["input_ids"]), 5
+  for trial in range(5):
+    outputs = dict(start_top_log_probs=rng.normal(size=(rows, beam)).round(1),   # ties happen
+                   start_top_index=rng.integers(0, 32, (rows, beam)),
+                   end_top_log_probs=rng.normal(size=(rows, beam, beam)).round(1),
+                   end_top_index=rng.integers(0, 32, (rows, beam, beam)),
+                   answerable_logit=rng.normal(size=rows) - 2.5)
+    args = dict(max_answer_len=4, answerable_threshold=0.4 * trial - 3.0, version_2=version_2)
+    got = features.joint_qa_predictions(outputs, out, examples, **args)
+    assert got == _reference_joint_predictions(outputs, out, examples, **args)
+    assert sum(text == "" for text in got.values()) < len(examples)
+
+
 def test_qa_predictions_hand_built(tokenizer):
   example = dict(id="a", question="what sat", context="the cat sat on the old mat",
                  answers=[dict(text="cat", answer_start=4)], is_impossible=False)
@@ -303,7 +353,7 @@ def test_featurize_and_decode_each_kind(tokenizer):
   from types import SimpleNamespace   # pylint: disable=g-import-not-at-top
   from bertfam_jax.finetune import tasks   # pylint: disable=g-import-not-at-top
   ft = SimpleNamespace(max_seq_len=32, doc_stride=8, max_query_len=8, n_best=20,
-                       max_answer_len=30, null_threshold=0.0)
+                       max_answer_len=30, null_threshold=0.0, answerable_threshold=-2.75)
   stsb = tasks.get("glue/stsb")
   pairs = [dict(text="the cat", text_b="a dog", label=2.5)]
   data = features.featurize(stsb, tokenizer, pairs, ft, training=True)
@@ -324,6 +374,13 @@ def test_featurize_and_decode_each_kind(tokenizer):
   predicted = features.decode_predictions(squad, outputs, data, examples, tokenizer, ft)
   assert predicted == [e["answers"][0]["text"] if e["answers"] else "" for e in examples]
   assert squad.score(examples, predicted)["f1"] == 100.0
+  # The joint head's outputs (a dict): a perfect beam, 'no answer' logits of the labels.
+  joint = dict(start_top_log_probs=np.array([[-0.1, -3.0]] * len(rows)),
+               start_top_index=np.stack([data["start_position"], rows * 0 + 1], -1),
+               end_top_log_probs=np.array([[[-0.1, -3.0]] * 2] * len(rows)),
+               end_top_index=np.stack([data["end_position"]] * 2, -1)[:, None].repeat(2, 1),
+               answerable_logit=np.where(data["start_position"] > 0, -10.0, 10.0))
+  assert features.decode_predictions(squad, joint, data, examples, tokenizer, ft) == predicted
 
 
 def test_gpt_input_transformations(tokenizer):

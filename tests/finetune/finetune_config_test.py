@@ -29,7 +29,7 @@ def test_building_reads_nothing_and_leaves_the_recipe_fields_unset():
                      clip_norm=1.0, max_seq_len=128, epochs=3.0, total_steps=0,
                      cpu_ynn_fusion="")),
     ("extractive_qa", dict(name="adamw", peak_lr=3e-5, max_seq_len=384, epochs=2.0,
-                           doc_stride=128, max_query_len=64)),
+                           doc_stride=128, max_query_len=64, qa_head="independent")),
     ("text_to_text", dict(name="adafactor", peak_lr=1e-3, warmup_fraction=0.0, weight_decay=0.0,
                           clip_norm=0.0, max_seq_len=512, total_steps=0,
                           cpu_ynn_fusion="dot,eltwise,reduce")),   # configs/t5.py's
@@ -46,7 +46,9 @@ def test_each_recipe_has_its_papers_defaults(recipe, expected):
     (256, "classification", dict(peak_lr=3e-4, layer_decay=0.8, max_seq_len=128, epochs=3.0)),
     (768, "classification", dict(peak_lr=1e-4, layer_decay=0.8, max_seq_len=128, epochs=3.0)),
     (1024, "classification", dict(peak_lr=5e-5, layer_decay=0.9, max_seq_len=128)),
-    (768, "extractive_qa", dict(peak_lr=1e-4, layer_decay=0.8, max_seq_len=512, epochs=2.0)),
+    # SQuAD with qa_tasks.py's joint head (the end given the start, an answerable classifier).
+    (768, "extractive_qa", dict(peak_lr=1e-4, layer_decay=0.8, max_seq_len=512, epochs=2.0,
+                                qa_head="joint")),
     (128, "classification", dict(peak_lr=1e-4, layer_decay=0.8)),   # :runlocal width: base's
 ])
 def test_an_electra_init_gets_electras_recipe(hidden, task_kind, expected):
@@ -59,8 +61,13 @@ def test_an_electra_init_gets_electras_recipe(hidden, task_kind, expected):
                              cl.finetune_recipe(False, task_kind, "mlm"), hidden=hidden)
   assert bert.finetune.layer_decay == 1.0 and bert.optimizer.peak_lr in (5e-5, 3e-5)
   given = load("task=glue/mrpc,init=x")
-  given.finetune.layer_decay = 1.0
-  assert cl.resolve_finetune(given, recipe, hidden=hidden).finetune.layer_decay == 1.0
+  given.finetune.update(layer_decay=1.0, qa_head="independent")
+  resolved = cl.resolve_finetune(given, recipe, hidden=hidden)
+  assert (resolved.finetune.layer_decay, resolved.finetune.qa_head) == (1.0, "independent")
+  given.finetune.qa_head = "beam"
+  with pytest.raises(ConfigError, match=r"finetune.qa_head='beam'; choose one of \('independent', "
+                                        r"'joint'\)"):
+    cl.resolve_finetune(given, recipe, hidden=hidden)
 
 
 def test_gradual_unfreezing_is_refused_with_a_bias_corrected_or_another_optimizer():

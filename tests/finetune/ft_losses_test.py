@@ -82,6 +82,27 @@ def test_extractive_qa_is_run_squads_mean_of_start_and_end():
          "end_accuracy": ((outputs[..., 1].argmax(-1) == end).sum(), 3)})
 
 
+def test_joint_qa_adds_half_the_answerable_classifiers_sigmoid_cross_entropy():
+  """electra qa_tasks.py: losses = (start_loss + end_loss) / 2 + answerable_weight (0.5) ×
+  sigmoid_cross_entropy_with_logits(is_impossible, answerable_logit), averaged over the batch."""
+  rng = np.random.default_rng(2)
+  start_logits, end_logits = rng.normal(size=(2, 3, 6)).astype(np.float32)
+  answerable = np.array([2.0, -1.0, 0.5], np.float32)
+  start, end, impossible = np.array([0, 2, 5]), np.array([0, 4, 5]), np.array([1, 0, 0])
+  outputs = dict(start_logits=start_logits, end_logits=end_logits, answerable_logit=answerable)
+  start_ce = -(np.eye(6)[start] * log_softmax(start_logits)).sum(-1)
+  end_ce = -(np.eye(6)[end] * log_softmax(end_logits)).sum(-1)
+  sigmoid_ce = np.log1p(np.exp(-answerable)) * impossible + np.log1p(np.exp(answerable)) * (
+      1 - impossible)
+  per_example = (start_ce + end_ce) / 2 + 0.5 * sigmoid_ce
+  check(losses.task_loss("extractive_qa", outputs, dict(start_position=start, end_position=end,
+                                                        is_impossible=impossible)),
+        per_example.mean(),
+        {"loss": (per_example.sum(), 3), "answerable_loss": (sigmoid_ce.sum(), 3),
+         "start_accuracy": ((start_logits.argmax(-1) == start).sum(), 3),
+         "end_accuracy": ((end_logits.argmax(-1) == end).sum(), 3)})
+
+
 def test_unknown_kind_names_the_choices():
   with pytest.raises(ConfigError, match="extractive_qa"):
     losses.task_loss("ranking", np.zeros((1, 2)), {})

@@ -43,6 +43,7 @@ def write_config(config, workdir):
     ("bert", "classification", dict(finetune__features="weighted_sum"), "scalar_mix"),
     ("albert", "token_classification", dict(finetune__method="adapters", model__adapter_size=8),
      "no adapter layers"),
+    ("electra", "extractive_qa", dict(finetune__qa_head="joint"), "qa_head=independent"),
 ])
 def test_runs_no_hf_class_holds_are_refused(family, kind, changes, match, tmp_path):
   """Refused from config.json alone (before restoring anything), and nothing is written."""

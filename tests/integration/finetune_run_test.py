@@ -84,6 +84,39 @@ def test_every_task_kind_trains_and_writes_scores(pretrained, tmp_path, task):
   assert [r["step"] for r in records if f"eval_{saved['main_metric']}" in r] == [steps // 2, steps]
 
 
+def test_electras_joint_qa_head_trains_on_the_gold_starts_and_predicts_with_its_beam(
+    pretrained, tmp_path):
+  """qa_head='joint' end to end: the training batches carry the starts and is_impossible to the
+  head and its loss, the beam's outputs are gathered over evaluation batches and decoded."""
+  workdir = str(tmp_path / "joint")
+  results = finetune_run.run(finetune_config("wordnet_qa", pretrained, finetune__qa_head="joint",
+                                             finetune__n_best=5), workdir)
+  records = read_lines(os.path.join(workdir, "metrics.jsonl"))
+  losses = [r["loss"] for r in records if "loss" in r]
+  assert all("answerable_loss" in r for r in records if "loss" in r)
+  assert np.mean(losses[-2:]) < losses[0], losses
+  assert all(np.isfinite(v) for v in results["scores"].values())
+  predictions = read_lines(os.path.join(workdir, "predictions.jsonl"))
+  assert len(predictions) == 48 and any(p["prediction"] for p in predictions)
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["finetune"]["qa_head"] == "joint"
+
+
+def test_joint_qa_head_is_refused_where_it_cannot_run(pretrained):
+  """Without segment ids (RoBERTa's one token type) the head cannot find the context; the
+  distillation and quantization losses do not pass it the starts."""
+  from bertfam_jax.finetune import tasks   # pylint: disable=g-import-not-at-top
+  config = finetune_config("wordnet_qa", pretrained, finetune__qa_head="joint")
+  config.model = tiny.encoder(type_vocab_size=1)
+  with pytest.raises(ConfigError, match="type_vocab_size=1.*qa_head=independent"):
+    finetune_run.check_joint_qa(config, tasks.get("wordnet_qa"))
+  config.model = tiny.encoder()
+  config.finetune.quantize = "qat"
+  with pytest.raises(ConfigError, match="not combined with finetune.teacher or finetune.quantize"):
+    finetune_run.check_joint_qa(config, tasks.get("wordnet_qa"))
+  finetune_run.check_joint_qa(config, tasks.get("wordnet_supersense"))   # not a QA task
+
+
 def small(task, init, **overrides):
   """A few steps: 48 training examples, one epoch of 3 updates."""
   config = finetune_config(task, init, **overrides)

@@ -390,3 +390,108 @@ def test_the_adapter_reads_the_dropped_sublayer_output_in_training():
   for key in (1, 2):
     out = block.apply({"params": params}, x, False, rngs={"dropout": jax.random.key(key)})
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ ELECTRA's joint QA head
+
+
+def _softmax(z):
+  z = np.exp(z - z.max(-1, keepdims=True))
+  return z / z.sum(-1, keepdims=True)
+
+
+def _log_softmax(z):
+  z = z - z.max(-1, keepdims=True)
+  return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def reference_joint_head(x, p, input_mask, segment_ids, starts):
+  """electra qa_tasks.py get_prediction_module (joint_prediction, answerable_classifier,
+  answerable_uses_start_logits), is_training, in float64 with explicit concatenations."""
+  dense = lambda h, q: h @ q["kernel"] + q["bias"]  # noqa: E731
+  answer_mask = input_mask * segment_ids + np.eye(x.shape[1])[0]
+  start = dense(x, p["start"])[..., 0] + 1000.0 * (answer_mask - 1)
+  start_features = np.repeat(x[np.arange(len(x)), starts][:, None], x.shape[1], axis=1)
+  final_repr = np.concatenate([start_features, x], -1)
+  end = dense(gelu(dense(final_repr, p["qa_hidden"]), "gelu_tanh"), p["qa_logits"])[..., 0]
+  end += 1000.0 * (answer_mask - 1)
+  start_feature = (_softmax(start)[..., None] * x).sum(1)
+  summary = np.concatenate([x[:, 0], start_feature], -1)
+  answerable = dense(gelu(dense(summary, p["answerable_hidden"]), "gelu_tanh"),
+                     p["answerable"])[:, 0]
+  return start, end, answerable, answer_mask > 0
+
+
+def joint_model(beam=4, seed=0):
+  model = finetune.FineTuneModel(tiny_config(), "extractive_qa", qa_head="joint", qa_beam=beam)
+  return model, random_tree(abstract(model), 0.2, seed, embedding_scale=0.01)
+
+
+def test_joint_qa_head_matches_electras_formula_given_the_gold_starts():
+  rows = lambda t: np.asarray(t, np.float64)  # noqa: E731
+  model, params = joint_model()
+  starts = np.array([9, 0], np.int32)   # an answer in row 0's context; row 1's no-answer [CLS]
+  out = apply(model, params, start_positions=starts)
+  x = rows(run_encoder(encoder.Encoder(model.config), params["encoder"]))
+  start, end, answerable, inside = reference_joint_head(
+      x, jax.tree.map(rows, params["span_head"]), INPUTS["input_mask"], INPUTS["segment_ids"],
+      starts)
+  assert set(out) == {"start_logits", "end_logits", "answerable_logit"}
+  for name, expected in [("start_logits", start), ("end_logits", end)]:
+    got = np.asarray(out[name])
+    assert got.shape == (BATCH, LENGTH) and got.dtype == np.float32
+    np.testing.assert_allclose(got[inside], expected[inside], **F32_TOL, err_msg=name)
+    assert np.all(got[~inside] < -900), name   # the question and padding: never a boundary
+  np.testing.assert_allclose(out["answerable_logit"], answerable, **F32_TOL)
+  # The end logits depend on the start they are given.
+  other = apply(model, params, start_positions=np.array([7, 0], np.int32))
+  assert not np.allclose(other["end_logits"][0], out["end_logits"][0])
+  np.testing.assert_array_equal(other["end_logits"][1], out["end_logits"][1])
+
+
+def test_joint_qa_head_beam_is_the_top_starts_and_the_top_ends_of_each():
+  """Prediction keeps the K best starts of log_softmax(start logits) and, for each, the K best
+  ends of the end logits that training computes given that start."""
+  beam = 4
+  model, params = joint_model(beam, seed=3)
+  out = jax.tree.map(np.asarray, apply(model, params))
+  assert {k: v.shape for k, v in out.items()} == {
+      "start_top_log_probs": (BATCH, beam), "start_top_index": (BATCH, beam),
+      "end_top_log_probs": (BATCH, beam, beam), "end_top_index": (BATCH, beam, beam),
+      "answerable_logit": (BATCH,)}
+  start = np.asarray(apply(model, params, start_positions=np.zeros(BATCH, np.int32))[
+      "start_logits"], np.float64)
+  order = np.argsort(-start, axis=-1, kind="stable")[:, :beam]
+  np.testing.assert_array_equal(out["start_top_index"], order)
+  np.testing.assert_allclose(out["start_top_log_probs"],
+                             np.take_along_axis(_log_softmax(start), order, -1), **F32_TOL)
+  for i in range(beam):
+    given = apply(model, params, start_positions=out["start_top_index"][:, i])
+    end = _log_softmax(np.asarray(given["end_logits"], np.float64))
+    ends = np.argsort(-end, axis=-1, kind="stable")[:, :beam]
+    np.testing.assert_array_equal(out["end_top_index"][:, i], ends)
+    np.testing.assert_allclose(out["end_top_log_probs"][:, i],
+                               np.take_along_axis(end, ends, -1), **F32_TOL)
+    np.testing.assert_allclose(out["answerable_logit"], given["answerable_logit"], **F32_TOL)
+  inside = INPUTS["input_mask"] * INPUTS["segment_ids"] + np.eye(LENGTH)[0] > 0
+  for row in range(BATCH):
+    assert inside[row, out["start_top_index"][row]].all()
+    assert inside[row, out["end_top_index"][row]].all()
+
+
+def test_joint_qa_head_is_electras_bare_glorot_layers():
+  config = tiny_config(bare_dense_init="glorot_uniform")
+  model = finetune.FineTuneModel(config, "extractive_qa", qa_head="joint")
+  params = nn.meta.unbox(model.init(jax.random.key(0), **INPUTS, deterministic=True))["params"]
+  head = params["span_head"]
+  hidden = config.hidden
+  assert {k: v["kernel"].shape for k, v in head.items()} == {
+      "start": (hidden, 1), "qa_hidden": (2 * hidden, heads.JOINT_QA_HIDDEN),
+      "qa_logits": (heads.JOINT_QA_HIDDEN, 1),
+      "answerable_hidden": (2 * hidden, heads.JOINT_QA_HIDDEN),
+      "answerable": (heads.JOINT_QA_HIDDEN, 1)}
+  kernel = np.asarray(head["qa_hidden"]["kernel"])
+  limit = np.sqrt(6 / (2 * hidden + heads.JOINT_QA_HIDDEN))   # tf.glorot_uniform of the kernel
+  assert np.abs(kernel).max() <= limit and np.abs(kernel).max() > 0.95 * limit
+  assert np.std(kernel) == pytest.approx(limit / np.sqrt(3), rel=0.05)
+  assert all(np.all(np.asarray(v["bias"]) == 0) for v in head.values())
