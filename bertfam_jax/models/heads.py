@@ -24,7 +24,8 @@ def _pooler(c, dtype):
                   bias_init=layers.zeros_init(("embed_out",)), name="pooler")
 
 
-def _classifier(c, dtype, features: int, in_axis: str, *, bare: bool = True):
+def _classifier(c, dtype, features: int, in_axis: str | None, *, bare: bool = True,
+                name: str = "classifier"):
   """The task's output layer: dense → `features`, bias 0; its kernel `layers.bare_dense_init`
   (the model's `weight_init`, or ELECTRA's Glorot-uniform), or with `bare=False` the model's
   `weight_init` always (the NSP / SOP layer, which BERT and ALBERT initialise themselves)."""
@@ -32,7 +33,7 @@ def _classifier(c, dtype, features: int, in_axis: str, *, bare: bool = True):
   return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32,
                   kernel_init=(layers.bare_dense_init(c, kernel_axes) if bare else
                                layers.weight_init(c, kernel_axes)),
-                  bias_init=layers.zeros_init((None,)), name="classifier")
+                  bias_init=layers.zeros_init((None,)), name=name)
 
 
 class MLMHead(nn.Module):
@@ -210,14 +211,6 @@ JOINT_QA_HIDDEN = 512
 JOINT_QA_PENALTY = 1000.0
 
 
-def _dense(c, features: int, name: str):
-  """A dense layer the reference builds bare (`tf.layers.dense`): `layers.bare_dense_init`
-  kernel, zero bias, the model's compute dtype."""
-  return nn.Dense(features, dtype=jnp.dtype(c.dtype), param_dtype=jnp.float32,
-                  kernel_init=layers.bare_dense_init(c, (None, None)),
-                  bias_init=layers.zeros_init((None,)), name=name)
-
-
 class _PairDense(nn.Module):
   """dense(concat([a, b], -1)), one [2·hidden, features] kernel as the reference's, computed as
   a·W_a + b·W_b + bias so that a broadcast against b ([..., 1, D] with [..., L, D]) never builds
@@ -264,14 +257,16 @@ class JointSpanHead(nn.Module):
     del deterministic   # no dropout in the head
     c = self.config
     gelu = layers.activation_fn("gelu_tanh")
+    dense = lambda features, name: _classifier(c, jnp.dtype(c.dtype), features, None,  # noqa: E731
+                                               name=name)
     penalty_BL = JOINT_QA_PENALTY * (answer_mask_BL.astype(jnp.float32) - 1.0)
-    start_BL = _dense(c, 1, "start")(x_BLD)[..., 0].astype(jnp.float32) + penalty_BL
+    start_BL = dense(1, "start")(x_BLD)[..., 0].astype(jnp.float32) + penalty_BL
     qa_hidden = _PairDense(c, JOINT_QA_HIDDEN, name="qa_hidden")
-    qa_logits = _dense(c, 1, "qa_logits")
+    qa_logits = dense(1, "qa_logits")
     start_p_BL = jax.nn.softmax(start_BL, axis=-1).astype(x_BLD.dtype)
     summary_BD = jnp.concatenate([x_BLD[:, 0], jnp.einsum("bl,bld->bd", start_p_BL, x_BLD)], -1)
-    answerable_B = _dense(c, 1, "answerable")(
-        gelu(_dense(c, JOINT_QA_HIDDEN, "answerable_hidden")(summary_BD)))[:, 0]
+    answerable_B = dense(1, "answerable")(
+        gelu(dense(JOINT_QA_HIDDEN, "answerable_hidden")(summary_BD)))[:, 0]
     answerable_B = answerable_B.astype(jnp.float32)
     if start_positions_B is not None:
       start_B1D = gather_positions(x_BLD, start_positions_B[:, None])
