@@ -1119,6 +1119,11 @@ def finetune_config() -> ml_collections.ConfigDict:
       dropout=_DEFAULT(float),            # model.dropout while fine-tuning: the recipe's (T5
                                           # text-to-text 0.1, t5x finetune.gin's DROPOUT_RATE),
                                           # else the pre-trained model's own
+      head_dropout=_DEFAULT(float),  # the dropout before a sequence-level head's classifier:
+                                     # the recipe's (RoBERTa: 0, fairseq's pooler_dropout),
+                                     # else finetune.dropout
+      head_init=_DEFAULT(str),  # a sequence-level head's weights: 'model' (the encoder's law) |
+                                # 'torch_default' (nn.Linear's U(±1/√fan_in), fairseq RoBERTa's)
       max_answer_len=30,
       n_best=20,               # start and end candidates (the joint head: its beam, ELECTRA's
                                # beam_size)
@@ -1177,12 +1182,14 @@ def finetune_config() -> ml_collections.ConfigDict:
       clip_norm=_DEFAULT(float),
       adam=_DEFAULT(str),     # adamw's kind: bert (AdamWeightDecay) | gpt (finetune-transformer-
                               # lm opt.py: bias-corrected, ε 1e-8, L2 inside the step, warmup_linear)
+                              # | fairseq (optim/adam.py: bias-corrected, β₂ 0.98, ε 1e-6, decoupled
+                              # decay on every parameter; polynomial_decay after warmup)
       schedule="linear",      # linear (BERT's warmup + decay) | slanted_triangular (ULMFiT)
       cut_frac=0.1,           # slanted_triangular: the share of steps rising (ULMFiT)
       ratio=32.0,             # slanted_triangular: how much smaller the lowest rate is (ULMFiT)
   ))
   c.train = ml_collections.ConfigDict(dict(
-      batch_size=32,
+      batch_size=_DEFAULT(int),   # the recipe's: 32 (RoBERTa: 16 for its small GLUE tasks)
       eval_batch_size=64,
       total_steps=_DEFAULT(int),  # 0 = finetune.epochs passes over the training rows
       grad_accum_steps=1,
@@ -1209,8 +1216,8 @@ def finetune_config() -> ml_collections.ConfigDict:
 _ENCODER = dict(optimizer=dict(name="adamw", peak_lr=5e-5),
                 finetune=dict(max_seq_len=128, epochs=3.0, doc_stride=128, max_query_len=64,
                               max_train_examples=0, max_eval_examples=0, layer_decay=1.0,
-                              lm_coef=0.0, qa_head="independent"),
-                train=dict(total_steps=0, cpu_ynn_fusion=""))
+                              lm_coef=0.0, qa_head="independent", head_init="model"),
+                train=dict(total_steps=0, cpu_ynn_fusion="", batch_size=32))
 _ELECTRA = dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=1e-4),
                 finetune=dict(_ENCODER["finetune"], layer_decay=0.8))
 FINETUNE_DEFAULTS = {
@@ -1218,6 +1225,16 @@ FINETUNE_DEFAULTS = {
     "extractive_qa": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=3e-5),
                           finetune=dict(_ENCODER["finetune"], max_seq_len=384, epochs=2.0)),
     "electra": _ELECTRA,
+    # fairseq's GLUE fine-tuning of RoBERTa (examples/roberta/config/finetuning/*.yaml):
+    # Adam (0.9, 0.98), ε 1e-6, weight decay 0.1, no clipping, 6% warmup then linear decay, 10
+    # epochs, batch 32, lr 1e-5 (ROBERTA_FINETUNE_BY_TASK: RTE and STS-B 2e-5, the small tasks
+    # batch 16, QQP 25% warmup), up to 512 tokens; its RobertaClassificationHead without dropout
+    # (pooler_dropout 0) and with torch's default init (registered after init_bert_params).
+    "roberta": dict(_ENCODER,
+                    optimizer=dict(name="adamw", peak_lr=1e-5, adam="fairseq", weight_decay=0.1,
+                                   clip_norm=0.0, warmup_fraction=0.06),
+                    finetune=dict(_ENCODER["finetune"], max_seq_len=512, epochs=10.0,
+                                  head_dropout=0.0, head_init="torch_default")),
     "electra_qa": dict(_ELECTRA, finetune=dict(_ELECTRA["finetune"], max_seq_len=512,
                                                epochs=2.0, qa_head="joint")),
     "text_to_text": dict(_ENCODER, optimizer=dict(name="adafactor", peak_lr=1e-3),
@@ -1236,6 +1253,13 @@ FINETUNE_DEFAULTS = {
     # UniLM on a text task (unilm-v1 run_seq2seq.py's AdamW at 3e-5 with 10% warmup): sources of
     # 128 tokens, the task's target length.
     "unilm_seq2seq": dict(_ENCODER, optimizer=dict(name="adamw", peak_lr=3e-5)),
+}
+ROBERTA_FINETUNE_BY_TASK = {
+    "glue/rte": dict(optimizer=dict(peak_lr=2e-5), train=dict(batch_size=16)),
+    "glue/stsb": dict(optimizer=dict(peak_lr=2e-5), train=dict(batch_size=16)),
+    "glue/mrpc": dict(train=dict(batch_size=16)),
+    "glue/cola": dict(train=dict(batch_size=16)),
+    "glue/qqp": dict(optimizer=dict(warmup_fraction=0.25)),   # 28,318 of 113,272 updates
 }
 # ELECTRA's sizes (by the discriminator's width) where they change the recipe; other widths
 # (the :runlocal models) take base's.
@@ -1257,7 +1281,8 @@ FINETUNE_OPTIMIZERS_DEFAULTS = {
     "adamw": dict(warmup_fraction=0.1, weight_decay=0.01, clip_norm=1.0, adam="bert"),
     "adafactor": dict(warmup_fraction=0.0, weight_decay=0.0, clip_norm=0.0, adam="bert"),
 }
-FINETUNE_ADAMS = ("bert", "gpt")
+FINETUNE_ADAMS = ("bert", "gpt", "fairseq")
+FINETUNE_HEAD_INITS = ("model", "torch_default")
 # `runlocal`: a CPU-sized slice for the `:runlocal` pre-trained models (128 positions, 2 layers,
 # 128 wide). lr 5e-4: such an encoder needs more than the papers' base-size rates; the T5s at
 # T5's 0.001 still emit one label after 150 steps of supersense (0% accuracy), at 0.01 they
@@ -1278,7 +1303,10 @@ FINETUNE_RUNLOCAL = {
 
 # ELECTRA's runlocal slices are the encoder's and the QA's; GPT's the encoder's; UniLM's
 # sources of 64 tokens, so that the WordNet definitions (64 target tokens) fit 128 positions.
+# RoBERTa's runlocal slice trains the encoder slice's 3 epochs, not its recipe's 10.
 FINETUNE_RUNLOCAL.update(electra=FINETUNE_RUNLOCAL["encoder"],
+                         roberta=dict(FINETUNE_RUNLOCAL["encoder"], finetune=dict(
+                             FINETUNE_RUNLOCAL["encoder"]["finetune"], epochs=3.0)),
                          electra_qa=FINETUNE_RUNLOCAL["extractive_qa"],
                          gpt=FINETUNE_RUNLOCAL["encoder"],
                          unilm_seq2seq=dict(optimizer=dict(peak_lr=5e-4),
@@ -1287,10 +1315,13 @@ FINETUNE_RUNLOCAL.update(electra=FINETUNE_RUNLOCAL["encoder"],
                                                           max_seq_len=64)))
 
 
-def finetune_recipe(text_to_text: bool, task_kind: str, objective: str = "") -> str:
+def finetune_recipe(text_to_text: bool, task_kind: str, objective: str = "",
+                    mask_style: str = "") -> str:
   """The key of FINETUNE_DEFAULTS for a T5 (text-to-text) or an encoder's task of `task_kind`,
   ELECTRA's own where the pre-trained run's `objective` is ELECTRA, GPT's for a causal LM,
-  UniLM's seq2seq for a UniLM on a text task (`text_to_text`)."""
+  UniLM's seq2seq for a UniLM on a text task (`text_to_text`), RoBERTa's for classification and
+  regression (fairseq's GLUE `sentence_prediction`) of a masked LM with its `mask_style`
+  'fairseq' (configs/roberta.py, an imported RoBERTa)."""
   if text_to_text:
     return "unilm_seq2seq" if objective == "unilm" else "text_to_text"
   if objective == "causal_lm":
@@ -1298,6 +1329,9 @@ def finetune_recipe(text_to_text: bool, task_kind: str, objective: str = "") -> 
   qa = task_kind == "extractive_qa"
   if objective == "electra":
     return "electra_qa" if qa else "electra"
+  if objective == "mlm" and mask_style == "fairseq" and task_kind in ("classification",
+                                                                      "regression"):
+    return "roberta"
   return "extractive_qa" if qa else "encoder"
 
 
@@ -1315,6 +1349,8 @@ def resolve_finetune(config: ml_collections.ConfigDict, recipe: str, hidden: int
   if recipe.startswith("electra"):
     layers.append(ELECTRA_FINETUNE_BY_WIDTH.get(hidden, {}))
     layers.append(ELECTRA_FINETUNE_BY_TASK.get(config.finetune.task, {}))
+  if recipe == "roberta":
+    layers.append(ROBERTA_FINETUNE_BY_TASK.get(config.finetune.task, {}))
   layers.append(FINETUNE_METHOD_DEFAULTS.get(config.finetune.method, {}))
   layers.append(FINETUNE_DEFAULTS[recipe])
   if dropout is not None:
@@ -1324,6 +1360,8 @@ def resolve_finetune(config: ml_collections.ConfigDict, recipe: str, hidden: int
       for key, value in values.items():
         if resolved[section][key] is None:
           resolved[section][key] = value
+  if resolved.finetune.head_dropout is None:
+    resolved.finetune.head_dropout = resolved.finetune.dropout
   if resolved.optimizer.name not in FINETUNE_OPTIMIZERS:
     raise ConfigError(f"optimizer.name={resolved.optimizer.name!r}; choose one of "
                       f"{FINETUNE_OPTIMIZERS}.")
@@ -1346,6 +1384,9 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"finetune.method={f.method!r}; choose one of {FINETUNE_METHODS}.")
   if f.features not in FINETUNE_FEATURES:
     raise ConfigError(f"finetune.features={f.features!r}; choose one of {FINETUNE_FEATURES}.")
+  if f.head_init not in FINETUNE_HEAD_INITS or not 0 <= (f.head_dropout or 0.0) < 1:
+    raise ConfigError(f"finetune.head_init={f.head_init!r} must be one of {FINETUNE_HEAD_INITS} "
+                      f"and head_dropout={f.head_dropout} in [0, 1).")
   if f.qa_head not in FINETUNE_QA_HEADS:
     raise ConfigError(f"finetune.qa_head={f.qa_head!r}; choose one of {FINETUNE_QA_HEADS}.")
   if f.n_best < 1 or f.max_answer_len < 1:
@@ -1386,12 +1427,13 @@ def validate_finetune(c: ml_collections.ConfigDict) -> None:
                       "warmup_fraction in [0, 1).")
   if o.get("schedule", "linear") not in FINETUNE_SCHEDULES:
     raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {FINETUNE_SCHEDULES}.")
-  if o.get("adam", "bert") not in FINETUNE_ADAMS or (o.get("adam") == "gpt" and (
+  if o.get("adam", "bert") not in FINETUNE_ADAMS or (o.get("adam") != "bert" and (
       o.name != "adamw" or o.get("schedule", "linear") != "linear")):
     raise ConfigError(f"optimizer.adam={o.get('adam')!r}: choose one of {FINETUNE_ADAMS}; 'gpt' "
-                      f"(opt.py's Adam with its warmup_linear) needs optimizer.name='adamw' and "
-                      f"schedule='linear' (got {o.name!r} and {o.get('schedule')!r}): set "
-                      f"--config.optimizer.adam=bert for another optimizer or schedule.")
+                      f"(opt.py's Adam with its warmup_linear) and 'fairseq' (polynomial_decay) "
+                      f"need optimizer.name='adamw' and schedule='linear' (got {o.name!r} and "
+                      f"{o.get('schedule')!r}): set --config.optimizer.adam=bert for another "
+                      f"optimizer or schedule.")
   if o.get("schedule") == "slanted_triangular" and (
       not 0 < o.cut_frac < 1 or o.ratio < 1 or o.name != "adamw"):
     raise ConfigError(f"optimizer.schedule='slanted_triangular' needs optimizer.name='adamw', "

@@ -238,8 +238,10 @@ def base_optimizer(o, total_steps: int) -> ml_collections.ConfigDict:
   (`config_lib.bert_adamw`) with warmup over int(total_steps · warmup_fraction) steps, then
   linear decay to 0, or with `adam='gpt'` GPT's (`config_lib.gpt_adam`: opt.py's bias-corrected
   Adam with the L2 inside the step) at opt.py's warmup_linear, min(1, step / W) · (1 − step / T)
-  (`warmup_times_linear`: rate 0 at the first update, as opt.py's x = 0); 'adafactor', T5's
-  (`config_lib.t5_adafactor`) at a constant rate."""
+  (`warmup_times_linear`: rate 0 at the first update, as opt.py's x = 0), or with
+  `adam='fairseq'` fairseq's (`config_lib.fairseq_adam`: bias-corrected, β₂ 0.98, ε 1e-6,
+  decoupled decay on every parameter) at its polynomial_decay (warmup, then linear to 0 over the
+  remaining steps); 'adafactor', T5's (`config_lib.t5_adafactor`) at a constant rate."""
   if o.name == "adafactor":   # a constant rate (`config_lib.validate_finetune`: no warmup)
     section = config_lib.t5_adafactor(peak_lr=o.peak_lr, schedule="constant", warmup_steps=0,
                                       weight_decay=o.weight_decay, clip_norm=o.clip_norm)
@@ -247,6 +249,10 @@ def base_optimizer(o, total_steps: int) -> ml_collections.ConfigDict:
     section = config_lib.gpt_adam(peak_lr=o.peak_lr, weight_decay=o.weight_decay,
                                   clip_norm=o.clip_norm, schedule="warmup_times_linear",
                                   warmup_steps=int(total_steps * o.warmup_fraction))
+  elif o.get("adam", "bert") == "fairseq":   # fairseq optim/adam.py with polynomial_decay
+    section = config_lib.fairseq_adam(peak_lr=o.peak_lr, weight_decay=o.weight_decay,
+                                      clip_norm=o.clip_norm,
+                                      warmup_steps=int(total_steps * o.warmup_fraction))
   elif o.get("schedule", "linear") == "slanted_triangular":   # ULMFiT: no separate warmup
     section = config_lib.bert_adamw(peak_lr=o.peak_lr, weight_decay=o.weight_decay,
                                     clip_norm=o.clip_norm, schedule="slanted_triangular",

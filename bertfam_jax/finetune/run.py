@@ -404,7 +404,8 @@ def resolved_config(config, init_config, *, tokenizer_path: str = ""
                       f"or fine-tune a BERT-family, XLNet, GPT or T5 workdir.")
   seq2seq_run = text_to_text(config.finetune.task, init_config)
   task_kind = "" if seq2seq_run else tasks.get(config.finetune.task).kind
-  recipe = config_lib.finetune_recipe(seq2seq_run, task_kind, init_config.objective.name)
+  recipe = config_lib.finetune_recipe(seq2seq_run, task_kind, init_config.objective.name,
+                                      init_config.objective.get("mask_style", ""))
   resolved = config_lib.resolve_finetune(config, recipe, hidden=init_config.model.hidden,
                                          dropout=init_config.model.dropout)
   resolved.model = model_config(init_config.model, resolved.finetune)
@@ -424,7 +425,9 @@ def build_model(config) -> tuple[finetune_models.FineTuneModel, dict[str, np.nda
       features=config.finetune.features, backbone=finetune_models.backbone_for(config.model),
       orders=config.finetune.get("pair_orders", 1),
       mix_layer_norm=config.finetune.get("mix_layer_norm", False),
-      qa_head=config.finetune.get("qa_head") or "independent", qa_beam=config.finetune.n_best)
+      qa_head=config.finetune.get("qa_head") or "independent", qa_beam=config.finetune.n_best,
+      head_dropout=config.finetune.get("head_dropout"),
+      head_init=config.finetune.get("head_init") or "model")
   folded = task.kind == "multiple_choice" or config.finetune.get("pair_orders", 1) == 2
   shape = (1, 2, 8) if folded else (1, 8)
   example = dict(input_ids=np.zeros(shape, np.int32), input_mask=np.ones(shape, np.int32),

@@ -75,17 +75,23 @@ def _extract_states(x_BLD, input_mask_BL):
 # [rows, ...]; the sequence-level ones read the summary token at `summary_position`.
 # Classification and regression pool as `model.classifier_pooler` says (ELECTRA: no pooler);
 # multiple choice always pools (HF's ElectraForMultipleChoice: its summary projection).
+# The sequence-level heads also take `settings`: their dropout and init (FineTuneModel's
+# head_dropout and head_init).
 KINDS = {
-    "classification": ("classification_head", lambda c, width, at, name: heads.ClassificationHead(
-        c, width, summary_position=at, pooled=c.classifier_pooler, name=name), None),
+    "classification": ("classification_head", lambda c, width, at, name, **settings:
+                       heads.ClassificationHead(c, width, summary_position=at,
+                                                pooled=c.classifier_pooler, name=name,
+                                                **settings), None),
     # One real value per example, in a head named as classification's so a pooler carries over.
-    "regression": ("classification_head", lambda c, _, at, name: heads.MultipleChoiceHead(
-        c, summary_position=at, pooled=c.classifier_pooler, name=name), 1),
+    "regression": ("classification_head", lambda c, _, at, name, **settings:
+                   heads.MultipleChoiceHead(c, summary_position=at, pooled=c.classifier_pooler,
+                                            name=name, **settings), 1),
     "token_classification": ("token_head", lambda c, width, _, name: heads.TokenClassificationHead(
         c, width, name=name), None),
     "extractive_qa": ("span_head", lambda c, _, __, name: heads.SpanHead(c, name=name), 2),
-    "multiple_choice": ("choice_head", lambda c, _, at, name: heads.MultipleChoiceHead(
-        c, summary_position=at, name=name), 1),
+    "multiple_choice": ("choice_head", lambda c, _, at, name, **settings:
+                        heads.MultipleChoiceHead(c, summary_position=at, name=name, **settings),
+                        1),
 }
 
 
@@ -125,6 +131,8 @@ class FineTuneModel(nn.Module):
   mix_layer_norm: bool = False  # weighted_sum: each layer normalised first (bilm-tf)
   qa_head: str = "independent"  # extractive_qa: independent (run_squad.py) | joint (ELECTRA's)
   qa_beam: int = 20  # the joint head's starts kept, and ends kept per start, when predicting
+  head_dropout: float | None = None  # a sequence-level head's dropout; None = the model's
+  head_init: str = "model"  # a sequence-level head's init: heads.HEAD_INITS
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool,
@@ -147,6 +155,8 @@ class FineTuneModel(nn.Module):
     if self.features not in config_lib.FINETUNE_FEATURES:
       raise ConfigError(f"features={self.features!r}; choose one of "
                         f"{config_lib.FINETUNE_FEATURES}.")
+    if self.head_init not in heads.HEAD_INITS:
+      raise ConfigError(f"head_init={self.head_init!r}; choose one of {heads.HEAD_INITS}.")
     if self.qa_head not in config_lib.FINETUNE_QA_HEADS:
       raise ConfigError(f"qa_head={self.qa_head!r}; choose one of {config_lib.FINETUNE_QA_HEADS}.")
     if self.backbone not in BACKBONES:
@@ -176,13 +186,15 @@ class FineTuneModel(nn.Module):
       x_BLD = jnp.sum(x_BLD.reshape((-1, 2) + x_BLD.shape[1:]), axis=1)
       batch_shape = batch_shape[:-1]
     name, head, _ = KINDS[self.kind]
+    settings = (dict(dropout=self.head_dropout, head_init=self.head_init)
+                if self.kind in SEQUENCE_KINDS else {})
     # GPT's classifier dropout: one mask per example, shared by its choices (train.py).
     shared = dict(choices=batch_shape[-1]) if causal and self.kind == "multiple_choice" else {}
     if self.kind == "extractive_qa" and self.qa_head == "joint":
       head = lambda c, *_, name: heads.JointSpanHead(c, self.qa_beam, name=name)  # noqa: E731
       shared = dict(answer_mask_BL=heads.answer_mask(input_mask, segment_ids),
                     start_positions_B=start_positions)
-    out = head(self.config, width, SUMMARY_POSITION[self.backbone], name=name)(
+    out = head(self.config, width, SUMMARY_POSITION[self.backbone], name=name, **settings)(
         x_BLD, deterministic=deterministic, **shared)
     # multiple choice: [batch, choices]
     out = jax.tree.map(lambda o: o.reshape(batch_shape + o.shape[1:]), out)

@@ -17,23 +17,34 @@ def gather_positions(x_BLD, positions_BP):
   return jnp.take_along_axis(x_BLD, positions_BP[..., None], axis=1)
 
 
-def _pooler(c, dtype):
-  """BERT's pooler dense H→H (modeling.py); callers apply it to the first token, then tanh."""
-  return nn.Dense(c.hidden, dtype=dtype, param_dtype=jnp.float32,
-                  kernel_init=layers.weight_init(c, ("embed", "embed_out")),
-                  bias_init=layers.zeros_init(("embed_out",)), name="pooler")
+HEAD_INITS = ("model", "torch_default")
+
+
+def _pooler(c, dtype, init: str = "model"):
+  """BERT's pooler dense H→H (modeling.py); callers apply it to the first token, then tanh.
+  init 'torch_default': PyTorch's nn.Linear init (`layers.torch_linear_init`)."""
+  kernel_init, bias_init = (
+      layers.torch_linear_init(c.hidden, ("embed", "embed_out"), ("embed_out",))
+      if init == "torch_default" else
+      (layers.weight_init(c, ("embed", "embed_out")), layers.zeros_init(("embed_out",))))
+  return nn.Dense(c.hidden, dtype=dtype, param_dtype=jnp.float32, kernel_init=kernel_init,
+                  bias_init=bias_init, name="pooler")
 
 
 def _classifier(c, dtype, features: int, in_axis: str | None, *, bare: bool = True,
-                name: str = "classifier"):
+                name: str = "classifier", init: str = "model"):
   """The task's output layer: dense → `features`, bias 0; its kernel `layers.bare_dense_init`
   (the model's `weight_init`, or ELECTRA's Glorot-uniform), or with `bare=False` the model's
-  `weight_init` always (the NSP / SOP layer, which BERT and ALBERT initialise themselves)."""
+  `weight_init` always (the NSP / SOP layer, which BERT and ALBERT initialise themselves).
+  init 'torch_default': PyTorch's nn.Linear init on a hidden-wide input, bias included."""
   kernel_axes = (in_axis, None)
-  return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32,
-                  kernel_init=(layers.bare_dense_init(c, kernel_axes) if bare else
-                               layers.weight_init(c, kernel_axes)),
-                  bias_init=layers.zeros_init((None,)), name=name)
+  kernel_init, bias_init = (
+      layers.bare_dense_init(c, kernel_axes) if bare else layers.weight_init(c, kernel_axes),
+      layers.zeros_init((None,)))
+  if init == "torch_default":
+    kernel_init, bias_init = layers.torch_linear_init(c.hidden, kernel_axes, (None,))
+  return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32, kernel_init=kernel_init,
+                  bias_init=bias_init, name=name)
 
 
 class MLMHead(nn.Module):
@@ -146,27 +157,32 @@ class ClassificationHead(nn.Module):
   False (ELECTRA's classification and regression, `model.classifier_pooler`: its
   `get_pooled_output` is the first token's state). `choices` > 1: the rows are
   an example's choices, consecutive, and share one dropout mask (train.py drops `clf_h` of shape
-  [batch, 2, n_embd] with noise_shape [batch, 1, n_embd])."""
+  [batch, 2, n_embd] with noise_shape [batch, 1, n_embd]).
+  `dropout` (None: the model's) and `head_init` (HEAD_INITS; 'torch_default' for the pooler and the
+  classifier: fairseq's RobertaClassificationHead, pooler_dropout 0, registered after
+  init_bert_params)."""
   config: Any  # the `config.model` section
   num_outputs: int
   summary_position: int = 0
   pooled: bool = True
+  dropout: float | None = None
+  head_init: str = "model"   # (`init` would shadow Module.init)
 
   @nn.compact
   def __call__(self, x_BLD, *, deterministic: bool, choices: int = 1):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     summary_BD = x_BLD[:, self.summary_position]
-    pooled_BD = (nn.tanh(_pooler(c, dtype)(summary_BD))
+    pooled_BD = (nn.tanh(_pooler(c, dtype, self.head_init)(summary_BD))
                  if self.pooled and not c.get("causal", False) else summary_BD)
-    dropout = layers.Dropout(c.dropout, c.dropout_bits)
+    dropout = layers.Dropout(c.dropout if self.dropout is None else self.dropout, c.dropout_bits)
     if choices > 1:
       rows, width = pooled_BD.shape
       keep_E1D = dropout(jnp.ones((rows // choices, 1, width), pooled_BD.dtype), deterministic)
       pooled_BD = (pooled_BD.reshape(-1, choices, width) * keep_E1D).reshape(rows, width)
     else:
       pooled_BD = dropout(pooled_BD, deterministic=deterministic)
-    return _classifier(c, dtype, self.num_outputs, "embed_out")(pooled_BD)
+    return _classifier(c, dtype, self.num_outputs, "embed_out", init=self.head_init)(pooled_BD)
 
 
 class MultipleChoiceHead(ClassificationHead):

@@ -64,6 +64,20 @@ def bare_dense_init(c, axes: tuple[str | None, ...]):
   return weight_init(c, axes)
 
 
+def torch_linear_init(fan_in: int, kernel_axes: tuple[str | None, ...],
+                      bias_axes: tuple[str | None, ...]):
+  """(kernel init, bias init) of PyTorch's default `nn.Linear`: kaiming_uniform_(a=√5), i.e.
+  U(±1/√fan_in), and a bias U(±1/√fan_in) (fairseq RoBERTa's classification head)."""
+  bound = fan_in ** -0.5
+
+  def bias(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return (nn.with_logical_partitioning(
+              nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform"), kernel_axes),
+          nn.with_logical_partitioning(bias, bias_axes))
+
+
 def zeros_init(axes: tuple[str | None, ...]):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 

@@ -70,6 +70,50 @@ def test_an_electra_init_gets_electras_recipe(hidden, task_kind, expected):
     cl.resolve_finetune(given, recipe, hidden=hidden)
 
 
+@pytest.mark.parametrize("task, kind, expected", [
+    # examples/roberta/config/finetuning/*.yaml: Adam (0.9, 0.98) ε 1e-6, decay 0.1, no clip,
+    # 6% warmup, 10 epochs, lr 1e-5 and batch 32 (RTE, STS-B 2e-5; RTE, MRPC, CoLA, STS-B batch
+    # 16; QQP 28,318 of 113,272 updates warming up), 512 tokens; a head without dropout, torch's
+    # default init.
+    ("glue/sst2", "classification", dict(name="adamw", adam="fairseq", peak_lr=1e-5,
+                                         weight_decay=0.1, clip_norm=0.0, warmup_fraction=0.06,
+                                         epochs=10.0, max_seq_len=512, batch_size=32,
+                                         head_dropout=0.0, head_init="torch_default")),
+    ("glue/rte", "classification", dict(peak_lr=2e-5, batch_size=16, warmup_fraction=0.06)),
+    ("glue/stsb", "regression", dict(peak_lr=2e-5, batch_size=16, head_init="torch_default")),
+    ("glue/mrpc", "classification", dict(peak_lr=1e-5, batch_size=16)),
+    ("glue/cola", "classification", dict(peak_lr=1e-5, batch_size=16)),
+    ("glue/qqp", "classification", dict(peak_lr=1e-5, batch_size=32, warmup_fraction=0.25)),
+])
+def test_a_roberta_init_gets_fairseqs_glue_recipe(task, kind, expected):
+  recipe = cl.finetune_recipe(False, kind, "mlm", "fairseq")
+  assert recipe == "roberta"
+  resolved = cl.resolve_finetune(load(f"task={task},init=x"), recipe, dropout=0.1)
+  flat = {**resolved.optimizer, **resolved.finetune, **resolved.train}
+  assert {k: flat[k] for k in expected} == expected
+  # The runlocal slice: its CPU sizes and 3 epochs.
+  local = cl.resolve_finetune(load(f"task={task},init=x,runlocal"), recipe, dropout=0.1)
+  assert (local.finetune.epochs, local.finetune.max_seq_len, local.optimizer.adam) == (
+      3.0, 128, "fairseq")
+
+
+def test_robertas_other_tasks_and_other_inits_keep_berts_recipe():
+  for kind in ("token_classification", "extractive_qa", "multiple_choice"):
+    assert cl.finetune_recipe(False, kind, "mlm", "fairseq") != "roberta"
+  assert cl.finetune_recipe(False, "classification", "mlm", "bert") == "encoder"
+  assert cl.finetune_recipe(False, "classification", "mlm", "spanbert") == "encoder"
+  bert = cl.resolve_finetune(load("task=glue/rte,init=x"), "encoder", dropout=0.1)
+  assert (bert.optimizer.adam, bert.train.batch_size, bert.finetune.head_init,
+          bert.finetune.head_dropout) == ("bert", 32, "model", 0.1)   # the model's dropout
+  given = load("task=glue/rte,init=x")
+  given.train.batch_size, given.finetune.head_init = 8, "model"
+  roberta = cl.resolve_finetune(given, "roberta", dropout=0.1)
+  assert (roberta.train.batch_size, roberta.finetune.head_init) == (8, "model")
+  given.finetune.head_init = "xavier"
+  with pytest.raises(ConfigError, match="finetune.head_init='xavier' must be one of"):
+    cl.resolve_finetune(given, "roberta", dropout=0.1)
+
+
 def test_gradual_unfreezing_is_refused_with_a_bias_corrected_or_another_optimizer():
   """A layer unfrozen at step s starts from zero moments; a bias correction counted from step 0
   would scale its first updates wrongly (GPT's Adam), and Adafactor is not that optimizer."""

@@ -133,6 +133,40 @@ def test_gpts_recipe_is_opt_pys_adam_with_warmup_linear():
       "bert")
 
 
+def test_robertas_recipe_is_fairseqs_adam_with_polynomial_decay():
+  """adam='fairseq' is train/optimizer.py's fairseq Adam (tested against fairseq's Adam.step
+  there): bias-corrected, decoupled decay on every parameter, LayerNorms and biases included,
+  warmup then linear decay over the remaining steps."""
+  config = tiny_config()
+  shapes = abstract_params(config)
+  params, grads = random_like(shapes, 0), gradients(shapes)
+  run = run_config(ft(clip_norm=0.0), config)
+  run.optimizer.adam = "fairseq"
+  tx, schedule = optim.make_finetune_optimizer(run, shapes, TOTAL)
+  ref_tx, ref_schedule = optimizer.make_optimizer(ml_collections.ConfigDict(dict(
+      optimizer=config_lib.fairseq_adam(peak_lr=0.1, weight_decay=0.1, clip_norm=0.0,
+                                        warmup_steps=2),
+      train=dict(total_steps=TOTAL))))
+  ours, _ = trajectory(tx, params, grads)
+  theirs, _ = trajectory(ref_tx, params, grads)
+  for a, b in zip(ours, theirs):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), a, b)
+  # polynomial_decay: lr/W before the first update counts, lr·n/W in warmup, then lr·(1 − (n − W)
+  # / (T − W)) at update n.
+  assert [float(schedule(s)) for s in range(TOTAL)] == pytest.approx(
+      [0.05, 0.05, 0.1, 0.1 * 5 / 6, 0.1 * 4 / 6, 0.1 * 3 / 6, 0.1 * 2 / 6, 0.1 * 1 / 6])
+  assert [float(schedule(s)) for s in range(TOTAL)] == [float(ref_schedule(s))
+                                                        for s in range(TOTAL)]
+  # Unlike BERT's AdamW, a bias with a zero gradient still decays.
+  zero = jax.tree.map(np.zeros_like, grads[0])
+  bert, _ = optim.make_finetune_optimizer(run_config(ft(clip_norm=0.0), config), shapes, TOTAL)
+  bias = lambda tree: flat(tree)["classification_head/classifier/bias"]  # noqa: E731
+  start = bias(params)
+  fairseq_bias = bias(trajectory(tx, params, [zero] * 3)[0][-1])
+  bert_bias = bias(trajectory(bert, params, [zero] * 3)[0][-1])
+  assert (np.abs(fairseq_bias) < np.abs(start)).all() and (bert_bias == start).all()
+
+
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 def test_frozen_layers_never_move_and_hold_no_state(scan):
   config = tiny_config(scan_layers=scan)

@@ -495,3 +495,37 @@ def test_joint_qa_head_is_electras_bare_glorot_layers():
   assert np.abs(kernel).max() <= limit and np.abs(kernel).max() > 0.95 * limit
   assert np.std(kernel) == pytest.approx(limit / np.sqrt(3), rel=0.05)
   assert all(np.all(np.asarray(v["bias"]) == 0) for v in head.values())
+
+
+def test_robertas_head_is_fairseqs_classification_head():
+  """fairseq's RobertaClassificationHead, registered after init_bert_params: torch's default
+  nn.Linear init, U(±1/√fan_in) for weights and biases alike, and no dropout (pooler_dropout
+  0); the model's law and dropout otherwise."""
+  config = tiny_config(hidden=256, heads=4)
+  x = jax.random.normal(jax.random.key(0), (4, 3, 256))
+  head = heads.ClassificationHead(config, 64, head_init="torch_default", dropout=0.0)
+  params = nn.meta.unbox(head.init(jax.random.key(1), x, deterministic=True))["params"]
+  bound = 1 / 16
+  for layer in ("pooler", "classifier"):
+    for name in ("kernel", "bias"):
+      value = np.asarray(params[layer][name])
+      assert np.abs(value).max() <= bound and np.abs(value).max() > 0.9 * bound, (layer, name)
+      assert np.std(value) == pytest.approx(bound / np.sqrt(3), rel=0.1 if value.ndim > 1 else 0.2)
+  run = lambda module, **kw: module.apply({"params": params}, x, **kw)  # noqa: E731
+  rngs = dict(rngs={"dropout": jax.random.key(2)})
+  np.testing.assert_array_equal(run(head, deterministic=False, **rngs),
+                                run(head, deterministic=True))
+  dropped = heads.ClassificationHead(config, 64)   # the model's dropout (0.1) and init
+  assert not np.allclose(run(dropped, deterministic=False, **rngs), run(dropped, deterministic=True))
+  model = nn.meta.unbox(dropped.init(jax.random.key(1), x, deterministic=True))["params"]
+  assert not np.asarray(model["classifier"]["bias"]).any()
+  assert np.std(model["pooler"]["kernel"]) < 0.021
+  # FineTuneModel passes them to every sequence-level head.
+  for kind, name in [("classification", "classification_head"), ("regression",
+                     "classification_head"), ("multiple_choice", "choice_head")]:
+    model = finetune.FineTuneModel(tiny_config(), kind, 3 if kind == "classification" else 0,
+                                   head_init="torch_default")
+    inputs = INPUTS if kind != "multiple_choice" else {k: v[:, None] for k, v in INPUTS.items()}
+    bias = nn.meta.unbox(model.init(jax.random.key(0), **inputs, deterministic=True))["params"][
+        name]["pooler"]["bias"]
+    assert np.asarray(bias).any(), kind
