@@ -78,7 +78,8 @@ def build_model(student: finetune_models.FineTuneModel, teacher_config
   return finetune_models.TaskDistiller(
       student, ml_collections.FrozenConfigDict(teacher_config.model),
       teacher_features=teacher_config.finetune.get("features", "last"),
-      teacher_mix_layer_norm=teacher_config.finetune.get("mix_layer_norm", False))
+      teacher_mix_layer_norm=teacher_config.finetune.get("mix_layer_norm", False),
+      teacher_qa_head=teacher_config.finetune.get("qa_head") or "independent")
 
 
 def teacher_variables(teacher_params) -> dict:

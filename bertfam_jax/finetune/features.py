@@ -394,7 +394,8 @@ def joint_qa_predictions(outputs: dict[str, np.ndarray], features: dict[str, np.
   best valid span of the beam over all the example's features (`_best_beam_span`); with
   version_2 the answer is "" when the example's null score, the least answerable_logit (the
   logit of 'no answer') over its features, exceeds `answerable_threshold` (ELECTRA's
-  qa_na_threshold, −2.75), whatever the span's score; "" too when no span is valid.
+  qa_na_threshold, −2.75), whatever the span's score; "" too when no span is valid (where
+  qa_metrics.py writes its placeholder text 'empty').
 
   Args:
     outputs: the joint head's prediction outputs for `features`, each [features, ...].

@@ -61,16 +61,17 @@ def extractive_qa_loss(outputs, batch):
   qa_tasks.py's loss, the same mean plus ANSWERABLE_WEIGHT × the sigmoid cross-entropy of
   answerable_logit on is_impossible (logged as answerable_loss)."""
   joint = isinstance(outputs, dict)
-  logits = (jnp.stack([outputs["start_logits"], outputs["end_logits"]], -1) if joint
-            else outputs).astype(jnp.float32)
-  start = optax.softmax_cross_entropy_with_integer_labels(logits[..., 0], batch["start_position"])
-  end = optax.softmax_cross_entropy_with_integer_labels(logits[..., 1], batch["end_position"])
+  boundaries = ((outputs["start_logits"], outputs["end_logits"]) if joint
+                else (outputs[..., 0], outputs[..., 1]))
+  start_logits, end_logits = (x.astype(jnp.float32) for x in boundaries)
+  start = optax.softmax_cross_entropy_with_integer_labels(start_logits, batch["start_position"])
+  end = optax.softmax_cross_entropy_with_integer_labels(end_logits, batch["end_position"])
   count = jnp.asarray(start.size, jnp.float32)
-  hit = lambda i, key: jnp.sum(jnp.argmax(logits[..., i], -1) == batch[key]).astype(  # noqa: E731
+  hit = lambda logits, key: jnp.sum(jnp.argmax(logits, -1) == batch[key]).astype(  # noqa: E731
       jnp.float32)
   per_example = (start + end) / 2
-  metrics = {"start_accuracy": (hit(0, "start_position"), count),
-             "end_accuracy": (hit(1, "end_position"), count)}
+  metrics = {"start_accuracy": (hit(start_logits, "start_position"), count),
+             "end_accuracy": (hit(end_logits, "end_position"), count)}
   if joint:
     answerable = optax.sigmoid_binary_cross_entropy(
         outputs["answerable_logit"].astype(jnp.float32),

@@ -134,22 +134,30 @@ def with_fresh_token_rows(transfer, token_ids: Sequence[int]):
 # ------------------------------------------------------------------------------------------- run
 
 
-def check_workdir(workdir: str, task: str) -> bool:
+def check_workdir(workdir: str, task: str, qa_head: str = "") -> bool:
   """`workdir.check_writable`, then refuses, before anything in it is read or written, a workdir
   whose checkpoints belong to another run than a fine-tuning on `task` (a pre-training run, or a
-  fine-tuning on another task): they would otherwise be resumed as this run's. Returns whether
-  the workdir holds a checkpoint (read once, on every process: orbax's reader syncs them)."""
+  fine-tuning on another task), or, for an extractive QA task, with another `qa_head` (a run
+  saved before the field was recorded had run_squad.py's): they would otherwise be resumed as
+  this run's. Returns whether the workdir holds a checkpoint (read once, on every process:
+  orbax's reader syncs them)."""
   workdir_lib.check_writable(workdir)
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   resuming = workdir_lib.latest_step(workdir) is not None
   # Without a checkpoint its files are a failed start's, which this run replaces.
   if not resuming or not fileio.exists(path):
     return resuming
-  saved = workdir_lib.read_json(path).get("finetune", {}).get("task")
+  saved_finetune = workdir_lib.read_json(path).get("finetune", {})
+  saved = saved_finetune.get("task")
   if saved != task:
     held = f"a fine-tuning on {saved!r}" if saved else "a pre-training run"
     raise ConfigError(f"--workdir={workdir} holds {held}, not a fine-tuning on {task!r}, and "
                       f"is left untouched; use a new --workdir.")
+  saved_head = saved_finetune.get("qa_head") or "independent"
+  if qa_head and tasks.get(task).kind == "extractive_qa" and saved_head != qa_head:
+    raise ConfigError(f"--workdir={workdir} was fine-tuned with finetune.qa_head="
+                      f"{saved_head!r}, not {qa_head!r}; pass --config.finetune.qa_head="
+                      f"{saved_head} to resume it, or use a new --workdir.")
   return resuming
 
 
@@ -182,7 +190,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   init_config, tokenizer, pretrained = load_init(ft.init)
   resolved = resolved_config(config, init_config,
                              tokenizer_path=workdir_lib.tokenizer_location(init_config, ft.init))
-  resuming = check_workdir(workdir, ft.task)
+  resuming = check_workdir(workdir, ft.task, resolved.finetune.get("qa_head") or "")
   workdir_lib.check_resumable(workdir, resolved, tokenizer, None, resuming=resuming)
   mesh = sharding_lib.make_mesh(config.mesh)
   check_batches(resolved, mesh)
@@ -212,7 +220,7 @@ def fine_tune(config: ml_collections.ConfigDict, tokenizer, params, *, mesh=None
   scratch) with the resolved `config` (`resolved_config`) on every device, data-parallel, unless
   given a mesh; nothing is written. Returns the evaluation's results (task, split, examples,
   main_metric, scores, predictions, step, ...); deterministic given config.seed and the mesh."""
-  unresolved = [f"{section}.{key}" for section in ("finetune", "optimizer")
+  unresolved = [f"{section}.{key}" for section in ("finetune", "optimizer", "train")
                 for key, value in config[section].items() if value is None]
   if unresolved or "model" not in config:
     missing = ", ".join(unresolved) or "the model section"

@@ -132,7 +132,7 @@ class FineTuneModel(nn.Module):
   qa_head: str = "independent"  # extractive_qa: independent (run_squad.py) | joint (ELECTRA's)
   qa_beam: int = 20  # the joint head's starts kept, and ends kept per start, when predicting
   head_dropout: float | None = None  # a sequence-level head's dropout; None = the model's
-  head_init: str = "model"  # a sequence-level head's init: heads.HEAD_INITS
+  head_init: str = "model"  # a sequence-level head's init: config_lib.FINETUNE_HEAD_INITS
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool,
@@ -155,8 +155,9 @@ class FineTuneModel(nn.Module):
     if self.features not in config_lib.FINETUNE_FEATURES:
       raise ConfigError(f"features={self.features!r}; choose one of "
                         f"{config_lib.FINETUNE_FEATURES}.")
-    if self.head_init not in heads.HEAD_INITS:
-      raise ConfigError(f"head_init={self.head_init!r}; choose one of {heads.HEAD_INITS}.")
+    if self.head_init not in config_lib.FINETUNE_HEAD_INITS:
+      raise ConfigError(f"head_init={self.head_init!r}; choose one of "
+                        f"{config_lib.FINETUNE_HEAD_INITS}.")
     if self.qa_head not in config_lib.FINETUNE_QA_HEADS:
       raise ConfigError(f"qa_head={self.qa_head!r}; choose one of {config_lib.FINETUNE_QA_HEADS}.")
     if self.backbone not in BACKBONES:
@@ -216,6 +217,7 @@ class TaskDistiller(nn.Module):
   teacher_config: Any          # the teacher's `config.model`
   teacher_features: str = "last"
   teacher_mix_layer_norm: bool = False   # the teacher's finetune.mix_layer_norm
+  teacher_qa_head: str = "independent"   # the teacher's finetune.qa_head (its QA head's layers)
 
   def setup(self):
     nn.share_scope(self, self.student)
@@ -224,7 +226,7 @@ class TaskDistiller(nn.Module):
     self.teacher = pretraining.teacher_module(FineTuneModel, self.is_initializing())(
         self.teacher_config, self.student.kind, self.student.num_outputs,
         features=self.teacher_features, backbone=backbone_for(self.teacher_config),
-        mix_layer_norm=self.teacher_mix_layer_norm)
+        mix_layer_norm=self.teacher_mix_layer_norm, qa_head=self.teacher_qa_head)
 
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool):
     if self.is_initializing():   # create every parameter, the teacher's and fit_dense too

@@ -17,16 +17,15 @@ def gather_positions(x_BLD, positions_BP):
   return jnp.take_along_axis(x_BLD, positions_BP[..., None], axis=1)
 
 
-HEAD_INITS = ("model", "torch_default")
-
-
 def _pooler(c, dtype, init: str = "model"):
   """BERT's pooler dense H→H (modeling.py); callers apply it to the first token, then tanh.
   init 'torch_default': PyTorch's nn.Linear init (`layers.torch_linear_init`)."""
-  kernel_init, bias_init = (
-      layers.torch_linear_init(c.hidden, ("embed", "embed_out"), ("embed_out",))
-      if init == "torch_default" else
-      (layers.weight_init(c, ("embed", "embed_out")), layers.zeros_init(("embed_out",))))
+  if init == "torch_default":
+    kernel_init, bias_init = layers.torch_linear_init(c.hidden, ("embed", "embed_out"),
+                                                      ("embed_out",))
+  else:
+    kernel_init = layers.weight_init(c, ("embed", "embed_out"))
+    bias_init = layers.zeros_init(("embed_out",))
   return nn.Dense(c.hidden, dtype=dtype, param_dtype=jnp.float32, kernel_init=kernel_init,
                   bias_init=bias_init, name="pooler")
 
@@ -36,13 +35,14 @@ def _classifier(c, dtype, features: int, in_axis: str | None, *, bare: bool = Tr
   """The task's output layer: dense → `features`, bias 0; its kernel `layers.bare_dense_init`
   (the model's `weight_init`, or ELECTRA's Glorot-uniform), or with `bare=False` the model's
   `weight_init` always (the NSP / SOP layer, which BERT and ALBERT initialise themselves).
-  init 'torch_default': PyTorch's nn.Linear init on a hidden-wide input, bias included."""
+  init 'torch_default': PyTorch's nn.Linear init, for a hidden-wide input (the pooled state)."""
   kernel_axes = (in_axis, None)
-  kernel_init, bias_init = (
-      layers.bare_dense_init(c, kernel_axes) if bare else layers.weight_init(c, kernel_axes),
-      layers.zeros_init((None,)))
   if init == "torch_default":
     kernel_init, bias_init = layers.torch_linear_init(c.hidden, kernel_axes, (None,))
+  else:
+    kernel_init = (layers.bare_dense_init(c, kernel_axes) if bare else
+                   layers.weight_init(c, kernel_axes))
+    bias_init = layers.zeros_init((None,))
   return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32, kernel_init=kernel_init,
                   bias_init=bias_init, name=name)
 
@@ -158,7 +158,7 @@ class ClassificationHead(nn.Module):
   `get_pooled_output` is the first token's state). `choices` > 1: the rows are
   an example's choices, consecutive, and share one dropout mask (train.py drops `clf_h` of shape
   [batch, 2, n_embd] with noise_shape [batch, 1, n_embd]).
-  `dropout` (None: the model's) and `head_init` (HEAD_INITS; 'torch_default' for the pooler and the
+  `dropout` (None: the model's) and `head_init` (config_lib.FINETUNE_HEAD_INITS; 'torch_default' for the pooler and the
   classifier: fairseq's RobertaClassificationHead, pooler_dropout 0, registered after
   init_bert_params)."""
   config: Any  # the `config.model` section
@@ -260,7 +260,7 @@ class JointSpanHead(nn.Module):
   −1000. Training (`start_positions` given) conditions the end on the gold start; prediction
   keeps the `beam_size` best starts (log-softmax) and, for each, the `beam_size` best ends.
   Dense layers are bare (`layers.bare_dense_init`: ELECTRA's Glorot-uniform); GELU is ELECTRA's
-  tanh approximation; no dropout (qa_tasks.py applies none).
+  `modeling.gelu`, the exact erf form; no dropout (qa_tasks.py applies none).
 
   Returns, with start_positions: start_logits, end_logits [batch, length] and answerable_logit
   [batch] (float32); without: start_top_log_probs, start_top_index [batch, K], end_top_log_probs,
@@ -272,7 +272,7 @@ class JointSpanHead(nn.Module):
   def __call__(self, x_BLD, *, deterministic: bool, answer_mask_BL, start_positions_B=None):
     del deterministic   # no dropout in the head
     c = self.config
-    gelu = layers.activation_fn("gelu_tanh")
+    gelu = layers.activation_fn("gelu")
     dense = lambda features, name: _classifier(c, jnp.dtype(c.dtype), features, None,  # noqa: E731
                                                name=name)
     penalty_BL = JOINT_QA_PENALTY * (answer_mask_BL.astype(jnp.float32) - 1.0)

@@ -66,8 +66,9 @@ def bare_dense_init(c, axes: tuple[str | None, ...]):
 
 def torch_linear_init(fan_in: int, kernel_axes: tuple[str | None, ...],
                       bias_axes: tuple[str | None, ...]):
-  """(kernel init, bias init) of PyTorch's default `nn.Linear`: kaiming_uniform_(a=√5), i.e.
-  U(±1/√fan_in), and a bias U(±1/√fan_in) (fairseq RoBERTa's classification head)."""
+  """(kernel init, bias init) of PyTorch's default `nn.Linear` on `fan_in` inputs:
+  kaiming_uniform_(a=√5), i.e. U(±1/√fan_in), and a bias U(±1/√fan_in) (fairseq RoBERTa's
+  classification head)."""
   bound = fan_in ** -0.5
 
   def bias(key, shape, dtype=jnp.float32):

@@ -271,7 +271,8 @@ def test_qa_predictions_match_run_squad(tokenizer, version_2):
 def _reference_joint_predictions(outputs, out, examples, max_answer_len, answerable_threshold,
                                  version_2):
   """electra qa_metrics.py write_predictions with joint_prediction and answerable_classifier,
-  transcribed loop by loop (its token_to_orig_map: our context tokens of a character or more)."""
+  transcribed loop by loop (its token_to_orig_map: our context tokens of a character or more),
+  but "" where no span is valid, not its placeholder text 'empty'."""
   predictions = {}
   for index, example in enumerate(examples):
     prelim, score_null = [], 1000000

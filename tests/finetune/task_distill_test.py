@@ -50,6 +50,20 @@ def test_a_teacher_with_a_normalised_mix_is_rebuilt_with_it():
   np.testing.assert_allclose(out["student"], out["teacher"], rtol=1e-6, atol=1e-6)
 
 
+def test_a_teacher_with_electras_joint_qa_head_is_rebuilt_with_it():
+  """A QA teacher fine-tuned with finetune.qa_head='joint' (an ELECTRA init's default) is built
+  with that head, so its saved parameters fit; a run_squad.py student learns its layers."""
+  teacher = _teacher_config(qa_head="joint")
+  student = finetune_models.FineTuneModel(ml_collections.FrozenConfigDict(teacher.model),
+                                          "extractive_qa")
+  ids = (np.arange(32, dtype=np.int32).reshape(2, 16) * 7) % tiny.VOCAB
+  variables = nn.meta.unbox(jax.device_get(distill.build_model(student, teacher).init(
+      jax.random.key(0), ids, np.ones_like(ids), 0 * ids, deterministic=True)))
+  assert set(variables["teacher"]["teacher"]["span_head"]) == {
+      "start", "qa_hidden", "qa_logits", "answerable_hidden", "answerable"}
+  assert set(variables["params"]["span_head"]) == {"classifier"}
+
+
 @pytest.mark.parametrize("kind, shape, outputs", [
     ("classification", (2, 16), 3),
     ("regression", (2, 16), 0),

@@ -99,7 +99,18 @@ def test_electras_joint_qa_head_trains_on_the_gold_starts_and_predicts_with_its_
   predictions = read_lines(os.path.join(workdir, "predictions.jsonl"))
   assert len(predictions) == 48 and any(p["prediction"] for p in predictions)
   with open(os.path.join(workdir, "config.json")) as f:
-    assert json.load(f)["finetune"]["qa_head"] == "joint"
+    saved = json.load(f)
+  assert saved["finetune"]["qa_head"] == "joint"
+  # Resumed only with its head; a run saved before qa_head was recorded had run_squad.py's.
+  assert finetune_run.check_workdir(workdir, "wordnet_qa", "joint")
+  with pytest.raises(ConfigError, match="qa_head='joint', not 'independent'; pass "
+                                        "--config.finetune.qa_head=joint"):
+    finetune_run.check_workdir(workdir, "wordnet_qa", "independent")
+  del saved["finetune"]["qa_head"]
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(saved, f)
+  with pytest.raises(ConfigError, match="qa_head='independent', not 'joint'"):
+    finetune_run.check_workdir(workdir, "wordnet_qa", "joint")
 
 
 def test_joint_qa_head_is_refused_where_it_cannot_run(pretrained):

@@ -413,11 +413,11 @@ def reference_joint_head(x, p, input_mask, segment_ids, starts):
   start = dense(x, p["start"])[..., 0] + 1000.0 * (answer_mask - 1)
   start_features = np.repeat(x[np.arange(len(x)), starts][:, None], x.shape[1], axis=1)
   final_repr = np.concatenate([start_features, x], -1)
-  end = dense(gelu(dense(final_repr, p["qa_hidden"]), "gelu_tanh"), p["qa_logits"])[..., 0]
+  end = dense(gelu(dense(final_repr, p["qa_hidden"]), "gelu"), p["qa_logits"])[..., 0]
   end += 1000.0 * (answer_mask - 1)
   start_feature = (_softmax(start)[..., None] * x).sum(1)
   summary = np.concatenate([x[:, 0], start_feature], -1)
-  answerable = dense(gelu(dense(summary, p["answerable_hidden"]), "gelu_tanh"),
+  answerable = dense(gelu(dense(summary, p["answerable_hidden"]), "gelu"),
                      p["answerable"])[:, 0]
   return start, end, answerable, answer_mask > 0
 
