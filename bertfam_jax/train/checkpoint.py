@@ -184,19 +184,25 @@ class Checkpointer:
   def _no_space_named(self):
     """A full disk while a checkpoint is written (or finished, asynchronously) becomes one line
     naming the checkpoint and its size (`errors.no_space_error`); the complete checkpoints
-    before it are untouched (orbax renames a checkpoint into place only once it is whole)."""
+    before it are untouched (orbax renames a checkpoint into place only once it is whole).
+    After such a failure the closed-loop filter stays for the rest of the process: TensorStore
+    completes the other writes after the save raised, up to the process's exit (a run under
+    load printed their tracebacks before its one line)."""
     unraisablehook = sys.unraisablehook
     sys.unraisablehook = _without_closed_loop_errors(unraisablehook)
+    failed = False
     try:
       yield
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore wrap the OSError)
       if errors.no_space(e) is None or self._pending is None:
         raise
+      failed = True
       step, size = self._pending
       raise errors.no_space_error(e, self.directory, f"checkpoint {step} ({size / 2**20:,.1f} "
                                   f"MiB) in {self.directory}") from e
     finally:
-      sys.unraisablehook = unraisablehook
+      if not failed:
+        sys.unraisablehook = unraisablehook
 
   def restore(self, step: int, abstract_state):
     """Restores onto the shardings in `abstract_state` (any mesh). Returns (state, data_state or
