@@ -137,9 +137,9 @@ def with_fresh_token_rows(transfer, token_ids: Sequence[int]):
 def check_workdir(workdir: str, task: str, qa_head: str = "") -> bool:
   """`workdir.check_writable`, then refuses, before anything in it is read or written, a workdir
   whose checkpoints belong to another run than a fine-tuning on `task` (a pre-training run, or a
-  fine-tuning on another task), or, for an extractive QA task, with another `qa_head` (a run
-  saved before the field was recorded had run_squad.py's): they would otherwise be resumed as
-  this run's. Returns whether the workdir holds a checkpoint (read once, on every process:
+  fine-tuning on another task), or, given the `qa_head` of an extractive QA run, with another
+  one (a run saved before the field was recorded had run_squad.py's): they would otherwise be
+  resumed as this run's. Returns whether the workdir holds a checkpoint (read once, on every process:
   orbax's reader syncs them)."""
   workdir_lib.check_writable(workdir)
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
@@ -154,7 +154,7 @@ def check_workdir(workdir: str, task: str, qa_head: str = "") -> bool:
     raise ConfigError(f"--workdir={workdir} holds {held}, not a fine-tuning on {task!r}, and "
                       f"is left untouched; use a new --workdir.")
   saved_head = saved_finetune.get("qa_head") or "independent"
-  if qa_head and tasks.get(task).kind == "extractive_qa" and saved_head != qa_head:
+  if qa_head and saved_head != qa_head:
     raise ConfigError(f"--workdir={workdir} was fine-tuned with finetune.qa_head="
                       f"{saved_head!r}, not {qa_head!r}; pass --config.finetune.qa_head="
                       f"{saved_head} to resume it, or use a new --workdir.")
@@ -190,7 +190,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   init_config, tokenizer, pretrained = load_init(ft.init)
   resolved = resolved_config(config, init_config,
                              tokenizer_path=workdir_lib.tokenizer_location(init_config, ft.init))
-  resuming = check_workdir(workdir, ft.task, resolved.finetune.get("qa_head") or "")
+  qa = ft.task in tasks.TASKS and tasks.get(ft.task).kind == "extractive_qa"
+  resuming = check_workdir(workdir, ft.task, resolved.finetune.qa_head if qa else "")
   workdir_lib.check_resumable(workdir, resolved, tokenizer, None, resuming=resuming)
   mesh = sharding_lib.make_mesh(config.mesh)
   check_batches(resolved, mesh)
