@@ -1182,8 +1182,8 @@ def finetune_config() -> ml_collections.ConfigDict:
       clip_norm=_DEFAULT(float),
       adam=_DEFAULT(str),     # adamw's kind: bert (AdamWeightDecay) | gpt (finetune-transformer-
                               # lm opt.py: bias-corrected, ε 1e-8, L2 inside the step, warmup_linear)
-                              # | fairseq (optim/adam.py: bias-corrected, β₂ 0.98, ε 1e-6, decoupled
-                              # decay on every parameter; polynomial_decay after warmup)
+                              # | fairseq (optim/adam.py: bias-corrected, β₂ 0.98, ε 1e-6,
+                              # decoupled decay on every parameter; polynomial_decay)
       schedule="linear",      # linear (BERT's warmup + decay) | slanted_triangular (ULMFiT)
       cut_frac=0.1,           # slanted_triangular: the share of steps rising (ULMFiT)
       ratio=32.0,             # slanted_triangular: how much smaller the lowest rate is (ULMFiT)

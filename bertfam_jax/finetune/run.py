@@ -139,8 +139,8 @@ def check_workdir(workdir: str, task: str, qa_head: str = "") -> bool:
   whose checkpoints belong to another run than a fine-tuning on `task` (a pre-training run, or a
   fine-tuning on another task), or, given the `qa_head` of an extractive QA run, with another
   one (a run saved before the field was recorded had run_squad.py's): they would otherwise be
-  resumed as this run's. Returns whether the workdir holds a checkpoint (read once, on every process:
-  orbax's reader syncs them)."""
+  resumed as this run's. Returns whether the workdir holds a checkpoint (read once, on every
+  process: orbax's reader syncs them)."""
   workdir_lib.check_writable(workdir)
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   resuming = workdir_lib.latest_step(workdir) is not None

@@ -158,9 +158,9 @@ class ClassificationHead(nn.Module):
   `get_pooled_output` is the first token's state). `choices` > 1: the rows are
   an example's choices, consecutive, and share one dropout mask (train.py drops `clf_h` of shape
   [batch, 2, n_embd] with noise_shape [batch, 1, n_embd]).
-  `dropout` (None: the model's) and `head_init` (config_lib.FINETUNE_HEAD_INITS; 'torch_default' for the pooler and the
-  classifier: fairseq's RobertaClassificationHead, pooler_dropout 0, registered after
-  init_bert_params)."""
+  `dropout` (None: the model's) and `head_init` (config_lib.FINETUNE_HEAD_INITS;
+  'torch_default' for the pooler and the classifier: fairseq's RobertaClassificationHead,
+  pooler_dropout 0, registered after init_bert_params)."""
   config: Any  # the `config.model` section
   num_outputs: int
   summary_position: int = 0
@@ -302,7 +302,8 @@ class JointSpanHead(nn.Module):
 
 def answer_mask(input_mask_BL, segment_ids_BL):
   """ELECTRA's QA answer mask: the second segment's real tokens (the context and its closing
-  [SEP]) and position 0 ([CLS], the no-answer position). [batch, length] → [batch, length] int32."""
+  [SEP]) and position 0 ([CLS], the no-answer position).
+  [batch, length] → [batch, length] int32."""
   first_1L = (jnp.arange(input_mask_BL.shape[-1]) == 0)[None, :]
   return ((jnp.asarray(input_mask_BL) * segment_ids_BL != 0) | first_1L).astype(jnp.int32)
 

@@ -516,7 +516,8 @@ def test_robertas_head_is_fairseqs_classification_head():
   np.testing.assert_array_equal(run(head, deterministic=False, **rngs),
                                 run(head, deterministic=True))
   dropped = heads.ClassificationHead(config, 64)   # the model's dropout (0.1) and init
-  assert not np.allclose(run(dropped, deterministic=False, **rngs), run(dropped, deterministic=True))
+  assert not np.allclose(run(dropped, deterministic=False, **rngs),
+                         run(dropped, deterministic=True))
   model = nn.meta.unbox(dropped.init(jax.random.key(1), x, deterministic=True))["params"]
   assert not np.asarray(model["classifier"]["bias"]).any()
   assert np.std(model["pooler"]["kernel"]) < 0.021
