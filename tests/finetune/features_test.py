@@ -223,6 +223,18 @@ def test_qa_training_drops_misaligned_answers(tokenizer):
   assert len(features.qa_features(tokenizer, [example], 32, 8, 8)["input_ids"]) == 1
 
 
+def _reference_answer(out, example, prelim, is_null):
+  """Both references' last step: "" without candidates or when `is_null(best score)`, else the
+  context between the best (score, feature, start, end) candidate's tokens, the first on ties
+  (Python's stable sort, as both scripts sort)."""
+  prelim = sorted(prelim, key=lambda p: p[0], reverse=True)
+  if not prelim or is_null(prelim[0][0]):
+    return ""
+  _, f, s, e = prelim[0]
+  offsets = out["token_offsets"][f]
+  return example["context"][offsets[s, 0]:offsets[e, 1]]
+
+
 def _reference_predictions(start_logits, end_logits, out, examples, n_best, max_answer_len,
                            null_threshold, version_2):
   """run_squad.py write_predictions, transcribed loop by loop."""
@@ -244,13 +256,9 @@ def _reference_predictions(start_logits, end_logits, out, examples, n_best, max_
           if e < s or e - s + 1 > max_answer_len:
             continue
           prelim.append((start_logits[f][s] + end_logits[f][e], f, s, e))
-    prelim.sort(key=lambda p: p[0], reverse=True)
-    if not prelim or (version_2 and score_null - prelim[0][0] > null_threshold):
-      predictions[example["id"]] = ""
-      continue
-    _, f, s, e = prelim[0]
-    offsets = out["token_offsets"][f]
-    predictions[example["id"]] = example["context"][offsets[s, 0]:offsets[e, 1]]
+    predictions[example["id"]] = _reference_answer(
+        out, example, prelim,
+        lambda best, null=score_null: version_2 and null - best > null_threshold)
   return predictions
 
 
@@ -259,13 +267,20 @@ def test_qa_predictions_match_run_squad(tokenizer, version_2):
   examples = _qa_examples(3, 25)
   out = features.qa_features(tokenizer, examples, seq_len=32, doc_stride=6, max_query_len=6)
   rng = np.random.default_rng(4)
+  empty = 0
   for trial in range(5):
     start_logits = rng.normal(size=out["input_ids"].shape).round(1)   # ties happen
     end_logits = rng.normal(size=out["input_ids"].shape).round(1)
+    # [CLS] raised so that the null score (the least over an example's windows) is near the best
+    # span's, and the threshold decides: the null rule is exercised.
+    start_logits[:, 0] += 2.5
+    end_logits[:, 0] += 2.5
     args = dict(n_best=5, max_answer_len=4, null_threshold=0.5 * trial - 1.0, version_2=version_2)
     got = features.qa_predictions(start_logits, end_logits, out, examples, **args)
     assert got == _reference_predictions(start_logits, end_logits, out, examples, **args)
     assert all(text == text.strip() for text in got.values())
+    empty += sum(text == "" for text in got.values())
+  assert 0 < empty < 5 * len(examples) if version_2 else empty == 0
 
 
 def _reference_joint_predictions(outputs, out, examples, max_answer_len, answerable_threshold,
@@ -289,13 +304,9 @@ def _reference_joint_predictions(outputs, out, examples, max_answer_len, answera
             continue
           prelim.append((outputs["start_top_log_probs"][f][i] +
                          outputs["end_top_log_probs"][f][i, j], f, start_index, end_index))
-    prelim = sorted(prelim, key=lambda p: p[0], reverse=True)
-    if not prelim or (version_2 and score_null > answerable_threshold):
-      predictions[example["id"]] = ""
-      continue
-    _, f, s, e = prelim[0]
-    offsets = out["token_offsets"][f]
-    predictions[example["id"]] = example["context"][offsets[s, 0]:offsets[e, 1]]
+    predictions[example["id"]] = _reference_answer(
+        out, example, prelim,
+        lambda _, null=score_null: version_2 and null > answerable_threshold)
   return predictions
 
 
@@ -305,16 +316,23 @@ def test_joint_qa_predictions_match_electra(tokenizer, version_2):
   out = features.qa_features(tokenizer, examples, seq_len=32, doc_stride=6, max_query_len=6)
   rng = np.random.default_rng(7)
   rows, beam = len(out["input_ids"]), 5
+  empty = 0
   for trial in range(5):
     outputs = dict(start_top_log_probs=rng.normal(size=(rows, beam)).round(1),   # ties happen
                    start_top_index=rng.integers(0, 32, (rows, beam)),
                    end_top_log_probs=rng.normal(size=(rows, beam, beam)).round(1),
                    end_top_index=rng.integers(0, 32, (rows, beam, beam)),
                    answerable_logit=rng.normal(size=rows) - 2.5)
-    args = dict(max_answer_len=4, answerable_threshold=0.4 * trial - 3.0, version_2=version_2)
+    # Thresholds among the examples' null scores (the least over their windows): the null rule
+    # answers "" for some examples and not for others.
+    nulls = [outputs["answerable_logit"][out["example_index"] == i].min()
+             for i in range(len(examples))]
+    args = dict(max_answer_len=4, answerable_threshold=np.quantile(nulls, 0.1 + 0.2 * trial),
+                version_2=version_2)
     got = features.joint_qa_predictions(outputs, out, examples, **args)
     assert got == _reference_joint_predictions(outputs, out, examples, **args)
-    assert sum(text == "" for text in got.values()) < len(examples)
+    empty += sum(text == "" for text in got.values())
+  assert 0 < empty < 5 * len(examples) if version_2 else empty < len(examples)
 
 
 def test_qa_predictions_hand_built(tokenizer):
